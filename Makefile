@@ -1,0 +1,42 @@
+# Two commands: `make demo` and `make test`. Both work on a fresh machine with python3 (3.11+) and make.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(TSTAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(STAMP)
+
+# The demo starts from a throwaway ledger each time so it can be run again and again;
+# a real pilot keeps its ledger (see `shufflekit budget --help`).
+demo: $(STAMP)
+	rm -f .shufflekit/make-demo.db .shufflekit/make-demo.db-wal .shufflekit/make-demo.db-shm
+	$(BIN)/shufflekit demo --ledger sqlite:///.shufflekit/make-demo.db
+
+test: $(TSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+lint: $(TSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .shufflekit .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,131 @@
+"""The analyzer: decrypt the final batch, validate, count, denoise, and release the result.
+
+It sees reports in shuffled order and no sender identity. Malformed or undecryptable reports
+are rejected and counted by reason; they never change the histogram. The round's privacy cost
+is committed (through the `on_release` hook the operator wires to the ledger) before the result
+is published, so no released result is ever uncharged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from analyzer.estimators import estimate
+from shufflekit.batch import receive_batch
+from shufflekit.counters import RejectionCounter
+from shufflekit.crypto import KeyPair, onion_size, peel
+from shufflekit.errors import InvalidReport, RoundAborted
+from shufflekit.messages import Abort, Announcement, Result
+from shufflekit.topics import Topics
+from shufflekit.transport.base import Transport
+from shufflekit.wire import REPORT_SIZE, Report
+
+ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class AnalyzerOutcome:
+    """What the analyzer did in one round."""
+
+    round_id: str
+    result: Result | None
+    counters: RejectionCounter = field(default_factory=RejectionCounter)
+    abort_reason: str | None = None
+
+
+class Analyzer:
+    """The analyzer role (hop L of a cascade of L mixes)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        deployment: str,
+        key: KeyPair,
+        *,
+        estimator: str = "inv",
+        on_release: ReleaseHook | None = None,
+        batch_timeout: float = 60.0,
+    ) -> None:
+        self.transport = transport
+        self.deployment = deployment
+        self.topics = Topics(deployment)
+        self.key = key
+        self.estimator = estimator
+        self.on_release = on_release
+        self.batch_timeout = batch_timeout
+
+    def histogram(
+        self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
+    ) -> list[int]:
+        """Decrypt and validate each report; count the valid ones per category."""
+        hop = ann.hops
+        hist = [0] * ann.k
+        seen: set[bytes] = set()
+        for ct in batch:
+            digest = hashlib.sha256(ct).digest()
+            if digest in seen:
+                counters.reject("replayed")
+                continue
+            seen.add(digest)
+            try:
+                plain = peel(ct, self.key.private, self.deployment, ann.round_id, hop)
+                report = Report.decode(plain, ann.k)
+            except InvalidReport as exc:
+                counters.reject(exc.reason)
+                continue
+            hist[report.value] += 1
+            counters.accept()
+        return hist
+
+    async def run_round(
+        self, ann: Announcement, ready: asyncio.Event | None = None
+    ) -> AnalyzerOutcome:
+        """Receive, decrypt and count one round; commit its cost, then publish the result.
+
+        `ready` is set once the analyzer is subscribed to its input.
+        """
+        if ann.analyzer_key != self.key.public_b64():
+            raise ValueError("the announcement names another analyzer key")
+        outcome = AnalyzerOutcome(ann.round_id, result=None)
+        try:
+            batch = await receive_batch(
+                self.transport,
+                self.topics,
+                ann.round_id,
+                ann.hops,
+                onion_size(REPORT_SIZE, 1),
+                max(ann.seconds_left(), 0.0) + self.batch_timeout,
+                ready,
+            )
+            hist = self.histogram(batch, ann, outcome.counters)
+            n = sum(hist)
+            if n < ann.n_min:
+                raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
+        except RoundAborted as exc:
+            outcome.abort_reason = str(exc)
+            abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
+            await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
+            return outcome
+        privacy = await self.on_release(ann.round_id, n) if self.on_release else {}
+        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+        result = Result(
+            round_id=ann.round_id,
+            k=ann.k,
+            eps0=ann.eps0,
+            batch_size=n,
+            histogram=hist,
+            estimate=[float(x) for x in est.counts],
+            stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
+            estimator=est.method,
+            rejected=outcome.counters.as_dict(),
+            privacy=privacy,
+        )
+        await self.transport.publish(self.topics.result(ann.round_id), result.to_bytes())
+        outcome.result = result
+        return outcome

@@ -1,0 +1,56 @@
+"""Async client agents: read the round announcement, randomize, encrypt in layers, publish.
+
+The client trusts the announcement only for parameters and keys (in a deployment it arrives
+over an authenticated broker connection); its value never leaves the device unrandomized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+
+from client.krr import KRR
+from shufflekit.crypto import public_from_b64, seal_onion
+from shufflekit.errors import InvalidReport
+from shufflekit.messages import Announcement
+from shufflekit.topics import Topics
+from shufflekit.transport.base import Transport
+from shufflekit.wire import Envelope, Report
+
+
+def build_envelope(client_id: str, value: int, ann: Announcement) -> bytes:
+    """value -> k-RR(eps0) -> fixed-size report -> onion (analyzer innermost) -> envelope."""
+    report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, _RNG))
+    keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
+    onion = seal_onion(report.encode(), keys, ann.deployment, ann.round_id)
+    return Envelope(client_id=client_id, onion=onion).encode()
+
+
+class ClientAgent:
+    """One user: an identity and a private value in [0, k)."""
+
+    def __init__(self, client_id: str, value: int) -> None:
+        self.client_id = client_id
+        self.value = value
+
+    async def answer(self, transport: Transport, ann: Announcement) -> None:
+        """Send this user's report for the announced round to mix 0."""
+        payload = build_envelope(self.client_id, self.value, ann)
+        await transport.publish(Topics(ann.deployment).data(ann.round_id, 0), payload)
+
+
+async def current_announcement(
+    transport: Transport, deployment: str, timeout: float = 30.0
+) -> Announcement:
+    """The retained announcement of the deployment's current round (waits up to `timeout`)."""
+    topics = Topics(deployment)
+    async with transport.subscribe(topics.announce) as sub:
+        while True:
+            msg = await sub.get(timeout)
+            with contextlib.suppress(InvalidReport):
+                ann = Announcement.from_bytes(msg.payload)
+                if isinstance(ann, Announcement) and ann.deployment == deployment:
+                    return ann
+
+
+_RNG = secrets.SystemRandom()

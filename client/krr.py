@@ -1,0 +1,70 @@
+"""k-ary randomized response (k-RR): the local randomizer of every client.
+
+A user holding value v in {0..k-1} reports v with probability e^eps0 / (e^eps0 + k - 1) and each
+other value with probability 1 / (e^eps0 + k - 1); this is eps0-LDP. The per-user form is for
+agents, the vectorised form for simulation (the same law, drawn in bulk).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class KRR:
+    """The k-RR mechanism with k >= 2 categories and local privacy eps0 > 0."""
+
+    k: int
+    eps0: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 2 or self.k > 65535:
+            raise ValueError(f"k must be an integer in [2, 65535], got {self.k!r}")
+        if not math.isfinite(self.eps0) or self.eps0 <= 0:
+            raise ValueError(f"eps0 must be a finite number > 0, got {self.eps0!r}")
+
+    @property
+    def p_keep(self) -> float:
+        """Probability of reporting the true value."""
+        return 1.0 / (1.0 + (self.k - 1) * math.exp(-self.eps0))
+
+    @property
+    def p_other(self) -> float:
+        """Probability of reporting one specific other value."""
+        return 1.0 / (math.exp(self.eps0) + self.k - 1)
+
+    def randomize(self, value: int, rng: secrets.SystemRandom | None = None) -> int:
+        """One user's report, drawn with a cryptographically secure generator by default."""
+        if not 0 <= value < self.k:
+            raise ValueError(f"value {value} outside [0, {self.k})")
+        r = rng or _SYSTEM_RANDOM
+        if r.random() < self.p_keep:
+            return value
+        other = r.randrange(self.k - 1)
+        return other if other < value else other + 1
+
+    def randomize_many(
+        self, values: npt.NDArray[np.integer], rng: np.random.Generator
+    ) -> npt.NDArray[np.int64]:
+        """Vectorised reports for a whole simulated population (same law as `randomize`)."""
+        v = np.asarray(values, dtype=np.int64)
+        if v.size and (v.min() < 0 or v.max() >= self.k):
+            raise ValueError(f"values must lie in [0, {self.k})")
+        keep = rng.random(v.shape) < self.p_keep
+        other = rng.integers(0, self.k - 1, size=v.shape)
+        other = other + (other >= v)
+        return np.where(keep, v, other)
+
+    def transition_matrix(self) -> npt.NDArray[np.float64]:
+        """M[i, j] = P(report i | value j)."""
+        m = np.full((self.k, self.k), self.p_other)
+        np.fill_diagonal(m, self.p_keep)
+        return m
+
+
+_SYSTEM_RANDOM = secrets.SystemRandom()

@@ -1,0 +1,83 @@
+"""A ledger client run as a separate OS process by the race and kill tests.
+
+python -m tests.ledger_worker race URL WORKER REPS BARRIER_DIR
+python -m tests.ledger_worker steps URL
+python -m tests.ledger_worker churn URL
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from accountant.errors import BudgetExceeded
+from accountant.ledger import Ledger
+
+
+def _wait_for(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.001)
+
+
+def race(url: str, worker: str, reps: int, barrier: Path) -> None:
+    """In each repetition: reserve eps0=0.5 rounds until refused, then commit them."""
+    led = Ledger(url)
+    for rep in range(reps):
+        _wait_for(barrier / f"go{rep}")
+        mine: list[str] = []
+        while True:
+            rid = f"w{worker}-{len(mine)}"
+            try:
+                led.reserve(f"race{rep}", rid, k=4, eps0=0.5, actor=f"worker{worker}")
+            except BudgetExceeded:
+                break
+            mine.append(rid)
+        for rid in mine:
+            led.commit(f"race{rep}", rid, batch_size=100, actor=f"worker{worker}")
+        (barrier / f"done{rep}-{worker}").write_text(str(len(mine)))
+
+
+def steps(url: str) -> None:
+    """A fixed sequence of ledger steps, announcing each one as it completes."""
+    led = Ledger(url)
+    for name, step in [
+        ("reserved-r1", lambda: led.reserve("kill", "r1", 4, 1.0)),
+        ("committed-r1", lambda: led.commit("kill", "r1", 100)),
+        ("reserved-r2", lambda: led.reserve("kill", "r2", 4, 1.0)),
+        ("refunded-r2", lambda: led.refund("kill", "r2")),
+        ("reserved-r3", lambda: led.reserve("kill", "r3", 4, 1.0)),
+    ]:
+        step()
+        print(name, flush=True)
+    time.sleep(60)  # wait to be killed
+
+
+def churn(url: str) -> None:
+    """Reserve, commit or refund rounds as fast as possible until killed."""
+    led = Ledger(url)
+    i = 0
+    print("started", flush=True)
+    while True:
+        rid = f"c{i}"
+        led.reserve("kill", rid, 4, 0.001)
+        if i % 2:
+            led.commit("kill", rid, 100)
+        else:
+            led.refund("kill", rid)
+        i += 1
+
+
+if __name__ == "__main__":
+    cmd, url, *rest = sys.argv[1:]
+    if cmd == "race":
+        race(url, rest[0], int(rest[1]), Path(rest[2]))
+    elif cmd == "steps":
+        steps(url)
+    elif cmd == "churn":
+        churn(url)
+    else:
+        raise SystemExit(f"unknown command {cmd}")

@@ -1,0 +1,99 @@
+"""`shufflekit privacy`: JSON fields, labels, composition, calibration, and ledger agreement."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from accountant.ledger import Budget, Ledger
+from accountant.policy import TightCost
+from accountant.core import Mechanism
+from shufflekit.cli import app
+
+runner = CliRunner()
+
+
+def cli_json(*args: str) -> dict:  # type: ignore[type-arg]
+    r = runner.invoke(app, ["privacy", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_epsilon_json_fields_and_gap() -> None:
+    out = cli_json("epsilon", "--n", "1000", "--k", "10", "--eps0", "4", "--delta", "1e-6")
+    for key in ("epsilon", "delta", "log_delta", "method", "lower_bound", "seconds"):
+        assert key in out
+    assert out["method"] == "tight" and out["soundness"] == "sound upper bound"
+    assert out["log_delta"] == pytest.approx(math.log(1e-6))
+    assert out["lower_bound"] <= out["epsilon"] <= 1.02 * out["lower_bound"]
+    assert 1.50 < out["epsilon"] < 1.55  # research note: lower 1.5269, upper 1.5274
+
+
+def test_delta_gives_log_delta_when_it_underflows() -> None:
+    out = cli_json("delta", "--n", "100000", "--k", "10", "--eps0", "1", "--epsilon", "0.9")
+    assert out["delta"] == 0.0 and out["log_delta"] < -745
+    assert out["lower_bound_log_delta"] <= out["log_delta"]
+
+
+def test_biswas_is_labelled_and_takes_nx0() -> None:
+    out = cli_json("delta", "--n", "100", "--k", "3", "--eps0", "2", "--epsilon", "0.5",
+                   "--method", "biswas", "--nx0", "80")
+    assert out["soundness"].startswith("not a differential privacy guarantee")
+    r = runner.invoke(app, ["privacy", "delta", "--n", "100", "--k", "3", "--eps0", "2",
+                            "--epsilon", "0.5", "--nx0", "80"])
+    assert r.exit_code == 2
+
+
+def test_rounds_compose_and_ledger_agrees(tmp_path: Path) -> None:
+    one = cli_json("epsilon", "--n", "2000", "--k", "5", "--eps0", "1", "--delta", "1e-6")
+    ten = cli_json("epsilon", "--n", "2000", "--k", "5", "--eps0", "1", "--delta", "1e-6",
+                   "--rounds", "10")
+    assert one["epsilon"] < ten["epsilon"] < 10 * one["epsilon"]
+    assert ten["lower_bound"] <= ten["epsilon"]
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("d", 50.0, 1e-6, n_min=2000))
+    for i in range(10):
+        led.reserve("d", f"r{i}", k=5, eps0=1.0)
+        led.commit("d", f"r{i}", batch_size=2000)
+    assert led.status("d").epsilon_spent == pytest.approx(ten["epsilon"], rel=1e-12)
+    assert TightCost().total_epsilon([Mechanism(2000, 5, 1.0)], 1e-6) == one["epsilon"]
+
+
+def test_calibrate_both_ways() -> None:
+    e0 = cli_json("calibrate", "--n", "10000", "--k", "10", "--rounds", "2",
+                  "--epsilon", "1", "--delta", "1e-6")
+    assert e0["value"] > 1 and e0["achieved_epsilon"] <= 1
+    n = cli_json("calibrate", "--eps0", "2", "--k", "10", "--rounds", "1",
+                 "--epsilon", "0.5", "--delta", "1e-6")
+    assert n["achieved_epsilon"] <= 0.5
+    r = runner.invoke(app, ["privacy", "calibrate", "--k", "10", "--rounds", "1",
+                            "--epsilon", "1", "--delta", "1e-6"])
+    assert r.exit_code == 2
+
+
+def test_compare_lists_every_method_with_label(tmp_path: Path) -> None:
+    png = tmp_path / "curves.png"
+    out = cli_json("compare", "--n", "2000", "--k", "4", "--eps0", "1", "--delta", "1e-6",
+                   "--plot", str(png))
+    names = {r["method"]: r for r in out["rows"]}
+    assert {"tight", "blanket-strong", "blanket-weak", "clones", "erlingsson", "balle-closed",
+            "biswas", "biswas-corrected", "ldp"} <= set(names)
+    assert names["ldp"]["epsilon"] == 1.0
+    tight = names["tight"]["epsilon"]
+    for m, r in names.items():
+        if r["soundness"] == "sound upper bound" and r["epsilon"] is not None:
+            assert r["epsilon"] >= tight * (1 - 1e-9), m
+    assert png.stat().st_size > 1000
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    r = runner.invoke(app, ["privacy", "epsilon", "--n", "10", "--k", "3", "--eps0", "-1",
+                            "--delta", "1e-6"])
+    assert r.exit_code == 2
+    r = runner.invoke(app, ["privacy", "epsilon", "--n", "10", "--k", "3", "--eps0", "1",
+                            "--delta", "1e-6", "--method", "nope"])
+    assert r.exit_code == 2

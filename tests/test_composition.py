@@ -1,0 +1,636 @@
+"""Composition of per-round PLDs: both engines against exact closed forms, and against each other.
+
+Exact references computed independently here (log space, no grid):
+- randomized response (binary RR(eps0)) and general two-point pairs: the R-fold loss is a sum
+  of binomials, delta(eps) an explicit finite sum;
+- the Gaussian mechanism: R rounds of N(0, sigma^2) with sensitivity 1 compose to sensitivity
+  sqrt(R)/sigma, delta(eps) = Phi(s/2 - eps/s) - e^eps Phi(-s/2 - eps/s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.optimize import brentq
+from scipy.special import gammaln, log_ndtr
+from scipy.stats import binom
+
+from accountant.compose_dpa import compose_dpa, to_dp_accounting
+from accountant.compose_fft import compose_fft
+from accountant.composition import (
+    ComposedPLD,
+    PldCost,
+    compose,
+    compose_bounds,
+    compose_lower,
+    compose_rounds,
+    compose_rounds_bounds,
+    delta_for_epsilon,
+    epsilon_for_delta,
+)
+from accountant.core import Mechanism, PrivacyLossDistribution, Soundness
+from accountant.errors import AccuracyError, InvalidParameters
+from accountant.pld_grid import clear_cache, discretise
+
+ENGINES = ["dp_accounting", "fft"]
+
+
+# ----------------------------------------------------------------------------- exact references
+
+
+def two_point(a: float, b: float) -> PrivacyLossDistribution:
+    """P = (a, 1-a), Q = (b, 1-b)."""
+    return PrivacyLossDistribution(
+        np.array([math.log(a / b), math.log((1 - a) / (1 - b))]),
+        np.array([math.log(a), math.log1p(-a)]),
+    )
+
+
+def rr(eps0: float) -> PrivacyLossDistribution:
+    p = 1.0 / (1.0 + math.exp(-eps0))
+    return two_point(p, 1.0 - p)
+
+
+def exact_log_delta(pairs: list[tuple[float, float, int]], eps: float, d_inf: float = 0.0) -> float:
+    """Exact log delta of composing counts c of two-point pairs (a, b) (no grid, log space)."""
+    losses = np.zeros(1)
+    lps = np.zeros(1)
+    for a, b, c in pairs:
+        j = np.arange(c + 1)
+        l1, l2 = math.log(a / b), math.log((1 - a) / (1 - b))
+        lo = j * l1 + (c - j) * l2
+        lp = (
+            gammaln(c + 1)
+            - gammaln(j + 1)
+            - gammaln(c - j + 1)
+            + j * math.log(a)
+            + (c - j) * math.log1p(-a)
+        )
+        losses = (losses[:, None] + lo[None, :]).ravel()
+        lps = (lps[:, None] + lp[None, :]).ravel()
+    sel = losses > eps
+    if not np.any(sel):
+        return -math.inf
+    t = lps[sel] + np.log(-np.expm1(eps - losses[sel]))
+    m = float(t.max())
+    return m + math.log(float(np.sum(np.exp(t - m))))
+
+
+def exact_eps(log_delta_fn: Callable[[float], float], delta: float, hi: float = 60.0) -> float:
+    ld = math.log(delta)
+    if log_delta_fn(0.0) <= ld:
+        return 0.0
+    return float(brentq(lambda e: log_delta_fn(e) - ld, 0.0, hi, xtol=1e-12))
+
+
+def gauss_log_delta(s: float, eps: float) -> float:
+    """Gaussian mechanism with sensitivity/sigma = s."""
+    la = log_ndtr(s / 2 - eps / s)
+    lb = log_ndtr(-s / 2 - eps / s)
+    return float(la + math.log1p(-math.exp(eps + lb - la)))
+
+
+def gaussian_pld(sigma: float, h: float = 1e-3, width: float = 14.0) -> PrivacyLossDistribution:
+    """Dominating discrete PLD of the Gaussian mechanism: the loss L ~ N(mu, 2 mu), mu =
+    1/(2 sigma^2); each interval (l_{i-1}, l_i] of its law is put at l_i (rounding up), mass
+    below l_0 at l_0, mass above the last point at +inf. The grid h is not a multiple of the
+    engines' steps, so their rounding is exercised."""
+    mu = 1.0 / (2 * sigma**2)
+    sd = math.sqrt(2 * mu)
+    edges = np.arange(mu - width * sd, mu + width * sd, h * math.pi / 3)  # irrational spacing
+    z = (edges - mu) / sd
+    # log P(L in (l_{i-1}, l_i]) in log space (tails far below float range)
+    lcdf, lsf = log_ndtr(z), log_ndtr(-z)
+    upper_tail = z[1:] > 0
+    with np.errstate(divide="ignore"):
+        lm_up = lsf[:-1] + np.log1p(-np.exp(np.minimum(lsf[1:] - lsf[:-1], 0.0)))
+        lm_dn = lcdf[1:] + np.log1p(-np.exp(np.minimum(lcdf[:-1] - lcdf[1:], 0.0)))
+    lmass = np.concatenate([[lcdf[0]], np.where(upper_tail, lm_up, lm_dn)])
+    keep = np.isfinite(lmass)
+    log_inf = float(lsf[-1])
+    return PrivacyLossDistribution(edges[keep], lmass[keep], log_inf)
+
+
+def blanket_like(n_blanket: int, eps0: float) -> PrivacyLossDistribution:
+    """A shuffle-shaped PLD: the target's binary RR report hidden among Bin(N, 1/2) blanket
+    reports (the count of ones is released). Exact pair, truncated at +-12 sd with the dropped
+    mass counted as infinite loss."""
+    p1 = 1.0 / (1.0 + math.exp(-eps0))
+    sd = math.sqrt(n_blanket) / 2
+    lo = max(0, int(n_blanket / 2 - 12 * sd))
+    hi = min(n_blanket + 1, int(n_blanket / 2 + 12 * sd))
+    h = np.arange(lo, hi + 1)
+    lb1 = binom.logpmf(h - 1, n_blanket, 0.5)
+    lb0 = binom.logpmf(h, n_blanket, 0.5)
+    lp = np.logaddexp(math.log(p1) + lb1, math.log1p(-p1) + lb0)
+    lq = np.logaddexp(math.log1p(-p1) + lb1, math.log(p1) + lb0)
+    ok = np.isfinite(lp)
+    tail = float(binom.sf(hi - 1, n_blanket, 0.5) + binom.cdf(lo - 1, n_blanket, 0.5))
+    return PrivacyLossDistribution(lp[ok] - lq[ok], lp[ok], math.log(tail + 1e-300))
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("rounds", [1, 7, 40])
+def test_rr_upper_bound_matches_exact_binomial_sum(engine: str, rounds: int) -> None:
+    eps0 = 0.5123457  # not on the grid
+    step = 1e-4
+    c = compose([rr(eps0)], counts=[rounds], engine=engine, grid=step)
+    pairs = [(1 / (1 + math.exp(-eps0)), 1 / (1 + math.exp(eps0)), rounds)]
+    slack = rounds * step
+    assert c.eps_discretisation_bound == pytest.approx(slack)
+    for eps in np.linspace(0.0, 0.9 * rounds * eps0, 7):
+        ex = exact_log_delta(pairs, float(eps))
+        up = c.log_delta(float(eps))
+        assert up >= ex - 1e-12
+        # a priori: within the discretisation bias (in epsilon) plus the stated error bound
+        ex_shift = exact_log_delta(pairs, float(eps) - slack)
+        assert math.exp(up) <= math.exp(ex_shift) + c.error_bound + 1e-15
+    for delta in (1e-3, 1e-6, 1e-9):
+        e_ex = exact_eps(lambda e: exact_log_delta(pairs, e), delta)
+        e_up = c.epsilon(delta)
+        assert e_ex - 1e-9 <= e_up <= e_ex + slack + 1e-6
+        assert c.log_delta(e_up) <= math.log(delta) + 1e-12  # the answer meets the target
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rr_composed_attack_is_below_exact(engine: str) -> None:
+    eps0, rounds = 0.7777, 25
+    pairs = [(1 / (1 + math.exp(-eps0)), 1 / (1 + math.exp(eps0)), rounds)]
+    low = compose_lower([rr(eps0)], counts=[rounds], engine=engine, grid=1e-4)
+    assert low.side == "lower" and low.soundness is Soundness.LOWER_BOUND
+    for eps in (0.0, 2.0, 5.0, 10.0):
+        assert low.log_delta(eps) <= exact_log_delta(pairs, eps) + 1e-12
+    for delta in (1e-2, 1e-6):
+        e_ex = exact_eps(lambda e: exact_log_delta(pairs, e), delta)
+        e_lo = low.epsilon(delta)
+        assert e_ex - rounds * 1e-4 - 1e-6 <= e_lo <= e_ex + 1e-9
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_heterogeneous_rounds_match_exact(engine: str) -> None:
+    spec = [(0.3111, 12), (0.9234, 5), (1.7007, 3), (0.05, 30)]
+    plds = [rr(e) for e, _ in spec]
+    counts = [c for _, c in spec]
+    pairs = [(1 / (1 + math.exp(-e)), 1 / (1 + math.exp(e)), c) for e, c in spec]
+    step = 2e-4
+    c = compose(plds, counts=counts, engine=engine, grid=step, bracket=True)
+    total = sum(counts)
+    for delta in (1e-4, 1e-8):
+        e_ex = exact_eps(lambda e: exact_log_delta(pairs, e), delta)
+        lo, up = c.epsilon_bracket(delta)
+        assert lo - 1e-9 <= e_ex <= up + 1e-9
+        assert up - e_ex <= total * step
+        # split rounding is second order: far inside the a priori bound
+        assert up - e_ex <= 0.05 * total * step
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_point_pair_with_infinite_loss_mass(engine: str) -> None:
+    # P = (a, 1-a-d, d), Q = (b, 1-b, 0): the third output reveals the dataset
+    a, b, d, rounds = 0.3, 0.2, 1e-5, 9
+    pld = PrivacyLossDistribution(
+        np.array([math.log(a / b), math.log((1 - a - d) / (1 - b))]),
+        np.log(np.array([a, 1 - a - d])),
+        math.log(d),
+    )
+    c = compose([pld], counts=[rounds], engine=engine, grid=1e-4)
+    d_inf = -math.expm1(rounds * math.log1p(-d))
+    assert c.inf_mass == pytest.approx(d_inf, rel=1e-12)
+
+    # exact: trinomial enumeration
+    def ex(eps: float) -> float:
+        tot = d_inf
+        for j in range(rounds + 1):
+            for k in range(rounds + 1 - j):
+                if j + k != rounds:
+                    continue
+                loss = j * math.log(a / b) + k * math.log((1 - a - d) / (1 - b))
+                pr = math.comb(rounds, j) * a**j * (1 - a - d) ** k
+                if loss > eps:
+                    tot += pr * -math.expm1(eps - loss)
+        return math.log(tot)
+
+    for eps in (0.0, 0.5, 1.5, 3.0):
+        assert c.log_delta(eps) >= ex(eps) - 1e-12
+        assert math.exp(c.log_delta(eps)) - math.exp(ex(eps)) <= 1e-3
+    # below the infinite mass no epsilon exists
+    assert c.epsilon(d_inf * 0.99) == math.inf
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gaussian_composition_against_closed_form(engine: str) -> None:
+    sigma, rounds, h = 4.0, 16, 1e-4
+    pld = gaussian_pld(sigma, h=h)
+    c = compose([pld], counts=[rounds], engine=engine, grid=1e-4)
+    s = math.sqrt(rounds) / sigma
+    for delta in (1e-3, 1e-6, 1e-9):
+        e_ex = exact_eps(lambda e: gauss_log_delta(s, e), delta)
+        e_up = c.epsilon(delta)
+        assert e_up >= e_ex
+        # test-side gridding (h*pi/3 per round) + engine gridding (1e-4 per round), a priori
+        assert e_up - e_ex <= rounds * (h * math.pi / 3 + 1e-4)
+        # actual: the test-side round-up costs about h*pi/6 per round, the engine's split ~0
+        assert e_up - e_ex <= rounds * h * math.pi / 6 + 1e-3
+    for eps in (0.5, 1.0, 2.0):
+        assert c.log_delta(eps) >= gauss_log_delta(s, eps)
+
+
+def test_gaussian_against_dp_accounting_own_gaussian_pld() -> None:
+    sigma, rounds = 3.0, 10
+    ref = dpa_pld.from_gaussian_mechanism(
+        sigma, value_discretization_interval=1e-4, pessimistic_estimate=True
+    ).self_compose(rounds)
+    ours = compose([gaussian_pld(sigma, h=2e-4)], counts=[rounds], grid=1e-4)
+    s = math.sqrt(rounds) / sigma
+    for delta in (1e-4, 1e-7):
+        e_ex = exact_eps(lambda e: gauss_log_delta(s, e), delta)
+        e_ref = ref.get_epsilon_for_delta(delta)
+        e_ours = ours.epsilon(delta)
+        assert e_ours >= e_ex and e_ref >= e_ex - 1e-9
+        assert abs(e_ours - e_ref) < 2e-3
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_epsilon_query_is_tight_and_rounded_outward_on_both_sides(engine: str) -> None:
+    plds = _synthetic_rounds(6, 6)
+    up = compose(plds, counts=[2] * 6, engine=engine, grid=5e-4)
+    low = compose_lower(plds, counts=[2] * 6, engine=engine, grid=5e-4)
+    for delta in np.geomspace(1e-9, 0.3, 12):
+        d = float(delta)
+        e = up.epsilon(d)
+        assert up.log_delta(e) <= math.log(d)  # meets the target
+        assert e == 0.0 or up.log_delta(e - 1e-7) > math.log(d)  # and is the smallest such
+        el = low.epsilon(d)
+        assert el <= e
+        assert el == 0.0 or low.log_delta(el - 1e-9) > math.log(d)  # below the crossing
+        assert low.log_delta(el + 1e-7) <= math.log(d)
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+def _synthetic_rounds(seed: int, count: int) -> list[PrivacyLossDistribution]:
+    rng = np.random.default_rng(seed)
+    return [
+        blanket_like(int(rng.integers(500, 20000)), float(rng.uniform(0.5, 3.0)))
+        for _ in range(count)
+    ]
+
+
+def test_engines_agree_within_their_error_bounds() -> None:
+    plds = _synthetic_rounds(1, 30)
+    a = compose(plds, engine="dp_accounting", grid=2e-4)
+    b = compose(plds, engine="fft", grid=2e-4)
+    for eps in np.linspace(0.0, 2.0, 21):
+        da, db = a.delta(float(eps)), b.delta(float(eps))
+        assert abs(da - db) <= a.error_bound + b.error_bound + a.truncation_slack
+    for delta in (1e-3, 1e-6, 1e-9):
+        ea, eb = a.epsilon(delta), b.epsilon(delta)
+        # same grid, so the only difference is numerical: far below the discretisation bound
+        assert abs(ea - eb) <= 1e-3 * a.eps_discretisation_bound
+        assert abs(ea - eb) < 1e-5
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_identical_rounds_equal_self_composition(engine: str) -> None:
+    p = blanket_like(5000, 2.0)
+    rounds = 12
+    one_by_one = compose([p] * rounds, engine=engine, grid=2e-4, group_identical=False)
+    counted = compose([p], counts=[rounds], engine=engine, grid=2e-4)
+    grouped = compose([p] * rounds, engine=engine, grid=2e-4)
+    assert grouped.details["distinct_rounds"] == 1
+    assert one_by_one.details["distinct_rounds"] == rounds
+    for eps in (0.0, 0.3, 0.8, 1.5):
+        d1, d2, d3 = one_by_one.delta(eps), counted.delta(eps), grouped.delta(eps)
+        slack = one_by_one.truncation_slack + counted.truncation_slack
+        assert abs(d1 - d2) <= one_by_one.error_bound + counted.error_bound + slack
+        assert d2 == d3
+    assert abs(one_by_one.epsilon(1e-6) - counted.epsilon(1e-6)) < 1e-6
+
+
+def test_dp_accounting_engine_matches_dp_accounting_queries() -> None:
+    plds = _synthetic_rounds(2, 5)
+    c = compose(plds, engine="dp_accounting", grid=1e-4)
+    grids = [discretise(p, 1e-4) for p in plds]
+    ref = to_dp_accounting(grids[0])
+    for g in grids[1:]:
+        ref = ref.compose(to_dp_accounting(g))
+    for delta in (1e-4, 1e-7):
+        e_ref = ref.get_epsilon_for_delta(delta)
+        e_ours = c.epsilon(delta)
+        assert e_ours >= e_ref - 1e-9  # ours adds the error bound
+        assert e_ours - e_ref < 1e-5
+    # create_from_rounded_probability gives the same object as our dense construction
+    g = grids[0]
+    d = dict(zip(range(g.offset, g.offset + g.size), g.probs.tolist(), strict=True))
+    alt = dpa_pld.PrivacyLossDistribution.create_from_rounded_probability(
+        d, g.inf_mass, g.step, pessimistic_estimate=True
+    )
+    for eps in (0.0, 0.1, 0.5):
+        assert alt.get_delta_for_epsilon(eps) == pytest.approx(
+            to_dp_accounting(g).get_delta_for_epsilon(eps), rel=1e-12, abs=1e-18
+        )
+
+
+def test_fft_aliasing_bound_holds_for_a_forced_small_window() -> None:
+    plds = _synthetic_rounds(3, 8)
+    grids = [discretise(p, 5e-4) for p in plds]
+    counts = [3] * 8
+    wide = compose_fft(grids, counts)
+    assert wide.alias_error < 1e-15
+    for m in (400, 800, 1600):
+        o = -m // 4
+        narrow = compose_fft(grids, counts, window=(o, m))
+        assert narrow.alias_error > 0
+        x_w = (wide.offset + np.arange(wide.probs.size)) * wide.step
+        x_n = (narrow.offset + np.arange(narrow.probs.size)) * narrow.step
+        for eps in (0.0, 0.05, 0.2):
+            dw = float(np.sum(np.maximum(wide.probs, 0) * np.clip(-np.expm1(eps - x_w), 0, None)))
+            dn = float(np.sum(narrow.probs * np.clip(-np.expm1(eps - x_n), 0, None)))
+            assert abs(dw - dn) <= narrow.alias_error + wide.alias_error + 1e-13
+
+
+def test_fp_error_estimate_covers_measured_round_off() -> None:
+    plds = _synthetic_rounds(4, 12)
+    grids = [discretise(p, 1e-3) for p in plds]
+    cg = compose_fft(grids, [1] * len(grids))
+    exact = grids[0].probs.copy()
+    off = grids[0].offset
+    for g in grids[1:]:  # direct convolution of non-negative vectors: relative accuracy
+        exact = np.convolve(exact, g.probs)
+        off += g.offset
+    idx = np.arange(off, off + exact.size) - cg.offset
+    inside = (idx >= 0) & (idx < cg.probs.size)
+    ref = np.zeros(cg.probs.size)
+    ref[idx[inside]] = exact[inside]
+    measured = float(np.sum(np.abs(cg.probs - ref)))  # bounds the error of every delta
+    assert measured <= cg.fp_error
+    dg = compose_dpa(grids, [1] * len(grids))
+    assert dg.fp_error > 0
+
+
+def test_symmetric_seed_window_gives_the_same_answer() -> None:
+    # the seed's grid [-L, L) with m points is the window (-m/2, m)
+    grids = [discretise(p, 5e-4) for p in _synthetic_rounds(5, 4)]
+    auto = compose_fft(grids, [5] * 4)
+    m = 2 * 20_000  # L = 10
+    seed = compose_fft(grids, [5] * 4, window=(-m // 2, m))
+    assert seed.details["window_losses"][0] == pytest.approx(-10.0)
+    xa = (auto.offset + np.arange(auto.probs.size)) * auto.step
+    xs = (seed.offset + np.arange(seed.probs.size)) * seed.step
+    for eps in (0.0, 0.1, 0.4):
+        da = float(np.sum(auto.probs * np.clip(-np.expm1(eps - xa), 0, None)))
+        ds = float(np.sum(seed.probs * np.clip(-np.expm1(eps - xs), 0, None)))
+        assert abs(da - ds) <= auto.alias_error + seed.alias_error + auto.fp_error + seed.fp_error
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_reproduces_the_seed_fourier_accountant_numbers(engine: str) -> None:
+    """Seed 002 section 1.6/5.2: A_s pair of Koskela et al., n=1000, gamma=0.25, k=4, delta=1e-6:
+    eps = 0.78426 (one round) and, for 16 rounds, the rigorous bracket [3.381897, 3.381961] of
+    the reference FFT accountant at L=20, m=1e7. Our upper bound must not be below the bracket's
+    lower end, and our split rounding is tighter than its upper end."""
+    blanket = pytest.importorskip("accountant.blanket")
+    pld = blanket.strong_pld(Mechanism(1000, 4, math.log(13.0)))  # gamma = 4/(13+3) = 0.25
+    one = compose([pld], engine=engine, grid=1e-4).epsilon(1e-6)
+    assert 0.78425 <= one <= 0.78427
+    c16 = compose([pld], counts=[16], engine=engine, grid=1e-4)
+    assert 3.381897 <= c16.epsilon(1e-6) <= 3.381961
+
+
+# ----------------------------------------------------------------------------- discretisation
+
+
+@pytest.mark.parametrize("method", ["split", "up", "down"])
+def test_gridding_is_a_bound_of_the_input(method: str) -> None:
+    p = blanket_like(3000, 2.5)
+    side = "lower" if method == "down" else "upper"
+    g = discretise(p, 1e-3, side=side, method=method, keep_inf=True)
+    x = g.losses
+    q_in = float(np.sum(np.exp(p.log_probs - p.losses)))
+    q_grid = float(np.sum(g.probs * np.exp(-x)))
+    p_in = float(np.sum(np.exp(p.log_probs)))
+    assert float(np.sum(g.probs)) == pytest.approx(p_in, rel=1e-12)
+    if method == "split":
+        assert q_grid == pytest.approx(q_in, rel=1e-10)  # Q-mass preserved: a true pair
+    elif method == "up":
+        assert q_grid <= q_in
+    else:
+        assert q_grid >= q_in
+    for eps in np.linspace(-0.2, 0.6, 17):
+        d_in = p.log_delta(float(eps))
+        sel = x > eps
+        d_g = math.log(
+            g.inf_mass + float(np.sum(g.probs[sel] * -np.expm1(float(eps) - x[sel]))) + 1e-300
+        )
+        if side == "upper":
+            assert d_g >= d_in - 1e-12
+        else:
+            assert d_g <= d_in + 1e-12
+
+
+def test_underflowing_and_truncated_mass_is_counted_for_upper_bounds() -> None:
+    p = PrivacyLossDistribution(
+        np.array([0.1, 0.2, 5.0]), np.array([math.log(0.5), math.log(0.5) - 1e-9, -800.0])
+    )
+    g = discretise(p, 1e-3)
+    assert g.log_inf_mass == pytest.approx(-800.0)
+    low = discretise(p, 1e-3, side="lower")
+    assert low.inf_mass == 0.0
+    q = PrivacyLossDistribution(np.array([-0.3, 0.1, 0.4]), np.log(np.array([0.2, 0.5, 0.3])))
+    cut = discretise(q, 1e-3, tail_mass=0.7)
+    assert cut.inf_mass == pytest.approx(0.3)  # top atom to +inf, never renormalised
+    assert cut.truncated_mass == pytest.approx(0.3)
+    assert cut.size == 1 and cut.probs[0] == pytest.approx(0.7)  # bottom atom moved up
+    assert cut.losses[0] == pytest.approx(0.1)
+    cut_low = discretise(q, 1e-3, side="lower", tail_mass=0.7)
+    assert cut_low.inf_mass == 0.0 and cut_low.probs[0] == pytest.approx(0.8)  # top moved down
+
+
+# ----------------------------------------------------------------------------- tiny deltas
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_single_round_log_delta_is_exact_far_below_float_range(engine: str) -> None:
+    sigma = 0.5
+    pld = gaussian_pld(sigma, h=1e-4, width=40.0)
+    c = compose([pld], engine=engine, grid=1e-4)
+    assert c.error_bound < 1e-300  # no engine error: only the (log-space) sub-1e-304 atoms
+    s = 1.0 / sigma
+    for eps in (30.0, 45.0, 60.0):
+        ex = gauss_log_delta(s, eps)
+        assert ex < -90
+        ld = c.log_delta(eps)
+        assert ld >= ex
+        assert ld - ex < 0.02  # relative accuracy of delta ~ 2%
+    e = c.epsilon_for_log_delta(-200.0)
+    e_ex = float(brentq(lambda x: gauss_log_delta(s, x) + 200.0, 1.0, 60.0, xtol=1e-12))
+    assert e_ex <= e <= e_ex + 1e-2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_accuracy_error_when_numerics_exceed_the_requested_delta(engine: str) -> None:
+    c = compose([rr(0.3)], counts=[50], engine=engine, grid=1e-4)
+    assert c.error_bound > 0
+    with pytest.raises(AccuracyError, match="exceeds"):
+        c.epsilon(c.error_bound)  # slack = 100% of delta
+    with pytest.raises(AccuracyError):
+        c.epsilon_for_log_delta(-400.0)
+    assert math.isfinite(c.epsilon(1e-6))
+
+
+def test_accuracy_error_when_the_grid_is_too_fine() -> None:
+    wide = PrivacyLossDistribution(np.array([-30.0, 30.0]), np.log(np.array([0.5, 0.5])))
+    with pytest.raises(AccuracyError, match="coarser grid"):
+        compose([wide], grid=1e-6)
+
+
+# ----------------------------------------------------------------------------- API and errors
+
+
+def test_invalid_parameters() -> None:
+    p = rr(1.0)
+    bad_calls: list[Callable[[], object]] = [
+        lambda: compose([], grid=1e-3),
+        lambda: compose([p], engine="magic"),
+        lambda: compose([p], counts=[1, 2]),
+        lambda: compose([p], counts=[-1]),
+        lambda: compose([p], counts=[0]),
+        lambda: compose([p], counts=[1.5]),  # type: ignore[list-item]
+        lambda: compose([p], grid=0.0),
+        lambda: compose([p], grid=float("nan")),
+        lambda: compose([p], rounding="sideways"),
+        lambda: compose(["not a pld"]),  # type: ignore[list-item]
+        lambda: compose([PrivacyLossDistribution(np.array([np.nan]), np.array([0.0]))]),
+        lambda: compose([PrivacyLossDistribution(np.array([0.1, 0.2]), np.array([0.0, 0.0]))]),
+        lambda: compose([PrivacyLossDistribution(np.array([0.1]), np.array([0.0, -1.0]))]),
+        lambda: compose([p], max_error_fraction=0.0),
+    ]
+    for call in bad_calls:
+        with pytest.raises(InvalidParameters):
+            call()
+    c = compose([p], counts=[3])
+    for d in (0.0, 1.0, -1e-3, float("nan")):
+        with pytest.raises(InvalidParameters):
+            c.epsilon(d)
+    with pytest.raises(InvalidParameters):
+        c.log_delta(float("nan"))
+    with pytest.raises(InvalidParameters):
+        c.epsilon_bracket(1e-6)
+
+
+def test_convenience_wrappers_and_results() -> None:
+    plds = [rr(0.5), rr(1.0)]
+    c = compose(plds)
+    assert isinstance(c, ComposedPLD)
+    assert epsilon_for_delta(plds, 1e-6) == c.epsilon(1e-6)
+    assert delta_for_epsilon(plds, 0.7) == c.delta(0.7)
+    r = c.to_result(1e-6)
+    assert r.soundness is Soundness.SOUND_UPPER and r.epsilon == c.epsilon(1e-6)
+    assert c.log_delta(math.inf) == c.log_inf_mass
+    assert c.epsilon(0.999) == 0.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_upper_and_attack_side_by_side(engine: str) -> None:
+    upper = [blanket_like(4000, 2.0), blanket_like(9000, 1.0)]
+    # adding independent blanket noise is a post-processing: these pairs are dominated
+    attack = [blanket_like(8000, 2.0), blanket_like(18000, 1.0)]
+    b = compose_bounds(upper, attack, counts=[3, 4], engine=engine, grid=2e-4)
+    lo, up = b.epsilon(1e-6)
+    assert lo is not None and lo <= up
+    r = b.to_result(1e-6, method="tight")
+    assert r.lower_epsilon == lo and r.epsilon == up
+    ll, lu = b.log_delta(0.2)
+    assert ll is not None and ll <= lu
+    with pytest.raises(InvalidParameters):
+        compose_bounds(upper, attack[:1])
+
+
+def test_compose_rounds_bounds_side_by_side() -> None:
+    def up(m: Mechanism) -> PrivacyLossDistribution:
+        return blanket_like(max(2, m.n // 2), m.eps0)
+
+    def attack(m: Mechanism) -> PrivacyLossDistribution:
+        return blanket_like(m.n, m.eps0)  # more blanket noise: a post-processing
+
+    mechs = [Mechanism(4000, 2, 2.0), Mechanism(9000, 2, 1.0), Mechanism(4000, 2, 2.0)]
+    b = compose_rounds_bounds(mechs, pld_fn=up, attack_fn=attack, grid=2e-4)
+    assert b.lower is not None and b.upper.rounds == b.lower.rounds == 3
+    lo, hi = b.epsilon(1e-6)
+    assert lo is not None and 0 < lo <= hi
+    only_upper = compose_rounds_bounds(mechs, pld_fn=up, with_attack=False, grid=2e-4)
+    assert only_upper.lower is None
+    assert only_upper.upper.epsilon(1e-6) == hi
+
+
+def test_compose_rounds_caches_per_mechanism_and_cost_model() -> None:
+    calls: list[Mechanism] = []
+
+    def pld_fn(m: Mechanism) -> PrivacyLossDistribution:
+        calls.append(m)
+        return rr(m.eps0)
+
+    mechs = [Mechanism(100, 2, 0.5), Mechanism(100, 2, 1.0)] * 3
+    c = compose_rounds(mechs, pld_fn=pld_fn)
+    assert len(calls) == 2 and c.rounds == 6
+    ref = compose([rr(0.5), rr(1.0)], counts=[3, 3])
+    assert c.epsilon(1e-6) == ref.epsilon(1e-6)
+    compose_rounds(mechs, pld_fn=pld_fn, engine="fft")
+    assert len(calls) == 2  # cached by (pld_fn, n, k, eps0)
+    cost = PldCost(pld_fn)
+    total = cost.total_epsilon(mechs, 1e-6)
+    assert 0 < total <= sum(m.eps0 for m in mechs)
+    assert cost.total_epsilon([], 1e-6) == 0.0
+    with pytest.raises(InvalidParameters):
+        PldCost(pld_fn, engine="nope")
+
+
+# ----------------------------------------------------------------------------- property
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.floats(0.05, 0.95), st.floats(0.05, 0.95), st.integers(1, 6)).filter(
+            lambda t: abs(t[0] - t[1]) > 0.01
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from(ENGINES),
+    st.floats(0.0, 3.0),
+)
+def test_property_upper_bound_never_below_exact(
+    pairs: list[tuple[float, float, int]], engine: str, eps: float
+) -> None:
+    plds = [two_point(a, b) for a, b, _ in pairs]
+    c = compose(plds, counts=[k for _, _, k in pairs], engine=engine, grid=1e-3)
+    ex = exact_log_delta(pairs, eps)
+    assert c.log_delta(eps) >= ex - 1e-12
+    low = compose_lower(plds, counts=[k for _, _, k in pairs], engine=engine, grid=1e-3)
+    assert low.log_delta(eps) <= ex + 1e-12
+
+
+def test_cache_is_content_keyed() -> None:
+    clear_cache()
+    a = discretise(rr(0.4), 1e-3)
+    b = discretise(rr(0.4), 1e-3)  # a different but equal object
+    assert a is b
+    assert discretise(rr(0.4), 2e-3) is not a
+
+
+def test_pmf_constructor_is_dense() -> None:
+    g = discretise(blanket_like(2000, 1.0), 1e-3)
+    p = to_dp_accounting(g)
+    assert isinstance(p._pmf_remove, pld_pmf.DensePLDPmf)

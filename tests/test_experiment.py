@@ -1,0 +1,253 @@
+"""The privacy-utility experiment: calibration, rows, files, JSON, impossible targets."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from accountant.core import Mechanism
+from accountant.tight import upper_log_delta
+from analyzer.central import analytic_gaussian_sigma
+from shufflekit.cli import app
+from shufflekit.experiment import (
+    JSON_FIELDS,
+    ROW_FIELDS,
+    ExperimentError,
+    UtilityConfig,
+    calibrate_one_round,
+    individual_utility,
+    utility_experiment,
+    write_outputs,
+)
+
+N, K, DELTA = 1000, 5, 1e-6
+SMALL = UtilityConfig(
+    epsilons=(0.5, 2.0),
+    ns=(N,),
+    ks=(K,),
+    delta=DELTA,
+    repetitions=6,
+    estimators=("inv", "project", "ibu"),
+    rtol=0.02,
+    seed=3,
+)
+
+
+@pytest.fixture(scope="module")
+def small() -> list[dict[str, Any]]:
+    return utility_experiment(SMALL).rows
+
+
+def _one(rows: list[dict[str, Any]], eps: float, model: str, est: str) -> dict[str, Any]:
+    (r,) = [
+        x for x in rows if x["epsilon"] == eps and x["model"] == model and x["estimator"] == est
+    ]
+    return r
+
+
+def test_two_point_sweep_has_every_model_and_estimator(small: list[dict[str, Any]]) -> None:
+    # 2 points x (3 shuffle estimators + 2 central read-outs + local)
+    assert len(small) == 2 * (3 + 2 + 1)
+    for r in small:
+        assert set(JSON_FIELDS) <= set(r)
+        assert r["status"] == "ok", r["note"]
+        assert (r["n"], r["k"], r["delta"]) == (N, K, DELTA)
+        for m in ("tv", "l1", "l2", "max"):
+            assert math.isfinite(r[f"{m}_mean"]) and r[f"{m}_mean"] >= 0
+            assert r[f"{m}_std"] >= 0
+        assert r["l1_mean"] == pytest.approx(2 * r["tv_mean"])
+        assert r["max_mean"] <= r["l2_mean"] + 1e-15 <= r["l1_mean"] + 1e-15
+    assert {r["model"] for r in small} == {"shuffle", "central", "local"}
+
+
+def test_shuffle_eps0_meets_the_target_and_is_nearly_the_largest(
+    small: list[dict[str, Any]],
+) -> None:
+    for eps in SMALL.epsilons:
+        e0 = _one(small, eps, "shuffle", "inv")["eps0"]
+        assert e0 > eps  # amplification by shuffling at n = 1000
+        assert upper_log_delta(Mechanism(N, K, e0), eps) <= math.log(DELTA)
+        assert upper_log_delta(Mechanism(N, K, e0 * (1 + SMALL.rtol)), eps) > math.log(DELTA)
+        # every shuffle estimator saw the same eps0; local runs k-RR at eps0 = epsilon
+        assert {r["eps0"] for r in small if r["epsilon"] == eps and r["model"] == "shuffle"} == {e0}
+        assert _one(small, eps, "local", "inv")["eps0"] == eps
+
+
+def test_central_uses_the_analytic_gaussian_and_models_rank_as_expected(
+    small: list[dict[str, Any]],
+) -> None:
+    for eps in SMALL.epsilons:
+        c = _one(small, eps, "central", "raw")
+        assert c["eps0"] is None
+        assert c["sigma"] == pytest.approx(analytic_gaussian_sigma(eps, DELTA))
+        # projection onto the simplex never moves the estimate away from the truth in L2
+        assert _one(small, eps, "central", "project")["l2_mean"] <= c["l2_mean"] + 1e-12
+        # local k-RR at eps0 = epsilon is far worse than shuffling at the calibrated eps0
+        assert (
+            _one(small, eps, "local", "inv")["tv_mean"]
+            > _one(small, eps, "shuffle", "inv")["tv_mean"]
+        )
+    # more privacy budget, less error
+    assert (
+        _one(small, 2.0, "shuffle", "inv")["tv_mean"]
+        < _one(small, 0.5, "shuffle", "inv")["tv_mean"]
+    )
+
+
+def test_same_seed_same_rows() -> None:
+    cfg = UtilityConfig(
+        epsilons=(1.0,), ns=(300,), ks=(3,), repetitions=4, estimators=("inv",), rtol=0.05
+    )
+    a = utility_experiment(cfg).rows
+    b = utility_experiment(cfg).rows
+    strip = [{k: v for k, v in r.items() if k != "calibration_seconds"} for r in a]
+    assert strip == [{k: v for k, v in r.items() if k != "calibration_seconds"} for r in b]
+
+
+def test_csv_and_png_are_written(small: list[dict[str, Any]], tmp_path: Path) -> None:
+    from shufflekit.experiment import UtilityResult
+
+    files = write_outputs(UtilityResult(SMALL, small), tmp_path / "out")
+    with open(files["csv"], newline="") as fh:
+        rd = csv.DictReader(fh)
+        assert tuple(rd.fieldnames or ()) == ROW_FIELDS
+        got = list(rd)
+    assert len(got) == len(small)
+    assert float(got[0]["tv_mean"]) == pytest.approx(small[0]["tv_mean"])
+    png = Path(files["png"]).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_delta_zero_is_the_seed_setting_central_rows_say_it_is_impossible() -> None:
+    cfg = UtilityConfig(
+        epsilons=(1.0,), ns=(300,), ks=(3,), delta=0.0, repetitions=3, estimators=("inv",)
+    )
+    rows = utility_experiment(cfg).rows
+    shuffle = _one(rows, 1.0, "shuffle", "inv")
+    assert shuffle["status"] == "ok" and shuffle["eps0"] == 1.0  # no amplification at delta 0
+    assert "no amplification" in shuffle["note"]
+    for ro in ("raw", "project"):
+        c = _one(rows, 1.0, "central", ro)
+        assert c["status"] == "infeasible" and c["tv_mean"] is None
+        assert "delta = 0" in c["note"]
+    assert _one(rows, 1.0, "local", "inv")["status"] == "ok"
+
+
+def test_target_no_eps0_can_meet_is_a_row_not_a_crash() -> None:
+    # the composed calibration searches eps0 >= 1e-3; at n = 2 that cannot reach epsilon 1e-5
+    cfg = UtilityConfig(
+        epsilons=(1e-5, 1.0),
+        ns=(2,),
+        ks=(3,),
+        repetitions=3,
+        estimators=("inv", "mle"),
+        calibration="composed",
+    )
+    rows = utility_experiment(cfg).rows
+    for est in ("inv", "mle"):
+        bad = _one(rows, 1e-5, "shuffle", est)
+        assert bad["status"] == "infeasible" and bad["eps0"] is None and bad["tv_mean"] is None
+        assert "no eps0 meets the target" in bad["note"]
+        assert _one(rows, 1.0, "shuffle", est)["status"] == "ok"
+    assert _one(rows, 1e-5, "central", "raw")["status"] == "ok"  # other models still run
+
+
+def test_points_given_by_eps0_use_the_accountants_epsilon() -> None:
+    from accountant.tight import tight_epsilon
+
+    cfg = UtilityConfig(
+        epsilons=(), eps0_values=(2.0,), ns=(500,), ks=(4,), repetitions=3, estimators=("inv",)
+    )
+    rows = utility_experiment(cfg).rows
+    s = _one(rows, rows[0]["epsilon"], "shuffle", "inv")
+    assert s["eps0"] == 2.0
+    assert s["epsilon"] == pytest.approx(tight_epsilon(Mechanism(500, 4, 2.0), 1e-6).epsilon)
+    assert s["epsilon"] < 2.0
+
+
+def test_tight_and_composed_calibrations_agree() -> None:
+    a = calibrate_one_round(200, 5, 0.5, 1e-6, method="tight", rtol=0.01)
+    b = calibrate_one_round(200, 5, 0.5, 1e-6, method="composed", rtol=0.01)
+    assert a.eps0 == pytest.approx(b.eps0, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"estimators": ("inv", "bogus")}, "unknown estimator"),
+        ({"dataset": "nope"}, "unknown dataset"),
+        ({"epsilons": (-1.0,)}, "epsilon"),
+        ({"delta": 1.0}, "delta"),
+        ({"epsilons": (), "eps0_values": ()}, "nothing to sweep"),
+    ],
+)
+def test_invalid_configuration_is_refused(change: dict[str, Any], match: str) -> None:
+    import dataclasses
+
+    with pytest.raises(ExperimentError, match=match):
+        utility_experiment(dataclasses.replace(SMALL, **change))
+
+
+def test_individual_errors_per_category() -> None:
+    res = individual_utility(2000, 6, 3.0, [0, 2], 1e-6, repetitions=20, seed=1)
+    assert [r["category"] for r in res.rows] == [0, 2]
+    assert res.sigma == pytest.approx(analytic_gaussian_sigma(res.epsilon, 1e-6))
+    for r in res.rows:
+        assert r["shuffle_inv_mean"] > 0 and r["gaussian_mean"] > 0
+    none = individual_utility(2000, 6, 3.0, [1], 0.0, epsilon=3.0, repetitions=5)
+    assert none.sigma is None and none.rows[0]["gaussian_mean"] is None
+    assert "delta = 0" in none.note
+    with pytest.raises(ExperimentError):
+        individual_utility(100, 3, 1.0, [3], 1e-6)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+runner = CliRunner()
+
+
+def test_cli_json_and_files(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    r = runner.invoke(
+        app,
+        [
+            "experiment", "utility", "--n", "400", "--k", "4", "--epsilons", "0.5,1",
+            "--repetitions", "3", "--estimators", "inv,project", "--out", str(out), "--json",
+        ],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert len(data["rows"]) == 2 * (2 + 2 + 1)
+    for row in data["rows"]:
+        assert set(JSON_FIELDS) <= set(row)
+    assert (out / "utility.csv").is_file() and (out / "utility.png").is_file()
+
+
+def test_cli_table_shows_infeasible_rows_and_bad_options_exit_2() -> None:
+    r = runner.invoke(
+        app,
+        [
+            "experiment", "utility", "--n", "200", "--k", "3", "--epsilons", "1",
+            "--delta", "0", "--repetitions", "2", "--estimators", "inv",
+        ],
+        env={"COLUMNS": "160"},
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "infeasible" in r.output and "delta = 0" in r.output
+    bad = runner.invoke(app, ["experiment", "utility", "--estimators", "inv,bogus"])
+    assert bad.exit_code == 2
+    assert "unknown estimator" in bad.output
+    bad = runner.invoke(app, ["experiment", "utility", "--epsilons", "a,b"])
+    assert bad.exit_code == 2
+
+
+def test_rows_are_json_serialisable(small: list[dict[str, Any]]) -> None:
+    json.dumps(small)
+    assert np.isfinite([r["tv_mean"] for r in small]).all()

@@ -1,0 +1,94 @@
+"""Full rounds on the in-memory transport: release, cascades, aborts, attacks, budget refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from accountant.errors import BudgetExceeded
+from accountant.ledger import Budget, Ledger
+from shufflekit.coordinator import LocalDeployment, RoundParams
+from shufflekit.messages import Announcement
+from shufflekit.transport import MemoryBroker
+from shufflekit.transport.base import Transport
+from tests.pipeline_helpers import hostile_traffic, population
+
+
+def deployment(ledger: Ledger, mixes: int = 1) -> tuple[LocalDeployment, MemoryBroker]:
+    broker = MemoryBroker()
+    return LocalDeployment(lambda _n: broker.connect(), "test", ledger, mixes), broker
+
+
+@pytest.mark.parametrize("mixes", [1, 2, 3])
+async def test_round_releases_one_count_per_client(ledger: Ledger, mixes: int) -> None:
+    dep, _ = deployment(ledger, mixes)
+    pop, truth = population(400, k=4)
+    rep = await dep.run_round(RoundParams(k=4, eps0=2.0, n_min=10), pop)
+    assert rep.released and rep.result is not None
+    assert rep.result.batch_size == 400 == sum(rep.result.histogram)
+    assert rep.rejected() == {}
+    assert [m.forwarded for m in rep.mixes] == [400] * mixes
+    assert abs(sum(rep.result.estimate) - 400) < 1e-6
+    # the estimate is unbiased: at n=400, eps0=2, k=4 its error per cell is ~ 15 counts
+    assert max(abs(a - b) for a, b in zip(rep.result.estimate, truth, strict=True)) < 100
+    st = ledger.status("test")
+    assert [r.status for r in st.rounds] == ["committed"]
+    assert st.rounds[0].batch_size == 400
+    assert rep.result.privacy["epsilon_round"] == pytest.approx(2.0)
+
+
+async def test_below_n_min_releases_nothing_and_is_refunded(tmp_path: Any) -> None:
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=50, cost_model="ldp"))
+    dep, broker = deployment(led, 2)
+    released: list[str] = []
+    async with broker.connect() as spy, spy.subscribe("shufflekit/test/round/+/hop/+/data") as s:
+        pop, _ = population(20, k=4)
+        rep = await dep.run_round(RoundParams(k=4, eps0=1.0, n_min=50), pop)
+        released = [m.topic for m in _drain(s) if "/hop/0/" not in m.topic]
+    assert not rep.released and rep.abort is not None and rep.abort.hop == 0
+    assert "below the release threshold" in rep.abort.reason
+    assert released == []  # mix 0 forwarded nothing
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+    assert led.status("test").epsilon_reserved == 0.0
+
+
+async def test_attacks_are_rejected_counted_and_never_counted_in(ledger: Ledger) -> None:
+    dep, _ = deployment(ledger, 2)
+    pop, _ = population(100, k=4)
+    expected: dict[str, int] = {}
+
+    async def tamper(conn: Transport, ann: Announcement) -> None:
+        expected.update(await hostile_traffic(conn, ann))
+
+    rep = await dep.run_round(RoundParams(k=4, eps0=2.0, n_min=10), pop, tamper=tamper)
+    assert rep.result is not None
+    assert rep.result.batch_size == 101  # 100 honest + the attacker's first, valid report
+    assert sum(rep.result.histogram) == 101
+    assert rep.mixes[0].counters.as_dict() == expected
+    assert rep.mixes[0].counters.accepted == 101
+
+
+async def test_budget_refusal_contacts_no_client(tmp_path: Any) -> None:
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 3.0, 1e-6, n_min=10, cost_model="ldp"))
+    dep, broker = deployment(led)
+    pop, _ = population(50, k=4)
+    await dep.run_round(RoundParams(k=4, eps0=2.0, n_min=10), pop)
+    async with broker.connect() as spy, spy.subscribe("shufflekit/test/#") as s:
+        _drain(s)
+        with pytest.raises(BudgetExceeded) as e:
+            await dep.run_round(RoundParams(k=4, eps0=2.0, n_min=10), pop)
+        assert _drain(s) == []  # no announcement, nothing at all was published
+    msg = str(e.value)
+    assert "'test'" in msg and "1 is left" in msg and "would take the total to 4" in msg
+    st = led.status("test")
+    assert [r.status for r in st.rounds] == ["committed"]
+    assert [h["decision"] for h in led.history("test")][-1] == "refused"
+
+
+def _drain(sub: Any) -> list[Any]:
+    from shufflekit.transport import drain
+
+    return drain(sub)

@@ -1,0 +1,288 @@
+"""Tests of accountant.tight (sound upper bound + exact attacks) and its log-space helpers."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from accountant import tight
+from accountant._logbinom import log_interval, log_pmf, log_pos_part, log_sf, tail_window
+from accountant.core import Mechanism, Soundness
+from accountant.errors import AccuracyError, InvalidParameters
+from tests.bruteforce_oracle import dataset_delta, exact_delta_curve
+
+# ----------------------------------------------------------------------------- oracle sandwich
+SMALL = [
+    (1, 3, 1.0),
+    (2, 2, 0.5),
+    (4, 3, 2.0),
+    (6, 2, 1.5),
+    (7, 4, 1.0),
+    (8, 3, 4.0),
+    (10, 2, 3.0),
+    (10, 3, 0.5),
+    (10, 4, 2.0),
+]
+
+
+@pytest.mark.parametrize(("n", "k", "eps0"), SMALL)
+def test_oracle_between_lower_and_upper(n: int, k: int, eps0: float) -> None:
+    grid = [0.0, 0.05, 0.2, 0.5, 0.8, 0.97]
+    eps_grid = [f * eps0 for f in grid]
+    exact, _ = exact_delta_curve(n, k, eps0, eps_grid)
+    mech = Mechanism(n, k, eps0)
+    for eps, d in zip(eps_grid, exact, strict=True):
+        res = tight.tight_delta(mech, eps)
+        assert res.soundness is Soundness.SOUND_UPPER
+        assert res.log_delta >= math.log(d) - 1e-12, (eps, res.log_delta, math.log(d))
+        assert res.lower_log_delta is not None
+        assert res.lower_log_delta <= math.log(d) + 1e-12
+        # the attack families contain the brute-force maximiser at these n: lower is exact
+        assert res.lower_log_delta >= math.log(d) - 1e-6, (eps, res.details["worst_dataset"])
+
+
+def test_single_dataset_attacks_match_oracle() -> None:
+    n, k, eps0 = 9, 4, 1.3
+    mech = Mechanism(n, k, eps0)
+    for eps in [0.0, 0.3, 1.0]:
+        _, _, cands = tight.attack_log_delta(mech, eps)
+        z = (0, 0, n - 1, 0)
+        x0 = (n - 1, 0, 0, 0)
+        assert math.exp(cands["all others at z"]) == pytest.approx(
+            dataset_delta(z, k, eps0, eps), rel=1e-9
+        )
+        assert math.exp(cands["all others at x0 (x0|x1)"]) == pytest.approx(
+            dataset_delta(x0, k, eps0, eps), rel=1e-9
+        )
+        assert math.exp(cands["all others at x1 (x0|x1)"]) == pytest.approx(
+            dataset_delta(x0, k, eps0, eps, 1, 0), rel=1e-9
+        )
+
+
+def test_k2_family_is_exhaustive_and_exact() -> None:
+    mech = Mechanism(9, 2, 2.0)
+    for eps in [0.1, 0.9, 1.7]:
+        exact = exact_delta_curve(9, 2, 2.0, [eps])[0][0]
+        res = tight.tight_delta(mech, eps)
+        assert res.details["k2_exact"] is True
+        assert res.lower_log_delta == pytest.approx(math.log(exact), abs=1e-6)
+        for m in range(9):
+            got = math.exp(tight._k2_log_delta_m(mech, m, eps, -60.0))
+            assert got == pytest.approx(dataset_delta((m, 8 - m), 2, 2.0, eps), rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- known values
+def test_check_value_n1000_k10() -> None:
+    res = tight.tight_epsilon(Mechanism(1000, 10, 4.0), 1e-6)
+    assert res.lower_epsilon == pytest.approx(1.5269, abs=3e-4)
+    assert res.epsilon == pytest.approx(1.5274, abs=3e-4)
+    assert res.lower_epsilon is not None and res.lower_epsilon <= res.epsilon
+    assert res.details["worst_dataset"] == "all others at z"
+
+
+def test_blanket_matches_direct_enumeration_of_the_pair() -> None:
+    """The closed form equals sum_b P(b) sum_{c0,c1} Mult(c) (...)^+ enumerated directly."""
+    n, k, eps0, eps = 40, 5, 2.0, 0.7
+    e0 = math.exp(eps0)
+    q = 1 / (e0 + k - 1)
+    g = k * q
+    e = math.exp(eps)
+    total = 0.0
+    for b in range(n):
+        pb = math.comb(n - 1, b) * g**b * (1 - g) ** (n - 1 - b)
+        a = (1 - g) * k / (b + 1)
+        for c0 in range(b + 2):
+            for c1 in range(b + 2 - c0):
+                r = b + 1 - c0 - c1
+                mult = (
+                    math.factorial(b + 1)
+                    / (math.factorial(c0) * math.factorial(c1) * math.factorial(r))
+                    * (1 / k) ** (c0 + c1)
+                    * (1 - 2 / k) ** r
+                )
+                total += pb * mult * max(0.0, a * c0 + g - e * (a * c1 + g))
+    got = math.exp(tight.upper_log_delta(Mechanism(n, k, eps0), eps))
+    assert got >= total * (1 - 1e-12)
+    assert got == pytest.approx(total, rel=2e-3)  # bucketing of B costs at most ~0.2%
+
+
+# ----------------------------------------------------------------------------- properties
+def test_ldp_cap_and_no_amplification() -> None:
+    mech = Mechanism(50, 3, 1.0)
+    for eps in [1.0, 1.5]:
+        res = tight.tight_delta(mech, eps)
+        assert res.log_delta == -math.inf
+        assert res.delta == 0.0
+    # p^(n-1) (p - e^eps q) > delta for every eps < eps0: epsilon stays at eps0
+    res = tight.tight_epsilon(Mechanism(5, 3, 4.0), 1e-9)
+    assert res.epsilon == 4.0
+    # the attack delta p^(n-1) (p - e^eps q) reaches 1e-9 only within 1e-4 of eps0
+    assert res.lower_epsilon is not None and 3.9999 < res.lower_epsilon <= 4.0
+
+
+def test_monotone_in_epsilon() -> None:
+    mech = Mechanism(300, 4, 2.0)
+    ups: list[float] = []
+    lows: list[float] = []
+    for eps in np.linspace(0.0, 1.99, 12):
+        r = tight.tight_delta(mech, float(eps))
+        assert r.lower_log_delta is not None and r.lower_log_delta <= r.log_delta
+        ups.append(r.log_delta)
+        lows.append(r.lower_log_delta)
+    assert np.all(np.diff(ups) <= 1e-9)
+    assert np.all(np.diff(lows) <= 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "eps0", "delta", "max_gap"),
+    [
+        (10**3, 3, 4.0, 1e-9, 0.02),
+        (10**3, 10, 1.0, 1e-6, 0.02),
+        (10**4, 10, 4.0, 1e-6, 0.01),
+        (10**5, 3, 1.0, 1e-9, 0.01),
+        (10**6, 100, 2.0, 1e-6, 0.01),
+    ],
+)
+def test_gap_targets(n: int, k: int, eps0: float, delta: float, max_gap: float) -> None:
+    mech = Mechanism(n, k, eps0)
+    res = tight.tight_epsilon(mech, delta)
+    assert res.lower_epsilon is not None and 0 < res.lower_epsilon <= res.epsilon
+    assert res.epsilon / res.lower_epsilon - 1 <= max_gap
+    # rounding directions are verified (upper_log_delta buckets B for its own delta level, so it
+    # may differ from the search's grid by the bucketing tolerance, ~1e-3 in log delta)
+    assert tight.upper_log_delta(mech, res.epsilon) <= math.log(delta) + 2e-3
+    assert tight.attack_log_delta(mech, res.lower_epsilon)[0] >= math.log(delta) - 1e-12
+
+
+def test_log_delta_finite_when_delta_underflows() -> None:
+    mech = Mechanism(10**4, 3, 1.0)
+    res = tight.tight_delta(mech, 0.5)  # delta ~ e^-1022
+    assert math.isfinite(res.log_delta) and res.log_delta < -745
+    assert res.delta == 0.0
+    assert res.lower_log_delta is not None and math.isfinite(res.lower_log_delta)
+    assert res.lower_log_delta <= res.log_delta
+    # close to eps0 the dominant event is "everybody reports x0": still a finite bound
+    near = tight.tight_delta(Mechanism(2000, 10, 4.0), 3.99)
+    assert math.isfinite(near.log_delta) and math.isfinite(near.lower_log_delta or math.nan)
+    assert (near.lower_log_delta or 0) <= near.log_delta
+
+
+def test_invalid_parameters() -> None:
+    mech = Mechanism(100, 3, 1.0)
+    for bad in [-0.1, math.nan, math.inf, "1"]:
+        with pytest.raises(InvalidParameters):
+            tight.tight_delta(mech, bad)  # type: ignore[arg-type]
+    for bad_d in [0.0, 1.0, -1e-6, 2.0]:
+        with pytest.raises(InvalidParameters):
+            tight.tight_epsilon(mech, bad_d)
+    with pytest.raises(InvalidParameters):
+        tight.tight_delta((100, 3, 1.0), 0.5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameters):
+        tight.attack_pld(mech, dataset="nonsense")
+    with pytest.raises(InvalidParameters):
+        tight.attack_pld(Mechanism(10, 2, 1.0), dataset="all_at_z")
+
+
+def test_accuracy_error_instead_of_a_wrong_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    def too_big(*args: object, **kwargs: object) -> object:
+        raise tight._TooBigError
+
+    monkeypatch.setattr(tight, "_blanket_grid", too_big)
+    with pytest.raises(AccuracyError):
+        tight.tight_delta(Mechanism(100, 3, 1.0), 0.5)
+
+
+# ----------------------------------------------------------------------------- PLDs
+def test_plds_bracket_the_direct_values() -> None:
+    mech = Mechanism(2000, 5, 2.0)
+    up = tight.tight_pld(mech, log_tau=-80.0)
+    att = tight.attack_pld(mech, dataset="all_at_z", z_bins=8, log_tau=-80.0)
+    assert float(np.exp(up.log_probs).sum() + math.exp(up.log_inf_mass)) == pytest.approx(
+        1.0, abs=1e-9
+    )
+    assert float(np.exp(att.log_probs).sum()) <= 1 + 1e-12
+    for eps in [0.05, 0.2, 0.4]:
+        direct_up = tight.upper_log_delta(mech, eps)
+        direct_att = tight.attack_log_delta(mech, eps)[2]["all others at z"]
+        assert up.log_delta(eps) >= direct_up - 1e-6
+        assert up.log_delta(eps) <= direct_up + 0.05
+        assert att.log_delta(eps) <= direct_att + 1e-9
+        assert att.log_delta(eps) >= direct_att - 0.1
+
+
+def test_attack_pld_small_n_matches_oracle() -> None:
+    mech = Mechanism(8, 3, 1.5)
+    cases = [
+        ("all_at_x0", "x0|x1", (7, 0, 0), 0, 1),
+        ("all_at_x0", "x1|x0", (7, 0, 0), 1, 0),
+        ("all_at_x1", "x0|x1", (0, 7, 0), 0, 1),
+        ("all_at_z", "x0|x1", (0, 0, 7), 0, 1),
+    ]
+    for ds, direction, others, x0, x1 in cases:
+        pld = tight.attack_pld(mech, dataset=ds, direction=direction, loss_step=1e-7)
+        for eps in [0.1, 0.8]:
+            want = dataset_delta(others, 3, 1.5, eps, x0, x1)
+            got = math.exp(pld.log_delta(eps))
+            assert want * (1 - 1e-5) <= got <= want * (1 + 1e-12)
+    k2 = tight.attack_pld(Mechanism(9, 2, 2.0), dataset="k2_m", m=3, loss_step=1e-7)
+    want = dataset_delta((3, 5), 2, 2.0, 0.4)
+    assert want * (1 - 1e-5) <= math.exp(k2.log_delta(0.4)) <= want * (1 + 1e-12)
+    auto = tight.attack_pld(Mechanism(300, 3, 1.0))
+    assert "attack" in auto.description and auto.losses.size > 0
+
+
+# ----------------------------------------------------------------------------- _logbinom
+def _exact_half(n: int) -> list[Fraction]:
+    return [Fraction(math.comb(n, x), 2**n) for x in range(n + 1)]
+
+
+def _flog(x: Fraction) -> float:
+    """log of a positive Fraction, also far below the float range."""
+    return math.log(x.numerator) - math.log(x.denominator)
+
+
+@pytest.mark.parametrize("n", [7, 400, 1500])
+def test_logbinom_exact_for_p_half(n: int) -> None:
+    pmf = _exact_half(n)
+    sd = math.sqrt(n) / 2
+    xs = sorted({max(0, min(n, int(n / 2 + z * sd))) for z in [-40, -6, -1, 0, 1, 3, 8, 30, 60]})
+    for x in xs:
+        want = _flog(pmf[x])
+        assert float(log_pmf(x, n, 0.5)) == pytest.approx(want, abs=1e-10, rel=1e-12)
+        sf = sum(pmf[x:], Fraction(0))
+        assert float(log_sf(x, n, 0.5)) == pytest.approx(_flog(sf), abs=1e-9, rel=1e-11)
+        for t in [x - 0.3, x + 0.0]:
+            pos = sum(((y - Fraction(t)) * pmf[y] for y in range(n + 1) if y > t), Fraction(0))
+            got = float(log_pos_part(t, n, 0.5))
+            if pos == 0:
+                assert got == -math.inf
+            else:
+                assert got == pytest.approx(_flog(pos), abs=1e-9, rel=1e-11)
+    # interval probabilities and one-sided deep modes
+    a, b = int(n / 2 + 2 * sd), int(n / 2 + 5 * sd)
+    want_int = _flog(sum(pmf[a : b + 1], Fraction(0)))
+    assert float(log_interval(a, b, n, 0.5)) == pytest.approx(want_int, abs=1e-9)
+
+
+def test_logbinom_deep_modes_bracket_the_series() -> None:
+    for n, p in [(3000, 0.5), (10**6, 0.1)]:
+        for x in [int(0.9 * n), int(0.3 * n) if p < 0.5 else int(0.85 * n)]:
+            exact = float(log_pos_part(x + 0.5, n, p))
+            assert exact < -600
+            assert float(log_pos_part(x + 0.5, n, p, "upper")) >= exact
+            assert float(log_pos_part(x + 0.5, n, p, "lower")) <= exact
+            assert float(log_pos_part(x + 0.5, n, p, "upper")) <= exact + 1.0
+            sf = float(log_sf(x, n, p))
+            assert float(log_sf(x, n, p, "lower")) <= sf <= float(log_sf(x, n, p, "upper"))
+
+
+def test_tail_window_is_rigorous() -> None:
+    for n, p in [(1000, 0.3), (10**6, 0.02), (50, 0.9)]:
+        for log_tau in [-10.0, -40.0]:
+            lo, hi = tail_window(n, p, log_tau)
+            if lo[0] > 0:
+                assert float(log_sf(n - lo[0] + 1, n, 1 - p)) <= log_tau + 1e-9
+            assert float(log_sf(hi[0] + 1, n, p)) <= log_tau + 1e-9
