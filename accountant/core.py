@@ -30,7 +30,9 @@ class Mechanism:
         if not isinstance(self.n, int | np.integer) or self.n < 1:
             raise InvalidParameters(f"n (number of users) must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.k, int | np.integer) or self.k < 2:
-            raise InvalidParameters(f"k (number of categories) must be an integer >= 2, got {self.k!r}")
+            raise InvalidParameters(
+                f"k (number of categories) must be an integer >= 2, got {self.k!r}"
+            )
         if not (isinstance(self.eps0, float | int) and math.isfinite(self.eps0) and self.eps0 > 0):
             raise InvalidParameters(f"eps0 must be a finite number > 0, got {self.eps0!r}")
 
@@ -97,10 +99,10 @@ class PrivacyLossDistribution:
         sel = self.losses > epsilon
         terms = [self.log_inf_mass]
         if np.any(sel):
-            l = self.losses[sel]
+            loss = self.losses[sel]
             lp = self.log_probs[sel]
             # log(p * (1 - e^(eps - l))) = log p + log1p(-e^(eps - l))
-            t = lp + np.log1p(-np.exp(epsilon - l))
+            t = lp + np.log1p(-np.exp(epsilon - loss))
             terms.append(float(_logsumexp(t)))
         return float(_logsumexp(np.asarray(terms)))
 

@@ -21,8 +21,9 @@ from accountant.policy import TightCost
 from accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.render import console, fail, print_json
 
-app = typer.Typer(help="Privacy of shuffled k-RR: bounds, composition, calibration.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
+)
 
 N = Annotated[int, typer.Option("--n", min=1, help="Users per round.")]
 K = Annotated[int, typer.Option("--k", min=2, help="Categories.")]
@@ -47,21 +48,32 @@ def _log(x: float) -> float:
 def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
     """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row."""
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"method": m.name, "soundness": m.soundness.value,
-                           "summary": m.summary, "delta": delta, "log_delta": _log(delta),
-                           "rounds": rounds, "lower_bound": None, "note": ""}
+    row: dict[str, Any] = {
+        "method": m.name,
+        "soundness": m.soundness.value,
+        "summary": m.summary,
+        "delta": delta,
+        "log_delta": _log(delta),
+        "rounds": rounds,
+        "lower_bound": None,
+        "note": "",
+    }
     if rounds == 1:
         res = m.epsilon(mech, delta)
         row |= {"epsilon": res.epsilon, "note": res.note}
         if m.name == "tight":
-            row |= {"epsilon": TightCost().total_epsilon([mech], delta),
-                    "lower_bound": res.lower_epsilon}
+            row |= {
+                "epsilon": TightCost().total_epsilon([mech], delta),
+                "lower_bound": res.lower_epsilon,
+            }
     elif m.name == "tight":
         attack = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
-        row |= {"epsilon": TightCost().total_epsilon([mech] * rounds, delta),
-                "lower_bound": attack.epsilon(delta),
-                "note": "dominating pairs composed (PLD, pessimistic grid), capped by the LDP "
-                        "sum; lower bound: the worst-case dataset's attack composed"}
+        row |= {
+            "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
+            "lower_bound": attack.epsilon(delta),
+            "note": "dominating pairs composed (PLD, pessimistic grid), capped by the LDP "
+            "sum; lower bound: the worst-case dataset's attack composed",
+        }
     elif m.name == "ldp":
         row |= {"epsilon": rounds * mech.eps0, "note": "pure DP composes by summation"}
     elif m.pld is not None:
@@ -69,18 +81,26 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         cap = rounds * mech.eps0 if m.soundness is Soundness.SOUND_UPPER else math.inf
         row |= {"epsilon": min(composed, cap), "note": "the method's pair composed (PLD)"}
     else:
-        raise NotApplicable(f"{m.name} is a per-round formula with no privacy loss "
-                            "distribution: it cannot be composed over rounds")
+        raise NotApplicable(
+            f"{m.name} is a per-round formula with no privacy loss "
+            "distribution: it cannot be composed over rounds"
+        )
     row["seconds"] = time.perf_counter() - t0
     return row
 
 
-def delta_row(m: Method, mech: Mechanism, epsilon: float, rounds: int,
-              nx0: int | None) -> dict[str, Any]:
+def delta_row(
+    m: Method, mech: Mechanism, epsilon: float, rounds: int, nx0: int | None
+) -> dict[str, Any]:
     """delta of `rounds` identical rounds at `epsilon` by method `m`."""
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"method": m.name, "soundness": m.soundness.value,
-                           "epsilon": epsilon, "rounds": rounds, "lower_bound": None}
+    row: dict[str, Any] = {
+        "method": m.name,
+        "soundness": m.soundness.value,
+        "epsilon": epsilon,
+        "rounds": rounds,
+        "lower_bound": None,
+    }
     if nx0 is not None and not m.name.startswith("biswas"):
         raise InvalidParameters("--nx0 applies to the biswas methods only")
     if rounds == 1:
@@ -96,8 +116,10 @@ def delta_row(m: Method, mech: Mechanism, epsilon: float, rounds: int,
             row["lower_bound_log_delta"] = res.lower_log_delta
             row["lower_bound"] = math.exp(res.lower_log_delta)
     elif m.name == "ldp":
-        row |= {"log_delta": 0.0 if epsilon < rounds * mech.eps0 else -math.inf,
-                "note": "pure DP: delta is 0 from R * eps0 on (and not bounded below it)"}
+        row |= {
+            "log_delta": 0.0 if epsilon < rounds * mech.eps0 else -math.inf,
+            "note": "pure DP: delta is 0 from R * eps0 on (and not bounded below it)",
+        }
     elif m.pld is not None:
         row["log_delta"] = composition.compose([m.pld(mech)], counts=[rounds]).log_delta(epsilon)
         if m.name == "tight":
@@ -124,8 +146,15 @@ def _fmt(x: float | None) -> str:
 
 
 @app.command()
-def epsilon(n: N, k: K, eps0: EPS0, delta: Annotated[float, typer.Option(help="Target delta.")],
-            rounds: ROUNDS = 1, method: METHOD = "tight", json_out: JSON = False) -> None:
+def epsilon(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    rounds: ROUNDS = 1,
+    method: METHOD = "tight",
+    json_out: JSON = False,
+) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
     mech = _mech(n, k, eps0)
     try:
@@ -136,23 +165,30 @@ def epsilon(n: N, k: K, eps0: EPS0, delta: Annotated[float, typer.Option(help="T
     if json_out:
         print_json(row)
         return
-    console.print(f"{row['method']} ({_label(row['soundness'])}): epsilon = "
-                  f"[bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
-                  f"of n={n}, k={k}, eps0={eps0:g}")
+    console.print(
+        f"{row['method']} ({_label(row['soundness'])}): epsilon = "
+        f"[bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
+        f"of n={n}, k={k}, eps0={eps0:g}"
+    )
     if row["lower_bound"] is not None:
         gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
-        console.print(f"lower bound (explicit attack): {row['lower_bound']:.6g}; "
-                      f"gap {gap:.3g}%")
+        console.print(f"lower bound (explicit attack): {row['lower_bound']:.6g}; gap {gap:.3g}%")
     if row["note"]:
         console.print(f"note: {row['note']}", highlight=False)
     console.print(f"({row['seconds']:.3g} s)")
 
 
 @app.command()
-def delta(n: N, k: K, eps0: EPS0, epsilon: Annotated[float, typer.Option(help="Target epsilon.")],
-          rounds: ROUNDS = 1, method: METHOD = "tight",
-          nx0: Annotated[int | None, typer.Option("--nx0", help="biswas: users holding x0.")] = None,
-          json_out: JSON = False) -> None:
+def delta(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    epsilon: Annotated[float, typer.Option(help="Target epsilon.")],
+    rounds: ROUNDS = 1,
+    method: METHOD = "tight",
+    nx0: Annotated[int | None, typer.Option("--nx0", help="biswas: users holding x0.")] = None,
+    json_out: JSON = False,
+) -> None:
     """delta at a given epsilon (natural log given too: it may underflow)."""
     mech = _mech(n, k, eps0)
     try:
@@ -163,25 +199,31 @@ def delta(n: N, k: K, eps0: EPS0, epsilon: Annotated[float, typer.Option(help="T
     if json_out:
         print_json(row)
         return
-    console.print(f"{row['method']} ({_label(row['soundness'])}): delta = "
-                  f"[bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
-                  f"epsilon = {epsilon:g} for {rounds} round(s)")
+    console.print(
+        f"{row['method']} ({_label(row['soundness'])}): delta = "
+        f"[bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
+        f"epsilon = {epsilon:g} for {rounds} round(s)"
+    )
     if row.get("lower_bound_log_delta") is not None:
-        console.print(f"lower bound (explicit attack): log delta = "
-                      f"{row['lower_bound_log_delta']:.6g}")
+        console.print(
+            f"lower bound (explicit attack): log delta = {row['lower_bound_log_delta']:.6g}"
+        )
     if row.get("note"):
         console.print(f"note: {row['note']}", highlight=False)
 
 
 @app.command(name="calibrate")
 def calibrate_cmd(
-    k: K, rounds: ROUNDS,
+    k: K,
+    rounds: ROUNDS,
     epsilon: Annotated[float, typer.Option(help="Target total epsilon.")],
     delta: Annotated[float, typer.Option(help="Target total delta.")],
-    n: Annotated[int | None, typer.Option("--n", help="Users per round: find the largest eps0.")]
-    = None,
-    eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon: find the smallest n.")]
-    = None,
+    n: Annotated[
+        int | None, typer.Option("--n", help="Users per round: find the largest eps0.")
+    ] = None,
+    eps0: Annotated[
+        float | None, typer.Option("--eps0", help="Local epsilon: find the smallest n.")
+    ] = None,
     json_out: JSON = False,
 ) -> None:
     """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
@@ -201,20 +243,27 @@ def calibrate_cmd(
         print_json(out)
         return
     what = "largest eps0" if cal.parameter == "eps0" else "smallest n"
-    console.print(f"{what}: [bold]{cal.value:.6g}[/] -> {rounds} round(s) spend epsilon "
-                  f"{cal.achieved_epsilon:.6g} <= {epsilon:g} at delta {delta:g} "
-                  f"(tight, composed; {cal.evaluations} evaluations, {cal.seconds:.3g} s)")
+    console.print(
+        f"{what}: [bold]{cal.value:.6g}[/] -> {rounds} round(s) spend epsilon "
+        f"{cal.achieved_epsilon:.6g} <= {epsilon:g} at delta {delta:g} "
+        f"(tight, composed; {cal.evaluations} evaluations, {cal.seconds:.3g} s)"
+    )
 
 
 @app.command()
-def compare(n: N, k: K, eps0: EPS0, delta: Annotated[float, typer.Option(help="Target delta.")],
-            rounds: ROUNDS = 1,
-            plot: Annotated[str | None, typer.Option(help="Draw delta(epsilon) to FILE.png.")]
-            = None,
-            variants: Annotated[bool, typer.Option(
-                help="Also the printed variants (tail forms, closed forms); some are slow.")]
-            = False,
-            json_out: JSON = False) -> None:
+def compare(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    rounds: ROUNDS = 1,
+    plot: Annotated[str | None, typer.Option(help="Draw delta(epsilon) to FILE.png.")] = None,
+    variants: Annotated[
+        bool,
+        typer.Option(help="Also the printed variants (tail forms, closed forms); some are slow."),
+    ] = False,
+    json_out: JSON = False,
+) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
     rows: list[dict[str, Any]] = []
@@ -222,25 +271,45 @@ def compare(n: N, k: K, eps0: EPS0, delta: Annotated[float, typer.Option(help="T
         try:
             rows.append(epsilon_row(m, mech, delta, rounds))
         except NotApplicable as exc:
-            rows.append({"method": m.name, "soundness": m.soundness.value, "epsilon": None,
-                         "lower_bound": None, "seconds": 0.0, "note": f"not applicable: {exc}"})
+            rows.append(
+                {
+                    "method": m.name,
+                    "soundness": m.soundness.value,
+                    "epsilon": None,
+                    "lower_bound": None,
+                    "seconds": 0.0,
+                    "note": f"not applicable: {exc}",
+                }
+            )
         except AccountantError as exc:
-            rows.append({"method": m.name, "soundness": m.soundness.value, "epsilon": None,
-                         "lower_bound": None, "seconds": 0.0, "note": f"error: {exc}"})
+            rows.append(
+                {
+                    "method": m.name,
+                    "soundness": m.soundness.value,
+                    "epsilon": None,
+                    "lower_bound": None,
+                    "seconds": 0.0,
+                    "note": f"error: {exc}",
+                }
+            )
     if plot:
         from shufflekit.plots import plot_privacy_curves
 
         plot_privacy_curves(plot, mech, rounds, [r["method"] for r in rows if r["epsilon"]])
     if json_out:
-        print_json({"n": n, "k": k, "eps0": eps0, "delta": delta, "rounds": rounds,
-                    "rows": rows})
+        print_json({"n": n, "k": k, "eps0": eps0, "delta": delta, "rounds": rounds, "rows": rows})
         return
     t = Table(title=f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, rounds={rounds}")
     for col in ("method", "epsilon", "lower bound", "label", "seconds"):
         t.add_column(col, no_wrap=True)
     for r in rows:
-        t.add_row(r["method"], _fmt(r["epsilon"]), _fmt(r["lower_bound"]),
-                  _label(r["soundness"]), f"{r['seconds']:.3g}")
+        t.add_row(
+            r["method"],
+            _fmt(r["epsilon"]),
+            _fmt(r["lower_bound"]),
+            _label(r["soundness"]),
+            f"{r['seconds']:.3g}",
+        )
     console.print(t)
     for r in rows:
         if r.get("note"):

@@ -11,9 +11,12 @@ from accountant.core import Mechanism
 from accountant.errors import AccountantError
 from accountant.registry import get_method
 
+FLOOR_LOG10 = -40.0
+"""Curves stop below this log10 delta: nobody reads them there, and evaluating them is slow."""
+
 
 def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[str]) -> None:
-    """delta(epsilon) of each method on a log scale, written to `path` (PNG)."""
+    """delta(epsilon) of each method on a log scale down to 1e-40, written to `path` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,8 +27,11 @@ def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[s
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in methods:
         m = get_method(name)
-        ys = []
+        ys: list[float] = []
         for e in eps:
+            if ys and not ys[-1] > FLOOR_LOG10:  # delta(eps) is non-increasing: done
+                ys.append(np.nan)
+                continue
             try:
                 if rounds == 1:
                     ld = m.delta(mech, float(e)).log_delta
@@ -37,6 +43,7 @@ def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[s
                 ld = -math.inf
             ys.append(ld / math.log(10) if ld > -math.inf else np.nan)
         ax.plot(eps, ys, label=f"{name} ({m.soundness.name.lower()})")
+    ax.set_ylim(bottom=FLOOR_LOG10)
     ax.set_xlabel("epsilon")
     ax.set_ylabel("log10 delta")
     ax.set_title(f"n={mech.n}, k={mech.k}, eps0={mech.eps0:g}, rounds={rounds}")
