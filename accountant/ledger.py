@@ -10,9 +10,13 @@ exceed the budget. Reserved rounds count as spent until committed or refunded (p
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import math
 import os
+import re
+import socket
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +31,7 @@ from accountant.core import Mechanism
 from accountant.errors import BudgetExceeded, InvalidParameters, LedgerError
 from accountant.policy import cost_model
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -68,13 +72,22 @@ audit = sa.Table(
     sa.Column("at", sa.Float, nullable=False),
     sa.Column("deployment", sa.String(64), nullable=False),
     sa.Column("round_id", sa.String(64), nullable=True),
-    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),  # the role: coordinator, analyzer, ...
     sa.Column("action", sa.String(32), nullable=False),
     sa.Column("decision", sa.String(16), nullable=False),
     sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("principal", sa.String(255), nullable=True),  # user@host:pid, since schema 3
 )
 
 COUNTED = ("reserved", "committed")
+
+
+class LedgerNotFound(LedgerError):
+    """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"no ledger at {where}; create one with `shufflekit budget init`")
+        self.where = where
 
 
 def _migrate_1_to_2(conn: Connection) -> None:
@@ -87,8 +100,19 @@ def _migrate_1_to_2(conn: Connection) -> None:
     )
 
 
+def _migrate_2_to_3(conn: Connection) -> None:
+    """Schema 3: each audit row names the process behind the role (sk_audit.principal).
+
+    Rows written before the migration keep a NULL principal: who made them was not recorded.
+    """
+    conn.execute(sa.text("ALTER TABLE sk_audit ADD COLUMN principal VARCHAR(255)"))
+
+
 # MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+
+# the names a coordinator accepts (shufflekit.topics.check_name): a budget must be usable
+_DEPLOYMENT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -151,27 +175,37 @@ class BudgetStatus:
 
 
 class Ledger:
-    """A budget ledger at a SQLAlchemy URL (`sqlite:///path` or `postgresql+psycopg://...`)."""
+    """A budget ledger at a SQLAlchemy URL (`sqlite:///path` or `postgresql+psycopg://...`).
 
-    def __init__(self, url: str) -> None:
+    `create=False` opens an existing ledger only: a missing SQLite file or an empty database is
+    a LedgerError and nothing is created, so read commands never leave an empty ledger behind.
+    """
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
-        self.engine = _make_engine(url)
-        self._migrate()
+        self.engine = _make_engine(url, create)
+        try:
+            self._migrate(create)
+        except BaseException:
+            self.engine.dispose()  # release the file before the caller sees the error
+            raise
 
     # ---------------------------------------------------------------- schema
-    def _migrate(self) -> None:
-        """Create the schema, or bring an older one forward; refuse foreign or newer ones."""
+    def _migrate(self, create: bool) -> None:
+        """Create the schema, or bring an older one forward; refuse foreign or newer ones.
+
+        On SQLite the file is inspected read-only first: WAL mode is switched on (which
+        rewrites the file header and creates -wal/-shm files) only once it is known to be a
+        shufflekit ledger or empty, so a foreign or corrupt file is never touched.
+        """
         try:
+            if self.engine.dialect.name == "sqlite":
+                self._sqlite_precheck(create)
             with self._tx() as conn:
                 if conn.dialect.name == "postgresql":  # one migrator at a time
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
                 tables = set(sa.inspect(conn).get_table_names())
-                ours = {t.name for t in _META.sorted_tables}
-                if tables and not tables & ours:
-                    raise LedgerError(
-                        f"{_redact(self.url)} holds tables {sorted(tables)[:5]} but no shufflekit "
-                        "ledger: refusing to write into a foreign database"
-                    )
+                self._check_tables(tables, create)
                 if schema_version.name not in tables:
                     _META.create_all(conn)
                     conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
@@ -186,26 +220,66 @@ class Ledger:
                     MIGRATIONS[v](conn)
                 conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
                 _META.create_all(conn)
-        except sa.exc.DatabaseError as exc:
+        except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
             raise LedgerError(f"cannot open ledger {_redact(self.url)}: {exc.orig}") from exc
+
+    def _sqlite_precheck(self, create: bool) -> None:
+        """Read the table names without a write transaction, then (ours or empty) enable WAL."""
+        raw = self.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            try:
+                names = cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                tables = {str(row[0]) for row in names.fetchall()}
+            except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
+                raise LedgerError(f"cannot open ledger {_redact(self.url)}: {exc}") from exc
+            self._check_tables(tables, create)
+            cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
+            cur.close()
+        finally:
+            raw.close()
+
+    def _check_tables(self, tables: set[str], create: bool) -> None:
+        """LedgerError for a database that holds no ledger (foreign, or empty with create=False)."""
+        tables = {t for t in tables if not t.startswith("sqlite_")}
+        ours = {t.name for t in _META.sorted_tables}
+        if tables and not tables & ours:
+            raise LedgerError(
+                f"{_redact(self.url)} holds tables {sorted(tables)[:5]} but no shufflekit "
+                "ledger: refusing to write into a foreign database"
+            )
+        if not tables and not create:
+            raise LedgerNotFound(_redact(self.url))
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
+        """One transaction; database failures become a LedgerError naming the ledger."""
         try:
             with self.engine.begin() as conn:
                 yield conn
         except sa.exc.OperationalError as exc:
             raise LedgerError(f"ledger {_redact(self.url)} is unavailable: {exc.orig}") from exc
+        except sa.exc.DBAPIError as exc:
+            raise LedgerError(f"ledger {_redact(self.url)} refused the write: {exc.orig}") from exc
 
     # ---------------------------------------------------------------- budgets
     def init_budget(self, budget: Budget, actor: str = "operator") -> None:
         """Create a deployment's budget; refuses to overwrite an existing one."""
-        _check_budget(budget)
+        check_budget(budget)
+        d = budget.deployment
+        exists = LedgerError(
+            f"deployment {d!r} already has a budget in {_redact(self.url)}; a budget is never "
+            f"overwritten: see it with `shufflekit budget status --deployment {d}`, or choose "
+            "another deployment name"
+        )
         with self._tx() as conn:
-            if self._budget_row(conn, budget.deployment, lock=True) is not None:
-                raise LedgerError(f"deployment {budget.deployment!r} already has a budget")
-            conn.execute(budgets.insert().values(**budget.__dict__, created_at=time.time()))
-            self._audit(conn, budget.deployment, None, actor, "init", "ok", budget.__dict__)
+            if self._budget_row(conn, d, lock=True) is not None:
+                raise exists
+            try:  # a concurrent init (PostgreSQL: no row to lock yet) loses on the primary key
+                conn.execute(budgets.insert().values(**budget.__dict__, created_at=time.time()))
+            except sa.exc.IntegrityError as exc:
+                raise exists from exc
+            self._audit(conn, d, None, actor, "init", "ok", budget.__dict__)
 
     def budget(self, deployment: str) -> Budget:
         """The deployment's budget, or LedgerError naming the missing deployment."""
@@ -273,7 +347,9 @@ class Ledger:
                         epsilon_round=eps_round,
                         created_at=now,
                         updated_at=now,
-                        expires_at=now + b.reservation_ttl if b.reservation_ttl else None,
+                        expires_at=(
+                            now + b.reservation_ttl if b.reservation_ttl is not None else None
+                        ),
                     )
                 )
                 self._audit(conn, deployment, round_id, actor, "reserve", "ok", params)
@@ -382,8 +458,12 @@ class Ledger:
         )
 
     def history(self, deployment: str) -> list[dict[str, Any]]:
-        """The audit log of the deployment, oldest first."""
+        """The audit log of the deployment, oldest first; LedgerError for an unknown deployment.
+
+        `who` is "role user@host:pid" (just the role for rows older than schema 3).
+        """
         with self._tx() as conn:
+            self._require_budget(conn, deployment, lock=False)
             rows = conn.execute(
                 sa.select(audit).where(audit.c.deployment == deployment).order_by(audit.c.id)
             ).all()
@@ -392,6 +472,8 @@ class Ledger:
                 "at": r.at,
                 "round_id": r.round_id,
                 "actor": r.actor,
+                "principal": r.principal,
+                "who": f"{r.actor} {r.principal}" if r.principal else r.actor,
                 "action": r.action,
                 "decision": r.decision,
                 "detail": json.loads(r.detail),
@@ -485,6 +567,7 @@ class Ledger:
                 action=action,
                 decision=decision,
                 detail=json.dumps(detail, default=str),
+                principal=_principal(),
             )
         )
 
@@ -493,7 +576,12 @@ class Ledger:
             return self._rounds(conn, deployment)
 
 
-def _check_budget(b: Budget) -> None:
+def check_budget(b: Budget) -> None:
+    """InvalidParameters for a budget that cannot be enforced; call it before writing anything."""
+    if not isinstance(b.deployment, str) or not _DEPLOYMENT.fullmatch(b.deployment):
+        raise InvalidParameters(
+            f"deployment must be 1-64 characters of A-Z a-z 0-9 _ . -, got {b.deployment!r}"
+        )
     cost_model(b.cost_model)  # InvalidParameters if unknown
     if not (math.isfinite(b.epsilon_total) and b.epsilon_total > 0):
         raise InvalidParameters(f"budget epsilon must be > 0, got {b.epsilon_total}")
@@ -503,6 +591,29 @@ def _check_budget(b: Budget) -> None:
         raise InvalidParameters(
             f"n_min ({b.n_min}) must exceed max_corrupt ({b.max_corrupt}) by at least 1"
         )
+    if b.max_round_epsilon is not None and not (
+        math.isfinite(b.max_round_epsilon) and b.max_round_epsilon > 0
+    ):
+        raise InvalidParameters(
+            f"per-round epsilon cap must be > 0 (or unset), got {b.max_round_epsilon}"
+        )
+    if b.reservation_ttl is not None and not (
+        math.isfinite(b.reservation_ttl) and b.reservation_ttl > 0
+    ):
+        # 0 or less would expire every reservation at once: the round could never commit
+        raise InvalidParameters(
+            f"reservation_ttl must be > 0 seconds (or unset: reservations never expire), "
+            f"got {b.reservation_ttl}"
+        )
+
+
+def _principal() -> str:
+    """`user@host:pid` of this process: who, beyond the role, made an audited decision."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"[:255]
 
 
 def _redact(url: str) -> str:
@@ -512,13 +623,15 @@ def _redact(url: str) -> str:
         return "<invalid URL>"
 
 
-def _make_engine(url: str) -> Engine:
+def _make_engine(url: str, create: bool) -> Engine:
     try:
         u = sa.engine.make_url(url)
     except sa.exc.ArgumentError as exc:
         raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
+            if not create and not os.path.isfile(u.database):
+                raise LedgerNotFound(u.database)
             parent = os.path.dirname(os.path.abspath(u.database))
             if not os.path.isdir(parent):
                 os.makedirs(parent, exist_ok=True)
@@ -526,9 +639,9 @@ def _make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            # no writes here (not even journal_mode): Ledger._migrate checks the file first
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 

@@ -2,8 +2,9 @@
 
 It sees reports in shuffled order and no sender identity. Malformed or undecryptable reports
 are rejected and counted by reason; they never change the histogram. The round's privacy cost
-is committed (through the `on_release` hook the operator wires to the ledger) before the result
-is published, so no released result is ever uncharged.
+is committed (through the required `on_release` hook the operator wires to the ledger) before
+the result is published; if the commit fails the round is aborted and nothing is published, so
+no released result is ever uncharged.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from shufflekit.topics import Topics
 from shufflekit.transport.base import Transport
 from shufflekit.wire import REPORT_SIZE, Report
 
+# (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
+# raise if the commit did not succeed: the result is published only after it returns.
 ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
 
 
@@ -40,7 +43,11 @@ class AnalyzerOutcome:
 
 
 class Analyzer:
-    """The analyzer role (hop L of a cascade of L mixes)."""
+    """The analyzer role (hop L of a cascade of L mixes).
+
+    `on_release` is required: there is no way to build an analyzer that releases results
+    without first committing their cost.
+    """
 
     def __init__(
         self,
@@ -48,10 +55,12 @@ class Analyzer:
         deployment: str,
         key: KeyPair,
         *,
+        on_release: ReleaseHook,
         estimator: str = "inv",
-        on_release: ReleaseHook | None = None,
         batch_timeout: float = 60.0,
     ) -> None:
+        if not callable(on_release):
+            raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
         self.transport = transport
         self.deployment = deployment
         self.topics = Topics(deployment)
@@ -88,7 +97,8 @@ class Analyzer:
     ) -> AnalyzerOutcome:
         """Receive, decrypt and count one round; commit its cost, then publish the result.
 
-        `ready` is set once the analyzer is subscribed to its input.
+        `ready` is set once the analyzer is subscribed to its input. If the commit fails
+        (refused, expired, ledger unreachable) the round is aborted and nothing is published.
         """
         if ann.analyzer_key != self.key.public_b64():
             raise ValueError("the announcement names another analyzer key")
@@ -107,12 +117,17 @@ class Analyzer:
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
+            try:
+                privacy = await self.on_release(ann.round_id, n)
+            except Exception as exc:  # any failure: the cost is not known to be committed
+                raise RoundAborted(
+                    f"the round's cost was not committed, nothing is released: {exc}"
+                ) from exc
         except RoundAborted as exc:
             outcome.abort_reason = str(exc)
             abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
             await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
             return outcome
-        privacy = await self.on_release(ann.round_id, n) if self.on_release else {}
         est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(
             round_id=ann.round_id,

@@ -1,4 +1,8 @@
-"""`shufflekit budget ...`: create, inspect and correct a deployment's privacy budget."""
+"""`shufflekit budget ...`: create, inspect and correct a deployment's privacy budget.
+
+Only `init` creates a ledger; the other commands open an existing one and fail, creating
+nothing, when the ledger or the deployment is missing.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import typer
 from rich.table import Table
 
 from accountant.errors import AccountantError
-from accountant.ledger import Budget, Ledger
+from accountant.ledger import Budget, Ledger, LedgerNotFound, check_budget
 from shufflekit.render import console, fail, print_json
 from shufflekit.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
@@ -22,9 +26,19 @@ DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (bu
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
 
-def _open(url: str | None) -> Ledger:
+def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
+    """The ledger at `url` (default: the state folder's); exit 2 with the reason otherwise.
+
+    Only `init` passes create=True: reading a missing ledger must not leave an empty one behind.
+    """
     try:
-        return Ledger(url or default_ledger_url())
+        return Ledger(url or default_ledger_url(), create=create)
+    except LedgerNotFound as exc:
+        fail(
+            f"no ledger at {exc.where}, so deployment {deployment!r} has no budget; create one "
+            f"with `shufflekit budget init --deployment {deployment}`"
+        )
+        raise  # unreachable: fail exits
     except AccountantError as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
@@ -40,7 +54,7 @@ def init(
     reservation_ttl: Annotated[
         float | None,
         typer.Option(
-            help="Seconds after which an uncommitted reservation expires (never if unset)."
+            help="Seconds (> 0) after which an uncommitted reservation expires (never if unset)."
         ),
     ] = None,
     cost_model: Annotated[
@@ -51,7 +65,6 @@ def init(
     json_out: JsonOpt = False,
 ) -> None:
     """Create a deployment's budget (refuses to overwrite one)."""
-    led = _open(ledger)
     b = Budget(
         deployment,
         epsilon,
@@ -63,6 +76,11 @@ def init(
         cost_model,
     )
     try:
+        check_budget(b)  # before the ledger is opened: bad arguments create no file
+    except AccountantError as exc:
+        fail(str(exc))
+    led = _open(ledger, deployment, create=True)
+    try:
         led.init_budget(b)
     except AccountantError as exc:
         fail(str(exc))
@@ -71,7 +89,7 @@ def init(
     else:
         console.print(
             f"budget of {deployment!r}: epsilon={epsilon:g}, delta={delta:g}, "
-            f"n_min={n_min}, max_corrupt={max_corrupt}"
+            f"n_min={n_min}, max_corrupt={max_corrupt}, cost model {cost_model}"
         )
 
 
@@ -82,7 +100,7 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """Spent, reserved and remaining budget, with a per-round table."""
-    led = _open(ledger)
+    led = _open(ledger, deployment)
     try:
         st = led.status(deployment)
     except AccountantError as exc:
@@ -122,19 +140,23 @@ def history(
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     json_out: JsonOpt = False,
 ) -> None:
-    """The append-only audit log: every decision, who made it and why."""
-    led = _open(ledger)
-    rows = led.history(deployment)
+    """The append-only audit log: every decision, who made it (role user@host:pid) and why."""
+    led = _open(ledger, deployment)
+    try:
+        rows = led.history(deployment)
+    except AccountantError as exc:
+        fail(str(exc))
+        return
     if json_out:
         print_json(rows)
         return
     t = Table()
-    for col in ("when (UTC)", "round", "actor", "action", "decision", "detail"):
+    for col in ("when (UTC)", "round", "who", "action", "decision", "detail"):
         t.add_column(col)
     for r in rows:
         when = dt.datetime.fromtimestamp(r["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(
-            when, r["round_id"] or "-", r["actor"], r["action"], r["decision"], str(r["detail"])
+            when, r["round_id"] or "-", r["who"], r["action"], r["decision"], str(r["detail"])
         )
     console.print(t)
 
@@ -148,7 +170,7 @@ def refund(
     json_out: JsonOpt = False,
 ) -> None:
     """Refund a reserved round that released nothing (a committed round is never refunded)."""
-    led = _open(ledger)
+    led = _open(ledger, deployment)
     try:
         rec = led.refund(deployment, round_id, actor="operator", reason=reason)
     except AccountantError as exc:

@@ -2,8 +2,10 @@
 
 reserve the cost in the ledger (refused -> nobody is asked anything) -> start the hops ->
 announce -> clients answer -> close -> the analyzer commits the cost and publishes, or a hop
-aborts and the reservation is refunded. A round that ends any other way stays reserved
-(pessimistic) until an operator looks at it.
+aborts and the reservation is refunded. The analyzer publishes only after its commit succeeded;
+a failed commit is an abort like any other (the refund then changes nothing if the round had
+expired, and is refused if the commit did land). A round that ends any other way stays
+reserved (pessimistic) until an operator looks at it.
 
 `LocalDeployment` runs the mixes and the analyzer as tasks of this process, each on its own
 transport connection (in-memory or MQTT): the embedded default for demos, simulation and
@@ -111,6 +113,7 @@ class LocalDeployment:
         )
 
     async def _release_hook(self, round_id: str, batch_size: int) -> dict[str, Any]:
+        """Commit the round's cost (raises unless it succeeded), then describe it for the result."""
         rec = await asyncio.to_thread(self.ledger.commit, self.deployment, round_id, batch_size)
         status = await asyncio.to_thread(self.ledger.status, self.deployment)
         return {

@@ -1,6 +1,6 @@
 """A ledger client run as a separate OS process by the race and kill tests.
 
-python -m tests.ledger_worker race URL WORKER REPS BARRIER_DIR
+python -m tests.ledger_worker race URL WORKER REPS BARRIER_DIR PREFIX EPS0 BATCH
 python -m tests.ledger_worker steps URL
 python -m tests.ledger_worker churn URL
 """
@@ -23,21 +23,23 @@ def _wait_for(path: Path, timeout: float = 120.0) -> None:
         time.sleep(0.001)
 
 
-def race(url: str, worker: str, reps: int, barrier: Path) -> None:
-    """In each repetition: reserve eps0=0.5 rounds until refused, then commit them."""
-    led = Ledger(url)
+def race(
+    url: str, worker: str, reps: int, barrier: Path, prefix: str, eps0: float, batch: int
+) -> None:
+    """In each repetition: reserve k=4 rounds of `eps0` until refused, then commit them."""
+    led = Ledger(url, create=False)
     for rep in range(reps):
         _wait_for(barrier / f"go{rep}")
         mine: list[str] = []
         while True:
             rid = f"w{worker}-{len(mine)}"
             try:
-                led.reserve(f"race{rep}", rid, k=4, eps0=0.5, actor=f"worker{worker}")
+                led.reserve(f"{prefix}{rep}", rid, k=4, eps0=eps0, actor=f"worker{worker}")
             except BudgetExceeded:
                 break
             mine.append(rid)
         for rid in mine:
-            led.commit(f"race{rep}", rid, batch_size=100, actor=f"worker{worker}")
+            led.commit(f"{prefix}{rep}", rid, batch_size=batch, actor=f"worker{worker}")
         (barrier / f"done{rep}-{worker}").write_text(str(len(mine)))
 
 
@@ -74,7 +76,7 @@ def churn(url: str) -> None:
 if __name__ == "__main__":
     cmd, url, *rest = sys.argv[1:]
     if cmd == "race":
-        race(url, rest[0], int(rest[1]), Path(rest[2]))
+        race(url, rest[0], int(rest[1]), Path(rest[2]), rest[3], float(rest[4]), int(rest[5]))
     elif cmd == "steps":
         steps(url)
     elif cmd == "churn":

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import getpass
+import math
+import os
+import socket
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from accountant.errors import BudgetExceeded, InvalidParameters, LedgerError
-from accountant.ledger import Budget, Ledger
+from accountant.ledger import Budget, Ledger, LedgerNotFound, budgets
 
 
 def test_reserve_commit_refund_lifecycle(ledger: Ledger) -> None:
@@ -71,28 +78,76 @@ def test_missing_budget_and_bad_budgets(ledger: Ledger) -> None:
         Budget("x", 0.0, 1e-6, 10, cost_model="ldp"),
         Budget("x", 1.0, 0.0, 10, cost_model="ldp"),
         Budget("x", 1.0, 1e-6, 10, max_corrupt=10, cost_model="ldp"),
+        Budget("x", 1.0, 1e-6, 10, max_round_epsilon=0.0, cost_model="ldp"),
+        Budget("x y", 1.0, 1e-6, 10, cost_model="ldp"),
+        Budget("x" * 65, 1.0, 1e-6, 10, cost_model="ldp"),
+        Budget("x", 1.0, 1e-6, 10, cost_model="nope"),
     ):
         with pytest.raises(InvalidParameters):
             ledger.init_budget(b)
-    with pytest.raises(LedgerError, match="already has a budget"):
+        assert not ledger.has_budget(b.deployment)
+    before = (ledger.budget("test"), ledger.history("test"))
+    with pytest.raises(LedgerError, match=r"'test' already has a budget.*never overwritten"):
         ledger.init_budget(Budget("test", 1.0, 1e-6, 10, cost_model="ldp"))
+    assert (ledger.budget("test"), ledger.history("test")) == before  # nothing changed
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, math.nan, math.inf])
+def test_reservation_ttl_must_be_positive(ledger: Ledger, ttl: float) -> None:
+    with pytest.raises(InvalidParameters, match="reservation_ttl must be > 0"):
+        ledger.init_budget(Budget("ttl", 5.0, 1e-6, 10, reservation_ttl=ttl, cost_model="ldp"))
+    assert not ledger.has_budget("ttl")
+
+
+def test_history_of_an_unknown_deployment_is_an_error(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="deployment 'nope' has no budget"):
+        ledger.history("nope")
+    for call in (lambda: ledger.status("nope"), lambda: ledger.refund("nope", "r1")):
+        with pytest.raises(LedgerError, match="deployment 'nope' has no budget"):
+            call()
+
+
+def test_opening_a_missing_ledger_creates_nothing(ledger_url: str, tmp_path: Path) -> None:
+    nested = tmp_path / "not" / "there" / "ledger.db"
+    with pytest.raises(LedgerNotFound, match=r"no ledger at .*budget init"):
+        Ledger(f"sqlite:///{nested}", create=False)
+    assert not (tmp_path / "not").exists()
+    with pytest.raises(LedgerNotFound):  # a missing file, or an empty PostgreSQL database
+        Ledger(ledger_url, create=False)
+    if ledger_url.startswith("sqlite"):
+        assert list(tmp_path.iterdir()) == []
+    else:
+        engine = sa.create_engine(ledger_url)
+        with engine.connect() as c:
+            assert sa.inspect(c).get_table_names() == []
+        engine.dispose()
+    Ledger(ledger_url).init_budget(Budget("d", 1.0, 1e-6, 10, cost_model="ldp"))
+    assert Ledger(ledger_url, create=False).budget("d").epsilon_total == 1.0
 
 
 def test_foreign_corrupt_and_wrong_urls(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign.db"
-    with sqlite3.connect(foreign) as c:
-        c.execute("create table customers (id int)")
-    with pytest.raises(LedgerError, match="foreign"):
-        Ledger(f"sqlite:///{foreign}")
-    with sqlite3.connect(foreign) as c:  # nothing was written
-        names = [r[0] for r in c.execute("select name from sqlite_master")]
-    assert names == ["customers"]
+    c = sqlite3.connect(foreign)
+    c.execute("create table customers (id int)")
+    c.commit()
+    c.close()
+    before = foreign.read_bytes()
+    for create in (True, False):
+        with pytest.raises(LedgerError, match="foreign"):
+            Ledger(f"sqlite:///{foreign}", create=create)
+    # not a byte changed: the journal mode is still the file's own, and no -wal/-shm appeared
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.db"]
+    c = sqlite3.connect(foreign)
+    assert c.execute("pragma journal_mode").fetchone() == ("delete",)
+    c.close()
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(b"this is not a database" * 100)
     before = corrupt.read_bytes()
-    with pytest.raises(LedgerError):
+    with pytest.raises(LedgerError, match="cannot open ledger"):
         Ledger(f"sqlite:///{corrupt}")
     assert corrupt.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.db", "foreign.db"]
     for url in ("not a url", "mysql://u@h/db"):
         with pytest.raises(LedgerError):
             Ledger(url)
@@ -123,11 +178,175 @@ def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
     assert led.status("old").epsilon_spent == 1.5
     led.reserve("old", "r2", 4, 1.0)  # the new columns work
     with sqlite3.connect(db) as c:
-        assert c.execute("select version from sk_schema_version").fetchall() == [(2,)]
+        assert c.execute("select version from sk_schema_version").fetchall() == [(3,)]
     with sqlite3.connect(db) as c:
         c.execute("update sk_schema_version set version = 99")
     with pytest.raises(LedgerError, match="newer than this shufflekit"):
         Ledger(f"sqlite:///{db}")
+
+
+_V2 = sa.MetaData()  # the schema-2 layout, as shipped: never edit
+sa.Table("sk_schema_version", _V2, sa.Column("version", sa.Integer, nullable=False))
+sa.Table(
+    "sk_budgets",
+    _V2,
+    sa.Column("deployment", sa.String(64), primary_key=True),
+    sa.Column("epsilon_total", sa.Float, nullable=False),
+    sa.Column("delta_total", sa.Float, nullable=False),
+    sa.Column("max_round_epsilon", sa.Float, nullable=True),
+    sa.Column("n_min", sa.Integer, nullable=False),
+    sa.Column("max_corrupt", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("reservation_ttl", sa.Float, nullable=True),
+    sa.Column("cost_model", sa.String(32), nullable=False, server_default="ldp"),
+)
+sa.Table(
+    "sk_rounds",
+    _V2,
+    sa.Column("deployment", sa.String(64), primary_key=True),
+    sa.Column("round_id", sa.String(64), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("eps0", sa.Float, nullable=False),
+    sa.Column("n_accounted", sa.Integer, nullable=False),
+    sa.Column("batch_size", sa.Integer, nullable=True),
+    sa.Column("epsilon_round", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),
+)
+sa.Table(
+    "sk_audit",
+    _V2,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("deployment", sa.String(64), nullable=False),
+    sa.Column("round_id", sa.String(64), nullable=True),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+)
+
+
+def test_schema_2_ledger_is_migrated_forward_and_keeps_its_rows(ledger_url: str) -> None:
+    engine = sa.create_engine(ledger_url)
+    t = _V2.tables
+    with engine.begin() as c:
+        _V2.create_all(c)
+        c.execute(t["sk_schema_version"].insert().values(version=2))
+        c.execute(
+            t["sk_budgets"]
+            .insert()
+            .values(
+                deployment="old",
+                epsilon_total=5.0,
+                delta_total=1e-6,
+                n_min=10,
+                max_corrupt=0,
+                created_at=1.0,
+                cost_model="ldp",
+            )
+        )
+        row = {"deployment": "old", "k": 4, "eps0": 1.5, "n_accounted": 10, "created_at": 2.0}
+        c.execute(
+            t["sk_rounds"]
+            .insert()
+            .values(
+                **row,
+                round_id="r1",
+                status="committed",
+                batch_size=12,
+                epsilon_round=1.5,
+                updated_at=3.0,
+            )
+        )
+        for at, rid, actor, action in [
+            (1.0, None, "operator", "init"),
+            (2.0, "r1", "coordinator", "reserve"),
+            (3.0, "r1", "analyzer", "commit"),
+        ]:
+            c.execute(
+                t["sk_audit"]
+                .insert()
+                .values(
+                    at=at,
+                    deployment="old",
+                    round_id=rid,
+                    actor=actor,
+                    action=action,
+                    decision="ok",
+                    detail="{}",
+                )
+            )
+    engine.dispose()
+    led = Ledger(ledger_url)
+    with led.engine.connect() as c:
+        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(3,)]
+    assert led.status("old").epsilon_spent == 1.5
+    old = [(h["at"], h["who"], h["action"], h["principal"]) for h in led.history("old")]
+    assert old == [
+        (1.0, "operator", "init", None),
+        (2.0, "coordinator", "reserve", None),
+        (3.0, "analyzer", "commit", None),
+    ]
+    led.reserve("old", "r2", 4, 1.0)
+    assert led.history("old")[-1]["principal"] == _me()
+    assert len(led.history("old")) == 4
+
+
+def _me() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+
+
+def test_audit_names_role_user_host_and_pid(ledger: Ledger) -> None:
+    ledger.reserve("test", "r1", 4, 1.0, actor="coordinator")
+    last = ledger.history("test")[-1]
+    assert (last["actor"], last["principal"]) == ("coordinator", _me())
+    assert last["who"] == f"coordinator {_me()}"
+
+
+def test_concurrent_init_on_postgres_is_a_clear_error(pg_url: str) -> None:
+    """Two inits at once: the loser's row lock sees nothing and it hits the primary key."""
+    first, second = Ledger(pg_url), Ledger(pg_url)
+    errors: list[BaseException] = []
+
+    def init_second() -> None:
+        try:
+            second.init_budget(Budget("dup", 2.0, 1e-6, 10, cost_model="ldp"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with first.engine.connect() as c:
+        tx = c.begin()
+        c.execute(
+            budgets.insert().values(
+                deployment="dup",
+                epsilon_total=1.0,
+                delta_total=1e-6,
+                n_min=10,
+                max_corrupt=0,
+                created_at=time.time(),
+                cost_model="ldp",
+            )
+        )
+        worker = threading.Thread(target=init_second)
+        worker.start()
+        deadline = time.monotonic() + 20
+        with first.engine.connect() as watch:  # wait until its INSERT waits for our row
+            while (
+                watch.execute(
+                    sa.text("select count(*) from pg_locks where not granted")
+                ).scalar_one()
+                == 0
+            ):
+                assert time.monotonic() < deadline and worker.is_alive()
+                time.sleep(0.02)
+        tx.commit()
+    worker.join(20)
+    assert len(errors) == 1 and isinstance(errors[0], LedgerError), errors
+    assert "'dup' already has a budget" in str(errors[0])
+    assert second.budget("dup").epsilon_total == 1.0  # the first one stands, unchanged
 
 
 def test_expired_reservation_stops_counting_and_cannot_be_committed(ledger_url: str) -> None:

@@ -1,0 +1,120 @@
+"""`shufflekit budget ...`: clear errors that create and change nothing, and who did what."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from shufflekit.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+INIT = ["init", "--epsilon", "5", "--delta", "1e-6", "--n-min", "10", "--cost-model", "ldp"]
+
+
+def budget(args: list[str], state: Path) -> Result:
+    """Run `shufflekit budget ARGS` in this process, with its default ledger under `state`."""
+    return CliRunner().invoke(app, ["budget", *args], env={"SHUFFLEKIT_STATE": str(state)})
+
+
+def err(r: Result) -> str:
+    """stderr with rich's line wrapping undone."""
+    return " ".join(r.stderr.split())
+
+
+def failed_cleanly(r: Result) -> bool:
+    """Exit code 2 through `fail` (a SystemExit), not an uncaught exception."""
+    return r.exit_code == 2 and isinstance(r.exception, SystemExit) and "error:" in r.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["history"], ["refund", "r1"]])
+def test_read_commands_on_a_missing_ledger_create_nothing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "a" / "b" / "ledger.db"
+    r = budget([*command, "--ledger", f"sqlite:///{path}"], tmp_path / "state")
+    assert failed_cleanly(r), r.output
+    assert f"no ledger at {path}" in err(r) and "shufflekit budget init" in err(r)
+    r = budget(command, tmp_path / "state")  # the default ledger in the state folder
+    assert failed_cleanly(r), r.output
+    assert f"no ledger at {tmp_path / 'state' / 'ledger.db'}" in err(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (["--epsilon", "0"], "epsilon must be > 0"),
+        (["--epsilon", "nan"], "epsilon must be > 0"),
+        (["--delta", "1"], "delta must be in (0, 1)"),
+        (["--reservation-ttl", "0"], "reservation_ttl must be > 0"),
+        (["--reservation-ttl", "-5"], "reservation_ttl must be > 0"),
+        (["--max-round-epsilon", "0"], "per-round epsilon cap must be > 0"),
+        (["--cost-model", "nope"], "unknown cost model 'nope'"),
+        (["--max-corrupt", "10"], "must exceed max_corrupt"),
+        (["--deployment", "a b"], "deployment must be 1-64 characters"),
+    ],
+)
+def test_init_checks_its_arguments_before_creating_anything(
+    tmp_path: Path, bad: list[str], says: str
+) -> None:
+    for ledger in ([], ["--ledger", f"sqlite:///{tmp_path / 'new' / 'l.db'}"]):
+        r = budget([*INIT, *bad, *ledger], tmp_path / "state")
+        assert failed_cleanly(r), r.output
+        assert says in err(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_accepts_a_positive_reservation_ttl(tmp_path: Path) -> None:
+    r = budget([*INIT, "--reservation-ttl", "30", "--json"], tmp_path / "state")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["reservation_ttl"] == 30.0
+
+
+@pytest.mark.parametrize("command", [["status"], ["history"], ["refund", "r1"]])
+def test_unknown_deployment_is_named(tmp_path: Path, command: list[str]) -> None:
+    led = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}"]
+    assert budget([*INIT, *led, "--deployment", "real"], tmp_path).exit_code == 0
+    r = budget([*command, *led, "--deployment", "nope", "--json"], tmp_path)
+    assert failed_cleanly(r), r.output
+    assert "deployment 'nope' has no budget" in err(r) and r.stdout == ""
+
+
+def test_duplicate_init_is_a_clear_error_and_changes_nothing(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    led = ["--ledger", ledger_url, "--deployment", "pilot"]
+    assert budget([*INIT, *led], tmp_path).exit_code == 0
+    before = [budget([cmd, *led, "--json"], tmp_path).stdout for cmd in ("status", "history")]
+    again = ["init", "--epsilon", "50", "--delta", "1e-5", "--n-min", "20", *led]
+    r = subprocess.run(  # as a user runs it: an uncaught error would print a traceback
+        [sys.executable, "-m", "shufflekit", "budget", *again],
+        cwd=ROOT,
+        env={**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state"), "COLUMNS": "300"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "deployment 'pilot' already has a budget" in r.stderr
+    assert "Traceback" not in r.stderr and "IntegrityError" not in r.stderr
+    after = [budget([cmd, *led, "--json"], tmp_path).stdout for cmd in ("status", "history")]
+    assert after == before
+    assert json.loads(after[0])["epsilon_total"] == 5.0
+
+
+def test_history_names_role_user_host_and_pid(tmp_path: Path) -> None:
+    led = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}"]
+    assert budget([*INIT, *led], tmp_path).exit_code == 0
+    r = budget(["history", *led, "--json"], tmp_path)
+    me = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"  # this process ran init
+    assert [h["who"] for h in json.loads(r.stdout)] == [f"operator {me}"]
+    r = budget(["history", *led], tmp_path)
+    assert r.exit_code == 0 and "who" in r.stdout and "operator" in r.stdout

@@ -1,0 +1,55 @@
+"""No result without a committed cost: the analyzer's hook is required and a failed commit
+releases nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accountant.ledger import Budget, Ledger
+from analyzer.service import Analyzer
+from shufflekit.coordinator import LocalDeployment, RoundParams
+from shufflekit.crypto import KeyPair
+from shufflekit.messages import Announcement
+from shufflekit.transport import MemoryBroker, drain
+from shufflekit.transport.base import Transport
+from tests.pipeline_helpers import population
+
+
+def test_an_analyzer_cannot_be_built_without_a_release_hook() -> None:
+    broker = MemoryBroker()
+    with pytest.raises(TypeError, match="on_release"):
+        Analyzer(broker.connect(), "test", KeyPair.generate())  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="on_release"):
+        Analyzer(broker.connect(), "test", KeyPair.generate(), on_release=None)  # type: ignore[arg-type]
+
+
+async def test_a_failed_commit_publishes_no_result(tmp_path: Path) -> None:
+    """The reservation expires while the round runs: the commit is refused, nothing is out."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, reservation_ttl=0.2, cost_model="ldp"))
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1, batch_timeout=2.0)
+    pop, _ = population(50, k=4)
+
+    async def outlive_the_reservation(_conn: Transport, _ann: Announcement) -> Any:
+        await asyncio.sleep(0.5)
+
+    async with broker.connect() as spy, spy.subscribe("shufflekit/test/round/+/result") as s:
+        rep = await dep.run_round(
+            RoundParams(k=4, eps0=2.0, n_min=10, deadline_seconds=5.0),
+            pop,
+            tamper=outlive_the_reservation,
+        )
+        await asyncio.sleep(0.1)
+        published = drain(s)
+    assert published == []
+    assert not rep.released and rep.result is None and rep.abort is not None
+    assert "cost was not committed" in rep.abort.reason and "expired" in rep.abort.reason
+    st = led.status("test")
+    assert [r.status for r in st.rounds] == ["expired"]
+    assert st.epsilon_spent == 0.0
+    assert [h["decision"] for h in led.history("test") if h["action"] == "commit"] == []
