@@ -186,12 +186,25 @@ def project_simplex(v: npt.ArrayLike) -> FloatArray:
 
 @dataclass(frozen=True, eq=False)
 class IBUResult:
-    """EM output: frequencies (..., k), iterations used, whether every row met the tolerance."""
+    """EM output: frequencies (..., k), iterations used, whether every row met the tolerance.
+
+    `row_converged` and `row_iterations` (shape `frequencies.shape[:-1]`) say, for each
+    histogram of a batch, whether one EM step ever moved it by <= tol and at which step it
+    first did (where EM run on that histogram alone would stop; `max_iter` if never), so a
+    caller can count the repetitions that hit the iteration cap.
+    """
 
     frequencies: FloatArray
     iterations: int
     converged: bool
     max_change: float
+    row_converged: npt.NDArray[np.bool_]
+    row_iterations: IntArray
+
+    @property
+    def nonconverged(self) -> int:
+        """How many histograms of the batch (1 or 0 for a single one) did not converge."""
+        return int(np.count_nonzero(~self.row_converged))
 
 
 def ibu_frequencies(
@@ -220,15 +233,19 @@ def ibu_frequencies(
     q = h / h.sum(axis=-1, keepdims=True)
     pi = np.full(h.shape, 1.0 / k)
     change = math.inf
+    first_hit = np.zeros(h.shape[:-1], dtype=np.int64)  # 0: this row never met tol yet
     for it in range(1, max_iter + 1):
         ratio = q / (pr.p_other + pr.gap * pi)
         new = pi * (pr.p_other * ratio.sum(axis=-1, keepdims=True) + pr.gap * ratio)
         new /= new.sum(axis=-1, keepdims=True)
-        change = float(np.max(np.abs(new - pi)))
+        row_change = np.max(np.abs(new - pi), axis=-1)
+        first_hit = np.where((first_hit == 0) & (row_change <= tol), it, first_hit)
+        change = float(np.max(row_change))
         pi = new
         if change <= tol:
-            return IBUResult(pi, it, True, change)
-    return IBUResult(pi, max_iter, False, change)
+            return IBUResult(pi, it, True, change, first_hit > 0, first_hit)
+    hit = first_hit > 0
+    return IBUResult(pi, max_iter, False, change, hit, np.where(hit, first_hit, max_iter))
 
 
 def log_likelihood(freqs: npt.ArrayLike, hist: npt.ArrayLike, k: int, eps0: float) -> float:

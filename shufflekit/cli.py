@@ -11,6 +11,7 @@ from rich.table import Table
 
 from accountant.errors import AccountantError
 from accountant.ledger import Ledger
+from analyzer.estimators import ESTIMATORS
 from shufflekit.cli_budget import app as budget_app
 from shufflekit.cli_privacy import app as privacy_app
 from shufflekit.cli_simulate import experiment_app, simulate
@@ -55,11 +56,20 @@ def demo(
     cost_model: Annotated[
         str, typer.Option(help="Cost model if the deployment has no budget yet: tight or ldp.")
     ] = "tight",
+    estimator: Annotated[
+        str, typer.Option(help=f"How the analyzer denoises: one of {', '.join(ESTIMATORS)}.")
+    ] = "inv",
     json_out: JsonOpt = False,
 ) -> None:
-    """Run shuffle-model rounds end to end on the embedded default (in-memory, SQLite)."""
+    """Run shuffle-model rounds end to end on the embedded default (in-memory, SQLite).
+
+    If the deployment has no budget yet, one is created from --budget-* (a notice on stderr
+    says so).
+    """
     if eps0 <= 0:
         fail("--eps0 must be > 0")
+    if estimator not in ESTIMATORS:
+        fail(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     cfg = DemoConfig(
         users=users,
         k=k,
@@ -71,6 +81,7 @@ def demo(
         budget_epsilon=budget_epsilon,
         budget_delta=budget_delta,
         cost_model=cost_model,
+        estimator=estimator,
     )
     try:
         led = Ledger(ledger or default_ledger_url())
@@ -85,7 +96,14 @@ def demo(
         ) as bar:
             task = bar.add_task("clients answering", total=users * rounds)
             out = asyncio.run(
-                run_demo(cfg, led, progress=lambda i, _t: bar.update(task, completed=i))
+                run_demo(
+                    cfg,
+                    led,
+                    progress=lambda i, _t: bar.update(task, completed=i),
+                    notice=lambda line: err_console.print(
+                        line, soft_wrap=True, highlight=False, markup=False
+                    ),
+                )
             )
     except (AccountantError, ShufflekitError) as exc:
         fail(str(exc))

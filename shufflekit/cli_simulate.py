@@ -22,7 +22,15 @@ from rich.table import Table
 from accountant.errors import AccountantError
 from analyzer.central import CalibrationError
 from analyzer.estimators import ESTIMATORS, EstimatorInputError
-from shufflekit.datasets import DATASETS, CsvColumn, DatasetError, from_csv, make_dataset
+from shufflekit.datasets import (
+    DATASET_HELP,
+    CsvColumn,
+    Dataset,
+    DatasetError,
+    dataset_k,
+    from_csv,
+    make_dataset,
+)
 from shufflekit.experiment import (
     CALIBRATIONS,
     CENTRAL_READOUTS,
@@ -38,6 +46,12 @@ from shufflekit.render import console, err_console, fail, print_json
 from shufflekit.simulate import run_simulation
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+IbuMaxIterOpt = Annotated[
+    int, typer.Option(min=1, help="EM (ibu) stops after this many steps; hitting it is reported.")
+]
+IbuTolOpt = Annotated[
+    float, typer.Option(help="EM (ibu) has converged when no frequency moves more in a step.")
+]
 
 
 # ----------------------------------------------------------------------------- simulate
@@ -50,12 +64,15 @@ def simulate(
     ] = None,
     k: Annotated[
         int | None,
-        typer.Option(min=2, help="Categories (default 10; with --csv: its distinct values)."),
+        typer.Option(
+            min=2,
+            help="Categories (default 10; --csv: its distinct values; probs: their count).",
+        ),
     ] = None,
     eps0: Annotated[float, typer.Option(help="Local epsilon of k-RR (> 0).")] = 2.0,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (every user re-randomises).")] = 1,
     dataset: Annotated[
-        str | None, typer.Option(help=f"Synthetic dataset: {', '.join(DATASETS)} (default normal).")
+        str | None, typer.Option(help=f"Synthetic dataset: {DATASET_HELP}; default normal.")
     ] = None,
     csv: Annotated[
         Path | None, typer.Option("--csv", help="CSV file with a header row (one user per row).")
@@ -65,6 +82,8 @@ def simulate(
     n_boot: Annotated[
         int, typer.Option(min=0, help="Bootstrap replicates of non-INV estimators (0: none).")
     ] = 200,
+    ibu_max_iter: IbuMaxIterOpt = 20_000,
+    ibu_tol: IbuTolOpt = 1e-10,
     seed: Annotated[int, typer.Option(help="Seed of the population and of the simulation.")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
@@ -73,7 +92,9 @@ def simulate(
         fail(f"--eps0 must be a finite number > 0, got {eps0}")
     if estimator not in ESTIMATORS:
         fail(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
-    source: str | CsvColumn
+    if not (math.isfinite(ibu_tol) and ibu_tol > 0):
+        fail(f"--ibu-tol must be a finite number > 0, got {ibu_tol}")
+    source: Dataset | CsvColumn
     labels: tuple[str, ...]
     try:
         if csv is not None or column is not None:
@@ -88,10 +109,21 @@ def simulate(
             source, n_users, k_eff, labels = col, col.n, col.k, col.labels
         else:
             name = dataset or "normal"
-            k_eff = k if k is not None else 10
+            k_eff = k if k is not None else (dataset_k(name) or 10)
             ds = make_dataset(name, k_eff)
-            source, n_users, labels = name, users if users is not None else 10_000, ds.labels
-        res = run_simulation(n_users, k_eff, eps0, rounds, source, estimator, seed, n_boot=n_boot)
+            source, n_users, labels = ds, users if users is not None else 10_000, ds.labels
+        res = run_simulation(
+            n_users,
+            k_eff,
+            eps0,
+            rounds,
+            source,
+            estimator,
+            seed,
+            n_boot=n_boot,
+            ibu_tol=ibu_tol,
+            ibu_max_iter=ibu_max_iter,
+        )
     except (DatasetError, EstimatorInputError, ValueError) as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
@@ -116,6 +148,11 @@ def simulate(
         "confidence": est.confidence,
         "tv_distance": res.tv_distance,
         "tv_distances": res.tv_distances.tolist(),
+        "converged": res.converged,
+        "nonconverged_rounds": res.nonconverged_rounds,
+        "iterations": res.iterations,
+        "ibu_max_iter": ibu_max_iter,
+        "ibu_tol": ibu_tol,
         "metrics": res.metrics,
         "seconds": res.seconds,
         "simulate_seconds": res.simulate_seconds,
@@ -167,6 +204,15 @@ def _print_simulation(out: dict[str, Any]) -> None:
     what = "mean over rounds" if out["rounds"] > 1 else "truth vs estimate"
     console.print(f"total variation distance ({what}): [bold]{out['tv_distance']:.5f}[/]")
     console.print(f"simulated and estimated in {out['seconds']:.3f} s")
+    if not out["converged"]:
+        err_console.print(
+            f"[yellow]warning:[/] EM ({out['estimator']}) did not converge in "
+            f"{out['nonconverged_rounds']} of {out['rounds']} round(s) within "
+            f"{out['ibu_max_iter']} steps (tol {out['ibu_tol']:g}); those estimates are the "
+            "last EM step, not the maximum-likelihood point. Raise --ibu-max-iter, or use "
+            "--estimator mle (the same maximum, computed exactly).",
+            highlight=False,
+        )
 
 
 # ----------------------------------------------------------------------------- experiment
@@ -214,10 +260,32 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _compact(x: float | None, digits: int = 3, width: int = 8) -> str:
+    """x to `digits` significant digits in at most `width` characters if possible ("-": None).
+
+    General format with the exponent's padding zeros dropped (1.23e-05 -> 1.23e-5); if that is
+    still too wide (0.0001234), scientific notation with the same digits.
+    """
+    if x is None:
+        return "-"
+
+    def tidy(text: str) -> str:
+        mant, sep, exp = text.partition("e")
+        return f"{mant}e{exp[0]}{exp[1:].lstrip('0') or '0'}" if sep else text
+
+    text = tidy(format(x, f".{digits}g"))
+    if len(text) > width:
+        text = min(text, tidy(format(x, f".{digits - 1}e")), key=len)
+    return text
+
+
 @experiment_app.command()
 def utility(
     n: Annotated[int, typer.Option(min=1, help="Users (unless --ns).")] = 100_000,
-    k: Annotated[int, typer.Option(min=2, help="Categories (unless --ks).")] = 10,
+    k: Annotated[
+        int | None,
+        typer.Option(min=2, help="Categories unless --ks (default 10; probs: its length)."),
+    ] = None,
     delta: Annotated[float, typer.Option(help="delta of every model (0: see the docs).")] = 1e-6,
     epsilons: Annotated[
         str | None,
@@ -235,7 +303,7 @@ def utility(
     repetitions: Annotated[int, typer.Option(min=1, help="Rounds per point.")] = (
         DEFAULT_REPETITIONS
     ),
-    dataset: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.")] = "normal",
+    dataset: Annotated[str, typer.Option(help=f"Dataset: {DATASET_HELP}.")] = "normal",
     estimators: Annotated[
         str, typer.Option(help="Shuffle-model estimators, comma-separated.")
     ] = ",".join(ESTIMATORS),
@@ -246,6 +314,8 @@ def utility(
         str,
         typer.Option(help="eps0 search: tight (one-round bound) or composed (PLD; slow)."),
     ] = "tight",
+    ibu_max_iter: IbuMaxIterOpt = 20_000,
+    ibu_tol: IbuTolOpt = 1e-10,
     seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
     out: Annotated[
         Path | None, typer.Option("--out", help="Write utility.csv and utility.png here.")
@@ -259,11 +329,16 @@ def utility(
         eps = DEFAULT_EPSILONS
     if calibration not in CALIBRATIONS:
         fail(f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}")
+    try:
+        k_default = k if k is not None else (dataset_k(dataset) or 10)
+    except DatasetError as exc:
+        fail(str(exc))
+        raise
     cfg = UtilityConfig(
         epsilons=eps,
         eps0_values=e0s,
         ns=_ints(ns, "--ns") or (n,),
-        ks=_ints(ks, "--ks") or (k,),
+        ks=_ints(ks, "--ks") or (k_default,),
         delta=delta,
         repetitions=repetitions,
         dataset=dataset,
@@ -271,6 +346,8 @@ def utility(
         central=_names(central, "--central"),
         seed=seed,
         calibration=calibration,
+        ibu_tol=ibu_tol,
+        ibu_max_iter=ibu_max_iter,
     )
     try:
         cfg.validate()
@@ -298,47 +375,75 @@ def utility(
     if json_out:
         print_json(res.summary() | {"files": files})
         return
+    console.print(utility_table(res.rows, cfg))
+    notes: dict[str, list[str]] = {}
+    for r in res.rows:
+        if r["note"]:
+            where = f"{r['point']} {r['model']}"
+            if r["model"] == "shuffle" and r.get("nonconverged"):
+                where += f"+{r['estimator']}"
+            if where not in notes.setdefault(r["note"], []):
+                notes[r["note"]].append(where)
+    for note, wheres in notes.items():
+        console.print(f"[yellow]{'; '.join(wheres)}:[/] {note}", highlight=False)
+    bad = [r for r in res.rows if r.get("nonconverged")]
+    if bad:
+        total = sum(int(r["nonconverged"]) for r in bad)
+        err_console.print(
+            f"[yellow]warning:[/] EM (ibu) hit its cap of {cfg.ibu_max_iter} steps in {total} "
+            f"repetition(s) over {len(bad)} row(s) (column nonconverged); raise --ibu-max-iter "
+            "or compare with the exact MLE (mle).",
+            highlight=False,
+        )
+    if files:
+        console.print(f"wrote {files['csv']} and {files['png']}", highlight=False)
+    console.print(f"{len(cfg.points())} points in {res.seconds:.1f} s")
+
+
+def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
+    """The human table of `experiment utility`, at most 80 characters wide.
+
+    Numbers take at most 8 characters (errors to 3 significant digits, epsilon and eps0 to 4)
+    so nothing is cut at 80 columns; a sweep over n or k adds n and k and leaves out the L2
+    and max errors (they are in --json and the CSV).
+    """
     one = len(cfg.ns) == 1 and len(cfg.ks) == 1
     where = f"n = {cfg.ns[0]:,}, k = {cfg.ks[0]}, " if one else ""
     t = Table(
         title=f"utility: {where}delta = {cfg.delta:g}, {cfg.repetitions} repetitions, "
         f"dataset {cfg.dataset}",
         box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 0, 0, 1),  # one space plus the box's divider between columns
     )
-    cols = ["epsilon", *([] if one else ["n", "k"]), "model", "estimator", "eps0"]
-    for c in [*cols, "TV mean", "TV sd", "L2 mean", "max mean"]:
-        t.add_column(c, justify="right", min_width=10 if c == "TV mean" else None)
-    for r in res.rows:
+    cols = ["epsilon", *([] if one else ["n", "k"]), "model", "estimator", "eps0", "TV mean"]
+    cols += ["TV sd", *(["L2 mean", "max mean"] if one else [])]
+    for c in cols:
+        t.add_column(c, justify="right", no_wrap=True)
+    for r in rows:
         ok = r["status"] == "ok"
+        errs = [_compact(r["tv_mean"]) if ok else f"[yellow]{r['status']}[/]"]
+        errs += [_compact(r["tv_std"])]
+        if one:
+            errs += [_compact(r["l2_mean"]), _compact(r["max_mean"])]
         t.add_row(
-            _fmt(r["epsilon"], ".4g"),
+            _compact(r["epsilon"], 4),
             *([] if one else [str(r["n"]), str(r["k"])]),
             r["model"],
             r["estimator"],
-            _fmt(r["eps0"], ".4g"),
-            _fmt(r["tv_mean"]) if ok else f"[yellow]{r['status']}[/]",
-            _fmt(r["tv_std"], ".2g"),
-            _fmt(r["l2_mean"]),
-            _fmt(r["max_mean"]),
+            _compact(r["eps0"], 4),
+            *errs,
         )
-    console.print(t)
-    notes: dict[str, list[str]] = {}
-    for r in res.rows:
-        if r["note"]:
-            where = f"{r['point']} {r['model']}"
-            if where not in notes.setdefault(r["note"], []):
-                notes[r["note"]].append(where)
-    for note, wheres in notes.items():
-        console.print(f"[yellow]{'; '.join(wheres)}:[/] {note}", highlight=False)
-    if files:
-        console.print(f"wrote {files['csv']} and {files['png']}", highlight=False)
-    console.print(f"{len(cfg.points())} points in {res.seconds:.1f} s")
+    return t
 
 
 @experiment_app.command()
 def individual(
     n: Annotated[int, typer.Option(min=1, help="Users.")] = 100_000,
-    k: Annotated[int, typer.Option(min=2, help="Categories.")] = 15,
+    k: Annotated[
+        int | None, typer.Option(min=2, help="Categories (default 15; probs: its length).")
+    ] = None,
     eps0: Annotated[float, typer.Option(help="Local epsilon of k-RR.")] = 4.0,
     categories: Annotated[
         str, typer.Option(help="Categories x0 (0-based; the paper's x0 minus 1).")
@@ -349,7 +454,7 @@ def individual(
         typer.Option(help="epsilon of the Gaussian (default: the shuffle round's tight one)."),
     ] = None,
     repetitions: Annotated[int, typer.Option(min=1, help="Repetitions.")] = DEFAULT_REPETITIONS,
-    dataset: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.")] = "normal",
+    dataset: Annotated[str, typer.Option(help=f"Dataset: {DATASET_HELP}.")] = "normal",
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
@@ -359,7 +464,7 @@ def individual(
     try:
         res = individual_utility(
             n,
-            k,
+            k if k is not None else (dataset_k(dataset) or 15),
             eps0,
             _ints(categories, "--categories"),
             delta,
@@ -409,4 +514,4 @@ def individual(
         console.print(f"[yellow]{res.note}[/]", highlight=False)
 
 
-__all__ = ["experiment_app", "individual", "simulate", "utility"]
+__all__ = ["experiment_app", "individual", "simulate", "utility", "utility_table"]

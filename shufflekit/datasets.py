@@ -3,6 +3,8 @@
 A `Dataset` is a distribution over k categories with printable labels. It gives n users' values
 drawn i.i.d. with a numpy Generator (`sample_values`, `sample_histogram`), or the exact true
 histogram whose proportions are as close to the distribution as n allows (`exact_histogram`).
+`make_dataset` builds one by name: normal, zipf, uniform, or a user-given distribution written
+``probs:0.5,0.3,0.2`` (see `parse_probabilities` for the rule on its sum).
 
 Synthetic data of the paper (seed spec §5.5): "sampled from N(0,2)". The paper does not say
 whether 2 is the variance or the standard deviation, nor how values are binned. Assumed here
@@ -164,15 +166,82 @@ def from_probabilities(
     return Dataset(name, p / p.sum(), names, f"user-given distribution over {p.shape[0]}")
 
 
-def make_dataset(name: str, k: int, *, s: float = 1.0, variance: float = 2.0) -> Dataset:
-    """A synthetic dataset by name (`DATASETS`): normal (variance), zipf (s) or uniform."""
+#: Prefix of a user-given distribution on the command line: ``probs:0.5,0.3,0.2``.
+PROBS_PREFIX = "probs:"
+#: How far from 1 the numbers after `PROBS_PREFIX` may sum (typed-in decimals such as
+#: 0.333,0.333,0.334 must pass); the accepted numbers are then divided by their sum.
+PROBS_SUM_TOLERANCE = 1e-3
+#: One line for `--help`: every name `make_dataset` accepts.
+DATASET_HELP = (
+    f"{', '.join(DATASETS)}, or {PROBS_PREFIX}p1,p2,... (a distribution: k >= 2 numbers "
+    f">= 0 summing to 1 within {PROBS_SUM_TOLERANCE:g}; k = their count)"
+)
+
+
+def parse_probabilities(spec: str) -> Dataset:
+    """The distribution written as ``probs:p1,p2,...``: k >= 2 finite numbers >= 0.
+
+    They must sum to 1 within `PROBS_SUM_TOLERANCE` and are then divided by their sum (so
+    rounded decimals work, while a mistyped list that sums to 0.9 or 1.1 is refused).
+    """
+    if not spec.startswith(PROBS_PREFIX):
+        raise DatasetError(f"a distribution is written {PROBS_PREFIX}p1,p2,..., got {spec!r}")
+    body = spec[len(PROBS_PREFIX) :]
+    parts = [x.strip() for x in body.split(",")]
+    if not body.strip() or any(not x for x in parts):
+        raise DatasetError(
+            f"{spec!r}: give comma-separated probabilities after {PROBS_PREFIX!r}, "
+            "e.g. probs:0.5,0.3,0.2 (no empty entries)"
+        )
+    try:
+        p = np.array([float(x) for x in parts], dtype=np.float64)
+    except ValueError:
+        raise DatasetError(f"{spec!r}: every probability must be a number") from None
+    if p.shape[0] < 2:
+        raise DatasetError(f"{spec!r}: a distribution needs at least 2 categories")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise DatasetError(f"{spec!r}: probabilities must be finite and >= 0")
+    total = float(p.sum())
+    if abs(total - 1.0) > PROBS_SUM_TOLERANCE:
+        raise DatasetError(
+            f"{spec!r}: probabilities sum to {total:.6g}, not 1 (within {PROBS_SUM_TOLERANCE:g})"
+        )
+    labels = tuple(str(i) for i in range(p.shape[0]))
+    desc = f"user-given distribution over {p.shape[0]} categories (divided by its sum {total:g})"
+    return Dataset(spec, p / total, labels, desc)
+
+
+def dataset_k(name: str) -> int | None:
+    """The k a dataset name fixes (a ``probs:`` list: its length), or None if any k works."""
+    if name.startswith(PROBS_PREFIX):
+        return parse_probabilities(name).k
+    return None
+
+
+def make_dataset(
+    name: str, k: int | None = None, *, s: float = 1.0, variance: float = 2.0
+) -> Dataset:
+    """A dataset by name: normal (variance), zipf (s), uniform, or ``probs:p1,...,pk``.
+
+    k is required for the named families; for ``probs:`` it may be omitted (inferred) and must
+    otherwise equal the number of probabilities.
+    """
+    if name.startswith(PROBS_PREFIX):
+        ds = parse_probabilities(name)
+        if k is not None and k != ds.k:
+            raise DatasetError(f"dataset {name!r} has k = {ds.k} categories, not k = {k}")
+        return ds
+    if name not in DATASETS:
+        raise DatasetError(
+            f"unknown dataset {name!r}; choose one of {DATASETS} or {PROBS_PREFIX}p1,p2,..."
+        )
+    if k is None:
+        raise DatasetError(f"dataset {name!r} needs k (the number of categories)")
     if name == "normal":
         return normal_binned(k, variance=variance)
     if name == "zipf":
         return zipf(k, s=s)
-    if name == "uniform":
-        return uniform(k)
-    raise DatasetError(f"unknown dataset {name!r}; choose one of {DATASETS}")
+    return uniform(k)
 
 
 # ----------------------------------------------------------------------------- CSV
@@ -259,14 +328,19 @@ def from_csv(path: str | Path, column: str, k: int | None = None) -> CsvColumn:
 
 __all__ = [
     "DATASETS",
+    "DATASET_HELP",
+    "PROBS_PREFIX",
+    "PROBS_SUM_TOLERANCE",
     "CsvColumn",
     "Dataset",
     "DatasetError",
+    "dataset_k",
     "from_csv",
     "from_probabilities",
     "largest_remainder",
     "make_dataset",
     "normal_binned",
+    "parse_probabilities",
     "uniform",
     "values_from_histogram",
     "zipf",

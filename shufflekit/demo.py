@@ -14,6 +14,7 @@ import numpy as np
 
 from accountant.errors import BudgetExceeded
 from accountant.ledger import Budget, Ledger
+from analyzer.estimators import ESTIMATORS, EstimatorInputError
 from analyzer.metrics import total_variation
 from client.population import Population
 from shufflekit.coordinator import LocalDeployment, RoundParams, RoundReport, TransportFactory
@@ -38,6 +39,7 @@ class DemoConfig:
     max_corrupt: int = 0
     deadline: float = 120.0
     cost_model: str = "tight"
+    estimator: str = "inv"
 
 
 def demo_values(users: int, k: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -47,21 +49,37 @@ def demo_values(users: int, k: int, seed: int) -> np.ndarray[Any, np.dtype[np.in
     return values
 
 
-def ensure_budget(ledger: Ledger, cfg: DemoConfig) -> Budget:
-    """Use the deployment's budget, creating the demo's default one if there is none."""
+def budget_created_notice(budget: Budget, ledger_url: str) -> str:
+    """The one line that tells an operator the demo created a budget, with its totals."""
+    return (
+        f"notice: deployment {budget.deployment!r} had no budget, so the demo created one: "
+        f"epsilon {budget.epsilon_total:g}, delta {budget.delta_total:g}, "
+        f"n_min {budget.n_min}, cost model {budget.cost_model} (ledger {ledger_url}); "
+        "`shufflekit budget status` shows it"
+    )
+
+
+def ensure_budget(
+    ledger: Ledger, cfg: DemoConfig, notice: Callable[[str], None] | None = None
+) -> Budget:
+    """Use the deployment's budget, creating the demo's default one if there is none.
+
+    A created budget is announced through `notice` (one line), so that spending from a
+    budget nobody set up explicitly never goes unnoticed.
+    """
     if not ledger.has_budget(cfg.deployment):
         n_min = cfg.n_min if cfg.n_min is not None else max(1, cfg.users // 2)
-        ledger.init_budget(
-            Budget(
-                cfg.deployment,
-                cfg.budget_epsilon,
-                cfg.budget_delta,
-                n_min,
-                cfg.max_corrupt,
-                cost_model=cfg.cost_model,
-            ),
-            actor="demo",
+        created = Budget(
+            cfg.deployment,
+            cfg.budget_epsilon,
+            cfg.budget_delta,
+            n_min,
+            cfg.max_corrupt,
+            cost_model=cfg.cost_model,
         )
+        ledger.init_budget(created, actor="demo")
+        if notice is not None:
+            notice(budget_created_notice(created, ledger.url))
     return ledger.budget(cfg.deployment)
 
 
@@ -104,16 +122,30 @@ async def run_demo(
     ledger: Ledger,
     connect: TransportFactory | None = None,
     progress: Callable[[int, int], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run `cfg.rounds` rounds; returns the last round's facts plus every round and the totals.
 
     A round refused by the budget stops the demo: `refused` says why and what is left.
+    `notice` receives one line if the deployment had no budget and the demo created one
+    (`budget_created` in the result is then true). The analyzer denoises with `cfg.estimator`.
     """
-    budget = ensure_budget(ledger, cfg)
+    if cfg.estimator not in ESTIMATORS:
+        raise EstimatorInputError(
+            f"unknown estimator {cfg.estimator!r}; choose one of {', '.join(ESTIMATORS)}"
+        )
+    created: list[str] = []
+
+    def _notice(line: str) -> None:
+        created.append(line)
+        if notice is not None:
+            notice(line)
+
+    budget = ensure_budget(ledger, cfg, _notice)
     if connect is None:
         broker = MemoryBroker()
         connect = lambda _name: broker.connect()  # noqa: E731
-    dep = LocalDeployment(connect, cfg.deployment, ledger, cfg.mixes)
+    dep = LocalDeployment(connect, cfg.deployment, ledger, cfg.mixes, estimator=cfg.estimator)
     values = demo_values(cfg.users, cfg.k, cfg.seed)
     true_hist = np.bincount(values, minlength=cfg.k).astype(int).tolist()
     population = Population(values.tolist())
@@ -135,6 +167,8 @@ async def run_demo(
         **(rounds[-1] if rounds else {"true_histogram": true_hist}),
         "rounds": rounds,
         "refused": refused,
+        "estimator": cfg.estimator,
+        "budget_created": bool(created),
         "config": cfg.__dict__,
         "privacy_spent": {
             "epsilon": status.epsilon_spent,

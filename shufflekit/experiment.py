@@ -21,6 +21,8 @@ rounding; deterministic, the same for every model at a point); errors are distan
 estimated and true frequency vectors (TV, L1, L2, max; `analyzer.metrics`), averaged over the
 repetitions (mean and sample standard deviation). All estimators of a point share the same
 simulated histograms (common random numbers). Every random stream derives from `seed`.
+EM (``ibu``) stops after `ibu_max_iter` steps; a row's ``nonconverged`` counts the repetitions
+that hit that cap (their estimate is EM's last step), and its note says so.
 
 Calibration. One round only, so no composition is needed: eps0 is found by bisection on
 log(eps0) of the feasibility test `accountant.tight.upper_log_delta(Mechanism(n, k, eps0),
@@ -67,7 +69,7 @@ from analyzer.estimators import (
     project_simplex,
 )
 from analyzer.metrics import METRICS
-from shufflekit.datasets import DATASETS, make_dataset
+from shufflekit.datasets import DatasetError, make_dataset
 from shufflekit.simulate import simulate_rounds
 
 FloatArray = npt.NDArray[np.float64]
@@ -91,6 +93,7 @@ ROW_FIELDS: tuple[str, ...] = (
     *(f"{m}_{s}" for m in METRIC_NAMES for s in ("mean", "std")),
     "status",
     "note",
+    "nonconverged",
     "sigma",
     "repetitions",
     "dataset",
@@ -219,23 +222,50 @@ def shuffle_epsilon(n: int, k: int, eps0: float, delta: float) -> float:
 # ----------------------------------------------------------------------------- estimators
 
 
-def batch_estimates(hists: IntArray, k: int, eps0: float, method: str) -> FloatArray:
-    """Point estimates for a batch of histograms (shape (R, k)) with the named estimator.
+@dataclass(frozen=True, eq=False)
+class BatchFit:
+    """Point estimates of a batch (shape (R, k)) and how many rows an iterative fit left short.
+
+    `nonconverged` counts the repetitions whose EM (``ibu``) hit `max_iter` before a step moved
+    them by <= tol; it is 0 for the closed-form estimators.
+    """
+
+    frequencies: FloatArray
+    nonconverged: int = 0
+
+
+def batch_fit(
+    hists: IntArray,
+    k: int,
+    eps0: float,
+    method: str,
+    *,
+    tol: float = 1e-10,
+    max_iter: int = 20_000,
+) -> BatchFit:
+    """Point estimates for a batch of histograms with the named estimator, plus EM's shortfall.
 
     The same point estimators as `analyzer.estimators.estimate` (no bootstrap): ``ibu`` runs EM
-    with its default stopping rule (tol 1e-10, at most 20,000 steps) on the whole batch.
+    with the stopping rule (tol, max_iter) on the whole batch and counts the rows that did not
+    converge, so a capped EM is reported rather than silently averaged in.
     """
     if method == "inv":
-        return inv_frequencies(hists, k, eps0)
+        return BatchFit(inv_frequencies(hists, k, eps0))
     if method == "clip":
-        return clip_renormalise(inv_frequencies(hists, k, eps0))
+        return BatchFit(clip_renormalise(inv_frequencies(hists, k, eps0)))
     if method == "project":
-        return project_simplex(inv_frequencies(hists, k, eps0))
+        return BatchFit(project_simplex(inv_frequencies(hists, k, eps0)))
     if method == "ibu":
-        return ibu_frequencies(hists, k, eps0).frequencies
+        fit = ibu_frequencies(hists, k, eps0, tol=tol, max_iter=max_iter)
+        return BatchFit(fit.frequencies, fit.nonconverged)
     if method == "mle":
-        return mle_frequencies(hists, k, eps0)
+        return BatchFit(mle_frequencies(hists, k, eps0))
     raise ExperimentError(f"unknown estimator {method!r}; choose one of {ESTIMATORS}")
+
+
+def batch_estimates(hists: IntArray, k: int, eps0: float, method: str) -> FloatArray:
+    """Point estimates only (`batch_fit` with EM's default stopping rule: tol 1e-10, 20,000)."""
+    return batch_fit(hists, k, eps0, method).frequencies
 
 
 def error_summary(freqs: FloatArray, truth: FloatArray) -> dict[str, float]:
@@ -268,6 +298,8 @@ class UtilityConfig:
     seed: int = 0
     calibration: str = "tight"
     rtol: float = 1e-3
+    ibu_tol: float = 1e-10
+    ibu_max_iter: int = 20_000
 
     def validate(self) -> None:
         """Raise ExperimentError on an invalid parameter."""
@@ -287,8 +319,11 @@ class UtilityConfig:
             raise ExperimentError(f"delta must be in [0, 1), got {self.delta!r}")
         if self.repetitions < 1:
             raise ExperimentError(f"repetitions must be >= 1, got {self.repetitions}")
-        if self.dataset not in DATASETS:
-            raise ExperimentError(f"unknown dataset {self.dataset!r}; choose one of {DATASETS}")
+        for k in self.ks:
+            try:
+                make_dataset(self.dataset, k)
+            except DatasetError as exc:
+                raise ExperimentError(str(exc)) from None
         bad = [e for e in self.estimators if e not in ESTIMATORS]
         if bad:
             raise ExperimentError(f"unknown estimator(s) {bad}; choose from {ESTIMATORS}")
@@ -301,6 +336,10 @@ class UtilityConfig:
             )
         if not 0 < self.rtol < 0.5:
             raise ExperimentError(f"rtol must be in (0, 0.5), got {self.rtol!r}")
+        if not (math.isfinite(self.ibu_tol) and self.ibu_tol > 0):
+            raise ExperimentError(f"ibu_tol must be a finite number > 0, got {self.ibu_tol!r}")
+        if isinstance(self.ibu_max_iter, bool) or self.ibu_max_iter < 1:
+            raise ExperimentError(f"ibu_max_iter must be an integer >= 1, got {self.ibu_max_iter}")
 
     def points(self) -> list[tuple[int, int, str, float]]:
         """(n, k, kind, value) for every point; kind is "epsilon" or "eps0"."""
@@ -355,6 +394,7 @@ def _row(
             row[f"{m}_{s}"] = None if errors is None else errors[f"{m}_{s}"]
     row["status"] = "ok" if errors is not None else "infeasible"
     row["note"] = note
+    row["nonconverged"] = 0 if errors is not None else None
     row["sigma"] = None
     row["repetitions"] = cfg.repetitions
     row["dataset"] = cfg.dataset
@@ -419,8 +459,18 @@ def _point_rows(
             truth_counts, k, eps0, np.random.default_rng(s_shuffle), cfg.repetitions
         )
         for m in cfg.estimators:
-            errs = error_summary(batch_estimates(hists, k, eps0, m), truth)
-            rows.append(_row(epsilon, "shuffle", m, eps0, n, k, cfg, point, errs, cal_note))
+            fit = batch_fit(hists, k, eps0, m, tol=cfg.ibu_tol, max_iter=cfg.ibu_max_iter)
+            note = cal_note
+            if fit.nonconverged:
+                em = (
+                    f"EM did not converge in {fit.nonconverged} of {cfg.repetitions} "
+                    f"repetitions (cap {cfg.ibu_max_iter} steps, tol {cfg.ibu_tol:g}); "
+                    "their estimates are the last EM step"
+                )
+                note = f"{note}; {em}" if note else em
+            errs = error_summary(fit.frequencies, truth)
+            rows.append(_row(epsilon, "shuffle", m, eps0, n, k, cfg, point, errs, note))
+            rows[-1]["nonconverged"] = fit.nonconverged
             rows[-1].update(cal_extra)
 
     # ---- central (analytic Gaussian on the true histogram)
@@ -458,7 +508,7 @@ def _point_rows(
                 cfg,
                 point,
                 None,
-                f"no Gaussian noise level: {exc}",
+                f"no Gaussian baseline: {exc}",
             )
             for ro in cfg.central
         ]
@@ -639,8 +689,10 @@ def individual_utility(
     """
     if repetitions < 1:
         raise ExperimentError(f"repetitions must be >= 1, got {repetitions}")
-    if dataset not in DATASETS:
-        raise ExperimentError(f"unknown dataset {dataset!r}; choose one of {DATASETS}")
+    try:
+        make_dataset(dataset, k)
+    except DatasetError as exc:
+        raise ExperimentError(str(exc)) from None
     bad = [c for c in categories if not 0 <= c < k]
     if bad or not categories:
         raise ExperimentError(f"categories must lie in [0, {k}), got {list(categories)}")
@@ -691,12 +743,14 @@ __all__ = [
     "DEFAULT_REPETITIONS",
     "JSON_FIELDS",
     "ROW_FIELDS",
+    "BatchFit",
     "ExperimentError",
     "IndividualResult",
     "ShuffleCalibration",
     "UtilityConfig",
     "UtilityResult",
     "batch_estimates",
+    "batch_fit",
     "calibrate_one_round",
     "error_summary",
     "individual_utility",

@@ -119,6 +119,23 @@ class SimulationResult:
         return float(np.mean(self.tv_distances))
 
     @property
+    def converged(self) -> bool:
+        """Whether every round's estimate converged (always true for closed-form estimators)."""
+        return self.nonconverged_rounds == 0
+
+    @property
+    def nonconverged_rounds(self) -> int:
+        """Rounds whose iterative estimator (EM of ``ibu``) stopped at its iteration cap."""
+        return sum(1 for e in self.estimates if e.details.get("converged", True) is False)
+
+    @property
+    def iterations(self) -> list[int] | None:
+        """EM steps used in each round (``ibu``); None for the closed-form estimators."""
+        if not self.estimates or "iterations" not in self.estimates[0].details:
+            return None
+        return [int(e.details["iterations"]) for e in self.estimates]
+
+    @property
     def seconds(self) -> float:
         """Wall-clock time of simulation plus estimation."""
         return self.simulate_seconds + self.estimate_seconds
@@ -135,6 +152,8 @@ class SimulationResult:
             "seed": self.seed,
             "tv_mean": self.tv_distance,
             "tv_sd": float(np.std(self.tv_distances, ddof=1)) if self.rounds > 1 else 0.0,
+            "converged": self.converged,
+            "nonconverged_rounds": self.nonconverged_rounds,
             "mean_metrics": self.metrics,
             "simulate_seconds": self.simulate_seconds,
             "estimate_seconds": self.estimate_seconds,
@@ -176,13 +195,16 @@ def run_simulation(
     exact_histogram: bool = False,
     confidence: float = 0.95,
     n_boot: int = 200,
+    ibu_tol: float = 1e-10,
+    ibu_max_iter: int = 20_000,
 ) -> SimulationResult:
     """Simulate `rounds` rounds of `users` users and estimate the distribution in each.
 
     The users' true histogram is drawn once from the dataset (or is its exact histogram with
     `exact_histogram=True`; a CSV column is used as is), then every round re-randomises all
     users. Everything derives from `seed`. `n_boot` is passed to the bootstrap of the non-INV
-    estimators (0 skips it, which is much faster for many rounds).
+    estimators (0 skips it, which is much faster for many rounds); `ibu_tol` and `ibu_max_iter`
+    are EM's stopping rule (see `nonconverged_rounds` for rounds that hit the cap).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -194,7 +216,17 @@ def run_simulation(
     t1 = time.perf_counter()
     boot_seeds = rng.integers(0, 2**63, size=rounds)
     ests = [
-        estimate(h, k, eps0, estimator, confidence, n_boot=n_boot, seed=int(s))
+        estimate(
+            h,
+            k,
+            eps0,
+            estimator,
+            confidence,
+            n_boot=n_boot,
+            seed=int(s),
+            tol=ibu_tol,
+            max_iter=ibu_max_iter,
+        )
         for h, s in zip(noisy, boot_seeds, strict=True)
     ]
     t2 = time.perf_counter()

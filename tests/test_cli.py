@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -87,9 +88,52 @@ def test_clear_errors_and_nothing_written(tmp_path: Path) -> None:
         ],
         tmp_path,
     )
-    assert r.returncode == 2 and "has no budget" in r.stderr
+    assert r.returncode == 2 and "has no budget" in " ".join(r.stderr.split())  # may wrap
     r = run(["budget", "status", "--ledger", "nonsense://"], tmp_path)
     assert r.returncode == 2 and "error:" in r.stderr
     r = run(["demo", "--eps0", "0"], tmp_path)
     assert r.returncode == 2
+    r = run(["demo", "--estimator", "median"], tmp_path)
+    assert r.returncode == 2 and "unknown estimator 'median'" in r.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_demo_estimator_option_and_created_budget_notice(tmp_path: Path) -> None:
+    from analyzer.estimators import inv_frequencies, project_simplex
+
+    led = f"sqlite:///{tmp_path / 'l.db'}"
+    # 20 Zipf categories, 300 users, eps0 0.5: INV is far outside the simplex (sd ~0.4 each)
+    base = ["demo", "--users", "300", "--k", "20", "--eps0", "0.5", "--ledger", led]
+    r = run([*base, "--cost-model", "ldp", "--estimator", "project", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # the notice is not on stdout
+    assert out["estimator"] == out["rounds"][0]["estimator"] == "project"
+    assert out["budget_created"] is True
+    noisy = np.asarray(out["noisy_histogram"])
+    inv = inv_frequencies(noisy, 20, 0.5)
+    assert inv.min() < 0  # so the projection below differs from INV
+    np.testing.assert_allclose(np.asarray(out["estimate"]) / 300, project_simplex(inv), atol=1e-9)
+    notices = [line for line in r.stderr.splitlines() if line.startswith("notice:")]
+    assert len(notices) == 1, r.stderr
+    for part in ("'default'", "created", "epsilon 10", "delta 1e-06", "n_min 150", "ldp"):
+        assert part in notices[0]
+    # the budget exists now: no second notice, and the table names the estimator
+    r = run([*base, "--estimator", "mle"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "notice:" not in r.stderr
+    assert "estimator mle" in r.stdout
+
+
+def test_ensure_budget_announces_only_what_it_creates(tmp_path: Path) -> None:
+    from accountant.ledger import Ledger
+    from shufflekit.demo import DemoConfig, ensure_budget
+
+    led = Ledger(f"sqlite:///{tmp_path / 'e.db'}")
+    lines: list[str] = []
+    cfg = DemoConfig(users=1000, deployment="pilot", budget_epsilon=3.0, budget_delta=1e-7)
+    b = ensure_budget(led, cfg, lines.append)
+    assert (b.epsilon_total, b.delta_total, b.n_min) == (3.0, 1e-7, 500)
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "'pilot'" in lines[0] and "epsilon 3" in lines[0] and "delta 1e-07" in lines[0]
+    ensure_budget(led, cfg, lines.append)
+    assert len(lines) == 1

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -92,6 +93,12 @@ def test_csv_input_prints_the_category_mapping(tmp_path: Path) -> None:
         (["--csv", "{csv}", "--column", "city", "--k", "2"], "3 distinct values but k = 2"),
         (["--estimator", "median"], "unknown estimator 'median'"),
         (["--eps0", "0"], "--eps0 must be"),
+        (["--dataset", "probs:0.5,0.3,0.3"], "sum to 1.1, not 1 (within 0.001)"),
+        (["--dataset", "probs:0.6,-0.1,0.5"], "must be finite and >= 0"),
+        (["--dataset", "probs:1"], "at least 2 categories"),
+        (["--dataset", "probs:x,y"], "must be a number"),
+        (["--dataset", "probs:0.5,0.5", "--k", "3"], "has k = 2 categories, not k = 3"),
+        (["--ibu-tol", "0"], "--ibu-tol must be"),
     ],
 )
 def test_clear_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -121,3 +128,40 @@ def test_registered_on_the_real_command_line(tmp_path: Path) -> None:
         timeout=120,
     )
     assert r.returncode == 0 and "utility" in r.stdout
+
+
+def test_user_given_distribution_infers_k() -> None:
+    code, out = sim("--dataset", "probs:0.5,0.3,0.2", "--users", "40000", "--seed", "2", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["k"] == 3 and d["dataset"] == "probs:0.5,0.3,0.2" and d["users"] == 40000
+    # the population is drawn i.i.d. from the distribution: sd of each share < 0.003
+    np.testing.assert_allclose(d["true_frequencies"], [0.5, 0.3, 0.2], atol=0.012)
+    code, out = sim("--dataset", "probs:0.5,0.3,0.2", "--k", "3", "--users", "100", "--json")
+    assert code == 0 and json.loads(out)["k"] == 3
+
+
+def test_em_that_hits_its_cap_is_reported() -> None:
+    args = ["--users", "5000", "--k", "6", "--eps0", "0.5", "--rounds", "3", "--n-boot", "0"]
+    code, out = sim(*args, "--estimator", "ibu", "--ibu-max-iter", "2", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["converged"] is False and d["nonconverged_rounds"] == 3
+    assert d["iterations"] == [2, 2, 2] and d["ibu_max_iter"] == 2
+    code, out = sim(*args, "--estimator", "ibu", "--ibu-max-iter", "2")
+    assert code == 0, out
+    assert "warning:" in out and "did not converge in 3 of 3 round(s)" in out
+    # at eps0 = 0.5 even the default cap of 20,000 steps is short for one of these rounds
+    code, out = sim(*args, "--estimator", "ibu", "--json")
+    d = json.loads(out)
+    assert d["converged"] is False and d["nonconverged_rounds"] == 1
+    assert sorted(d["iterations"])[-1] == 20_000
+    easier = [a if a != "0.5" else "2" for a in args]
+    code, out = sim(*easier, "--estimator", "ibu", "--json")
+    d = json.loads(out)
+    assert d["converged"] is True and d["nonconverged_rounds"] == 0
+    assert all(2 < i < 20_000 for i in d["iterations"])
+    code, out = sim(*easier, "--estimator", "ibu")
+    assert code == 0 and "warning" not in out and "did not converge" not in out
+    d = json.loads(sim(*args, "--json")[1])
+    assert d["converged"] is True and d["iterations"] is None  # INV is closed-form

@@ -11,12 +11,15 @@ from scipy.stats import chisquare, norm
 
 from shufflekit.datasets import (
     DATASETS,
+    PROBS_SUM_TOLERANCE,
     DatasetError,
+    dataset_k,
     from_csv,
     from_probabilities,
     largest_remainder,
     make_dataset,
     normal_binned,
+    parse_probabilities,
     uniform,
     values_from_histogram,
     zipf,
@@ -144,3 +147,54 @@ def test_csv_errors(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="3 distinct values but k = 2"):
         from_csv(g, "v", k=2)
     assert issubclass(DatasetError, ValueError)
+
+
+# ----------------------------------------------------------------------------- probs:
+
+
+def test_user_given_distribution_from_its_spec() -> None:
+    d = make_dataset("probs:0.5, 0.3,0.2")
+    assert d.k == 3 and d.name == "probs:0.5, 0.3,0.2"
+    np.testing.assert_array_equal(d.probabilities, [0.5, 0.3, 0.2])
+    assert make_dataset("probs:0.5,0.3,0.2", 3).k == 3  # k given and matching
+    assert dataset_k("probs:0.1,0.9") == 2 and dataset_k("normal") is None
+    assert d.exact_histogram(10).tolist() == [5, 3, 2]
+    # zeros are allowed: a category nobody holds
+    assert make_dataset("probs:1,0").exact_histogram(7).tolist() == [7, 0]
+
+
+def test_typed_decimals_within_the_tolerance_are_divided_by_their_sum() -> None:
+    d = parse_probabilities("probs:0.333,0.333,0.3335")
+    assert d.probabilities.sum() == pytest.approx(1.0, abs=1e-15)
+    np.testing.assert_allclose(d.probabilities, np.array([0.333, 0.333, 0.3335]) / 0.9995)
+    off = 1.0 + 2 * PROBS_SUM_TOLERANCE
+    with pytest.raises(DatasetError, match="sum to"):
+        parse_probabilities(f"probs:{off - 0.5},0.5")
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("probs:0.5,0.3,0.3", "sum to 1.1, not 1"),
+        ("probs:0.33,0.33,0.33", "sum to 0.99, not 1"),
+        ("probs:1.2,-0.2", ">= 0"),
+        ("probs:0.5,nan", "finite"),
+        ("probs:0.5,inf", "finite"),
+        ("probs:1", "at least 2"),
+        ("probs:", "comma-separated"),
+        ("probs:0.5,,0.5", "no empty entries"),
+        ("probs:half,half", "must be a number"),
+    ],
+)
+def test_bad_distributions_are_refused_with_the_reason(spec: str, match: str) -> None:
+    with pytest.raises(DatasetError, match=match):
+        make_dataset(spec)
+
+
+def test_distribution_length_must_match_a_given_k() -> None:
+    with pytest.raises(DatasetError, match="has k = 3 categories, not k = 4"):
+        make_dataset("probs:0.5,0.3,0.2", 4)
+    with pytest.raises(DatasetError, match="needs k"):
+        make_dataset("zipf")
+    with pytest.raises(DatasetError, match="written probs:"):
+        parse_probabilities("0.5,0.5")

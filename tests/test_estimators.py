@@ -136,6 +136,24 @@ def test_ibu_reports_convergence_and_reaches_the_exact_mle() -> None:
 def test_ibu_stops_at_max_iter_and_says_so() -> None:
     fit = ibu_frequencies([400, 250, 20, 5, 325], 5, 0.2, tol=1e-15, max_iter=3)
     assert fit.iterations == 3 and fit.converged is False
+    assert fit.nonconverged == 1 and not bool(fit.row_converged)
+    e = estimate([400, 250, 20, 5, 325], 5, 0.2, "ibu", n_boot=0, tol=1e-15, max_iter=3)
+    assert e.details["converged"] is False and e.details["iterations"] == 3
+
+
+def test_ibu_batch_counts_each_row_as_if_it_ran_alone() -> None:
+    # a slow row (INV leaves the simplex), an instant one (uniform) and a quick one
+    rows = np.array([[400, 250, 20, 5, 325], [200, 200, 200, 200, 200], [900, 50, 20, 20, 10]])
+    alone = [ibu_frequencies(r, 5, 0.7) for r in rows]
+    assert [a.converged for a in alone] == [True, True, True]
+    full = ibu_frequencies(rows, 5, 0.7)
+    assert full.row_iterations.tolist() == [a.iterations for a in alone]
+    assert full.nonconverged == 0 and full.converged
+    cap = (alone[0].iterations + alone[2].iterations) // 2  # between the slow and quick rows
+    capped = ibu_frequencies(rows, 5, 0.7, max_iter=cap)
+    assert capped.converged is False and capped.iterations == cap
+    assert capped.row_converged.tolist() == [False, True, True] and capped.nonconverged == 1
+    assert capped.row_iterations.tolist() == [cap, alone[1].iterations, alone[2].iterations]
 
 
 def test_exact_mle_matches_a_numerical_optimiser() -> None:

@@ -16,11 +16,13 @@ from accountant.core import Mechanism
 from accountant.tight import upper_log_delta
 from analyzer.central import analytic_gaussian_sigma
 from shufflekit.cli import app
+from shufflekit.cli_simulate import utility_table
 from shufflekit.experiment import (
     JSON_FIELDS,
     ROW_FIELDS,
     ExperimentError,
     UtilityConfig,
+    batch_fit,
     calibrate_one_round,
     individual_utility,
     utility_experiment,
@@ -186,6 +188,10 @@ def test_tight_and_composed_calibrations_agree() -> None:
         ({"epsilons": (-1.0,)}, "epsilon"),
         ({"delta": 1.0}, "delta"),
         ({"epsilons": (), "eps0_values": ()}, "nothing to sweep"),
+        ({"dataset": "probs:0.5,0.5"}, "has k = 2 categories, not k = 5"),
+        ({"dataset": "probs:0.5,0.6,0,0,0"}, "sum to 1.1"),
+        ({"ibu_max_iter": 0}, "ibu_max_iter"),
+        ({"ibu_tol": 0.0}, "ibu_tol"),
     ],
 )
 def test_invalid_configuration_is_refused(change: dict[str, Any], match: str) -> None:
@@ -251,3 +257,156 @@ def test_cli_table_shows_infeasible_rows_and_bad_options_exit_2() -> None:
 def test_rows_are_json_serialisable(small: list[dict[str, Any]]) -> None:
     json.dumps(small)
     assert np.isfinite([r["tv_mean"] for r in small]).all()
+
+
+# ----------------------------------------------------------------------------- EM shortfall
+
+
+def test_rows_count_the_repetitions_where_em_hit_its_cap(tmp_path: Path) -> None:
+    import dataclasses
+
+    cfg = dataclasses.replace(SMALL, epsilons=(0.5,), ibu_max_iter=2)
+    capped = utility_experiment(cfg)
+    ibu = _one(capped.rows, 0.5, "shuffle", "ibu")
+    assert ibu["nonconverged"] == cfg.repetitions and ibu["status"] == "ok"
+    assert f"EM did not converge in {cfg.repetitions} of {cfg.repetitions}" in ibu["note"]
+    for r in capped.rows:
+        if r is not ibu:
+            assert r["nonconverged"] == 0 and "EM" not in r["note"]
+    # the row's numbers are those of the capped EM, not of a converged one
+    full = _one(small_rows_at(0.5), 0.5, "shuffle", "ibu")
+    assert full["nonconverged"] == 0 and ibu["tv_mean"] != full["tv_mean"]
+    files = write_outputs(capped, tmp_path)
+    with open(files["csv"], newline="") as fh:
+        got = {(r["model"], r["estimator"]): r["nonconverged"] for r in csv.DictReader(fh)}
+    assert got[("shuffle", "ibu")] == str(cfg.repetitions) and got[("shuffle", "inv")] == "0"
+
+
+def small_rows_at(eps: float) -> list[dict[str, Any]]:
+    """SMALL's rows at one epsilon with EM's default cap (same seed, so same histograms)."""
+    import dataclasses
+
+    return utility_experiment(dataclasses.replace(SMALL, epsilons=(eps,))).rows
+
+
+def test_batch_fit_counts_rows_not_batches() -> None:
+    hists = np.array([[400, 250, 20, 5, 325], [200, 200, 200, 200, 200]])
+    fit = batch_fit(hists, 5, 0.7, "ibu", max_iter=50)
+    assert fit.nonconverged == 1  # the uniform row converges at once, the other does not
+    assert batch_fit(hists, 5, 0.7, "mle").nonconverged == 0
+    with pytest.raises(ExperimentError, match="unknown estimator"):
+        batch_fit(hists, 5, 0.7, "median")
+
+
+def test_user_given_distribution_sets_k() -> None:
+    cfg = UtilityConfig(
+        epsilons=(1.0,),
+        ns=(500,),
+        ks=(3,),
+        repetitions=3,
+        estimators=("inv",),
+        dataset="probs:0.6,0.3,0.1",
+        rtol=0.05,
+    )
+    rows = utility_experiment(cfg).rows
+    assert {r["dataset"] for r in rows} == {"probs:0.6,0.3,0.1"} and {r["k"] for r in rows} == {3}
+    r = runner.invoke(
+        app,
+        [
+            "experiment", "utility", "--n", "500", "--epsilons", "1", "--repetitions", "2",
+            "--estimators", "inv", "--dataset", "probs:0.6,0.3,0.1", "--json",
+        ],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert {row["k"] for row in json.loads(r.stdout)["rows"]} == {3}
+    r = runner.invoke(app, ["experiment", "utility", "--dataset", "probs:0.6,0.3"])
+    assert r.exit_code == 2 and "sum to 0.9" in r.output
+
+
+# ----------------------------------------------------------------------------- 80 columns
+
+
+def _render(rows: list[dict[str, Any]], cfg: UtilityConfig, width: int = 80) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    con = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
+    con.print(utility_table(rows, cfg))
+    text = con.file.getvalue()  # type: ignore[attr-defined]
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def _wide_row(model: str, est: str, status: str = "ok", **over: Any) -> dict[str, Any]:
+    """A row with the widest values the table can meet (8-character numbers)."""
+    row: dict[str, Any] = {
+        "epsilon": 0.0001234,
+        "model": model,
+        "estimator": est,
+        "eps0": 12.345678,
+        "n": 10_000_000,
+        "k": 65535,
+        "status": status,
+    }
+    for m in ("tv", "l1", "l2", "max"):
+        row[f"{m}_mean"] = None if status != "ok" else 0.000123456
+        row[f"{m}_std"] = None if status != "ok" else 1.23456e-05
+    return row | over
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_table_fits_80_columns_and_keeps_every_number(sweep: bool) -> None:
+    cfg = UtilityConfig(
+        ns=(10_000_000, 1000) if sweep else (10_000_000,),
+        ks=(65535,),
+        repetitions=100,
+        dataset="probs:0.25,0.25,0.25,0.25" if not sweep else "normal",
+    )
+    rows = [
+        _wide_row("shuffle", "project"),
+        _wide_row("central", "project", eps0=None),
+        _wide_row("central", "raw", status="infeasible", eps0=None),
+        _wide_row("local", "inv", eps0=0.0001234),
+    ]
+    lines = _render(rows, cfg)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert not any("…" in line for line in lines), "\n".join(lines)
+    body = lines[-len(rows) :]
+    lead = 3 if sweep else 1  # epsilon (n, k) before model and estimator
+    for line, r in zip(body, rows, strict=True):
+        cells = line.split()
+        assert cells[lead : lead + 2] == [r["model"], r["estimator"]], line
+        shown = cells[:lead] + cells[lead + 2 :]
+        values: list[tuple[Any, int]] = [(r["epsilon"], 4)]
+        values += [(r["n"], 9), (r["k"], 9)] if sweep else []
+        values += [(r["eps0"], 4), (r["tv_mean"], 3), (r["tv_std"], 3)]
+        values += [] if sweep else [(r["l2_mean"], 3), (r["max_mean"], 3)]
+        assert len(shown) == len(values), line
+        for text, (value, digits) in zip(shown, values, strict=True):
+            if value is None:  # an infeasible row says so in the TV column, "-" elsewhere
+                assert text == "-" or text == r["status"] != "ok"
+            else:  # the printed number is the value to its significant digits
+                assert float(text) == pytest.approx(value, rel=0.51 * 10 ** (1 - digits))
+        if r["status"] != "ok":
+            assert r["status"] in cells
+
+
+def test_cli_table_at_80_columns() -> None:
+    r = runner.invoke(
+        app,
+        [
+            "experiment", "utility", "--n", "3000", "--k", "6", "--epsilons", "0.3,2",
+            "--repetitions", "3", "--delta", "1e-6",
+        ],
+        env={"COLUMNS": "80"},
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in r.output
+    assert any(line.split()[:3] == ["0.3", "shuffle", "mle"] for line in lines)
+    header = next(line for line in lines if "TV mean" in line)
+    assert header.split() == [
+        "epsilon", "model", "estimator", "eps0", "TV", "mean", "TV", "sd", "L2", "mean", "max",
+        "mean",
+    ]  # fmt: skip

@@ -181,3 +181,17 @@ def test_run_simulation_inputs(tmp_path: Path) -> None:
         run_simulation(100, 4, 1.0, dataset=zipf(5))
     with pytest.raises(ValueError, match="rounds"):
         run_simulation(100, 4, 1.0, rounds=0)
+
+
+def test_run_simulation_reports_em_that_hit_its_cap() -> None:
+    capped = run_simulation(
+        5000, 6, 0.5, rounds=4, dataset="zipf", estimator="ibu", n_boot=0, ibu_max_iter=2, seed=1
+    )
+    assert capped.nonconverged_rounds == 4 and capped.converged is False
+    assert capped.iterations == [2, 2, 2, 2]
+    assert capped.summary()["nonconverged_rounds"] == 4
+    full = run_simulation(5000, 6, 0.5, rounds=4, dataset="zipf", estimator="ibu", n_boot=0, seed=1)
+    assert full.converged and full.nonconverged_rounds == 0
+    assert full.iterations is not None and all(2 < i < 20_000 for i in full.iterations)
+    inv = run_simulation(5000, 6, 0.5, rounds=2, dataset="zipf", seed=1)
+    assert inv.converged and inv.iterations is None
