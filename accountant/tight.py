@@ -44,7 +44,6 @@ reported in `details["worst_dataset"]`:
   * "m others at x0, the rest at z" (k >= 3) and "m others at x0, the rest at x1", over every m,
     by dense enumeration of the (h_x0, h_x1, h_z) law when n <= 24.
   * k = 2, n <= 24: every "m others at x0, the rest at x1" exactly.
-Lower bounds ignore dropped mass (never add it).
 
 k = 2 (n <= 2e6): the family "m others at x0, the rest at x1" is every dataset, so the tight
 delta is its maximum over m. `accountant.tight_k2` certifies it from both sides by branch and
