@@ -35,8 +35,9 @@ lint: $(TSTAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# `make bench QUICK=1` runs the benchmarks' quick subsets (results in benchmarks/results/)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) .shufflekit .pytest_cache .mypy_cache .ruff_cache

@@ -45,32 +45,79 @@ def _log(x: float) -> float:
     return math.log(x) if x > 0 else -math.inf
 
 
-def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
-    """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row."""
-    t0 = time.perf_counter()
-    row: dict[str, Any] = {
+ROW_KEYS = (
+    "method",
+    "soundness",
+    "summary",
+    "status",
+    "epsilon",
+    "lower_bound",
+    "delta",
+    "log_delta",
+    "rounds",
+    "note",
+    "seconds",
+)
+"""Keys of every epsilon row (`privacy epsilon`, each row of `privacy compare`): a fixed set, with
+null where a value does not apply, so that scripts can index rows without checking."""
+
+
+def _blank_row(m: Method, delta: float, rounds: int) -> dict[str, Any]:
+    """An epsilon row of method `m` with every key of ROW_KEYS present and nothing computed."""
+    return {
         "method": m.name,
         "soundness": m.soundness.value,
         "summary": m.summary,
+        "status": "ok",
+        "epsilon": None,
+        "lower_bound": None,
         "delta": delta,
         "log_delta": _log(delta),
         "rounds": rounds,
-        "lower_bound": None,
         "note": "",
+        "seconds": 0.0,
     }
+
+
+def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
+    """epsilon of `rounds` rounds of tight's worst-case dataset (the attack) at `delta`:
+    a lower bound on the true epsilon, so the gap of an upper bound can be stated."""
     if rounds == 1:
+        low = tight.tight_epsilon(mech, delta).lower_epsilon
+        return float(low) if low is not None else 0.0
+    attack = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
+    return float(attack.epsilon(delta))
+
+
+def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
+    """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row.
+
+    The row has exactly the keys of ROW_KEYS; raises AccountantError (NotApplicable, ...) when
+    the method cannot answer.
+    """
+    t0 = time.perf_counter()
+    row = _blank_row(m, delta, rounds)
+    if m.name == "tight" and rounds == 1:
+        # One evaluation gives both numbers. The registry's `tight` (m.epsilon) caps the answer
+        # by the k-RR profile's epsilon at delta (a hair below eps0); the ledger's TightCost
+        # caps the same tight_epsilon by eps0 itself. Both caps are sound, and they differ only
+        # when tight finds no amplification, where TightCost's is the larger. We report the
+        # ledger's value (min(tight, eps0), TightCost's formula) so that `privacy epsilon` and
+        # the budget checks agree exactly on the same round.
+        res = tight.tight_epsilon(mech, delta)
+        ldp_only = res.epsilon >= mech.eps0
+        row |= {
+            "epsilon": min(float(res.epsilon), mech.eps0),
+            "lower_bound": res.lower_epsilon,
+            "note": res.note + ("; no amplification at this delta: (eps0, 0)" if ldp_only else ""),
+        }
+    elif rounds == 1:
         res = m.epsilon(mech, delta)
-        row |= {"epsilon": res.epsilon, "note": res.note}
-        if m.name == "tight":
-            row |= {
-                "epsilon": TightCost().total_epsilon([mech], delta),
-                "lower_bound": res.lower_epsilon,
-            }
+        row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
     elif m.name == "tight":
-        attack = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
         row |= {
             "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
-            "lower_bound": attack.epsilon(delta),
+            "lower_bound": tight_lower_epsilon(mech, delta, rounds),
             "note": "dominating pairs composed (PLD, pessimistic grid), capped by the LDP "
             "sum; lower bound: the worst-case dataset's attack composed",
         }
@@ -100,6 +147,8 @@ def delta_row(
         "epsilon": epsilon,
         "rounds": rounds,
         "lower_bound": None,
+        "lower_bound_log_delta": None,
+        "note": "",
     }
     if nx0 is not None and not m.name.startswith("biswas"):
         raise InvalidParameters("--nx0 applies to the biswas methods only")
@@ -114,7 +163,7 @@ def delta_row(
         row |= {"log_delta": res.log_delta, "note": res.note}
         if res.lower_log_delta is not None:
             row["lower_bound_log_delta"] = res.lower_log_delta
-            row["lower_bound"] = math.exp(res.lower_log_delta)
+            row["lower_bound"] = _exp(res.lower_log_delta)
     elif m.name == "ldp":
         row |= {
             "log_delta": 0.0 if epsilon < rounds * mech.eps0 else -math.inf,
@@ -125,12 +174,17 @@ def delta_row(
         if m.name == "tight":
             low = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
             row["lower_bound_log_delta"] = low.log_delta(epsilon)
-            row["lower_bound"] = math.exp(row["lower_bound_log_delta"])
+            row["lower_bound"] = _exp(row["lower_bound_log_delta"])
     else:
         raise NotApplicable(f"{m.name} cannot be composed over rounds (no PLD)")
-    row["delta"] = math.exp(row["log_delta"]) if row["log_delta"] > -745 else 0.0
+    row["delta"] = _exp(row["log_delta"])
     row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def _exp(log_x: float) -> float:
+    """exp that gives 0.0 instead of a denormal or underflow (log_delta carries the value)."""
+    return math.exp(log_x) if log_x > -745 else 0.0
 
 
 def _label(soundness: str) -> str:
@@ -210,6 +264,7 @@ def delta(
         )
     if row.get("note"):
         console.print(f"note: {row['note']}", highlight=False)
+    console.print(f"({row['seconds']:.3g} s)")
 
 
 @app.command(name="calibrate")
@@ -229,6 +284,7 @@ def calibrate_cmd(
     """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
     if (n is None) == (eps0 is None):
         fail("give exactly one of --n (to find eps0) or --eps0 (to find n)")
+    t0 = time.perf_counter()
     try:
         if n is not None:
             cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
@@ -238,7 +294,16 @@ def calibrate_cmd(
     except AccountantError as exc:
         fail(str(exc))
         return
-    out = cal.summary()
+    found = Mechanism(
+        n=n if n is not None else int(cal.value),
+        k=k,
+        eps0=cal.value if eps0 is None else eps0,
+    )
+    try:
+        lower: float | None = tight_lower_epsilon(found, delta, rounds)
+    except AccountantError:  # the lower bound is extra information: never fail the answer on it
+        lower = None
+    out = calibrate_json(cal, found, lower, time.perf_counter() - t0)
     if json_out:
         print_json(out)
         return
@@ -246,8 +311,31 @@ def calibrate_cmd(
     console.print(
         f"{what}: [bold]{cal.value:.6g}[/] -> {rounds} round(s) spend epsilon "
         f"{cal.achieved_epsilon:.6g} <= {epsilon:g} at delta {delta:g} "
-        f"(tight, composed; {cal.evaluations} evaluations, {cal.seconds:.3g} s)"
+        f"(tight, composed; {cal.evaluations} evaluations)"
     )
+    if lower is not None:
+        console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
+    console.print(f"({out['seconds']:.3g} s)")
+
+
+def calibrate_json(
+    cal: calibrate.Calibration, found: Mechanism, lower: float | None, seconds: float
+) -> dict[str, Any]:
+    """The calibration's own summary plus the fields every privacy command gives (`epsilon` is
+    the upper bound the found parameter spends, `lower_bound` the attack's epsilon for it)."""
+    return cal.summary() | {
+        "method": "tight",
+        "soundness": Soundness.SOUND_UPPER.value,
+        "epsilon": cal.achieved_epsilon,
+        "delta": cal.delta,
+        "log_delta": _log(cal.delta),
+        "lower_bound": lower,
+        "n": found.n,
+        "k": found.k,
+        "eps0": found.eps0,
+        "search_seconds": cal.seconds,
+        "seconds": seconds,
+    }
 
 
 @app.command()
@@ -266,51 +354,69 @@ def compare(
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
-    rows: list[dict[str, Any]] = []
-    for m in all_methods(include_variants=variants):
-        try:
-            rows.append(epsilon_row(m, mech, delta, rounds))
-        except NotApplicable as exc:
-            rows.append(
-                {
-                    "method": m.name,
-                    "soundness": m.soundness.value,
-                    "epsilon": None,
-                    "lower_bound": None,
-                    "seconds": 0.0,
-                    "note": f"not applicable: {exc}",
-                }
-            )
-        except AccountantError as exc:
-            rows.append(
-                {
-                    "method": m.name,
-                    "soundness": m.soundness.value,
-                    "epsilon": None,
-                    "lower_bound": None,
-                    "seconds": 0.0,
-                    "note": f"error: {exc}",
-                }
-            )
+    rows = compare_rows(mech, delta, rounds, variants)
+    plotted: list[str] | None = None
     if plot:
         from shufflekit.plots import plot_privacy_curves
 
-        plot_privacy_curves(plot, mech, rounds, [r["method"] for r in rows if r["epsilon"]])
+        # epsilon 0 is an answer (biswas often gives it), None is not: test identity, not truth
+        usable = [r["method"] for r in rows if r["epsilon"] is not None]
+        plotted = plot_privacy_curves(plot, mech, rounds, usable)
     if json_out:
-        print_json({"n": n, "k": k, "eps0": eps0, "delta": delta, "rounds": rounds, "rows": rows})
+        print_json(
+            {
+                "n": n,
+                "k": k,
+                "eps0": eps0,
+                "delta": delta,
+                "log_delta": _log(delta),
+                "rounds": rounds,
+                "plot": None if plot is None else {"path": plot, "methods": plotted},
+                "rows": rows,
+            }
+        )
         return
-    t = Table(title=f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, rounds={rounds}")
+    console.print(compare_table(rows, f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, R={rounds}"))
+    for r in rows:
+        if r["note"]:
+            console.print(f"[bold]{r['method']}[/]: {r['note']}", highlight=False)
+    if plot:
+        console.print(f"plot: {plot} ({', '.join(plotted or [])})", highlight=False)
+
+
+def compare_rows(
+    mech: Mechanism, delta: float, rounds: int, variants: bool = False
+) -> list[dict[str, Any]]:
+    """One row per method, all with the keys of ROW_KEYS; a method that cannot answer gets
+    status "not applicable" or "error", epsilon null, and the reason in `note`."""
+    rows: list[dict[str, Any]] = []
+    for m in all_methods(include_variants=variants):
+        t0 = time.perf_counter()
+        try:
+            rows.append(epsilon_row(m, mech, delta, rounds))
+            continue
+        except NotApplicable as exc:
+            status, note = "not applicable", f"not applicable: {exc}"
+        except AccountantError as exc:
+            status, note = "error", f"error: {exc}"
+        row = _blank_row(m, delta, rounds)
+        row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
+        rows.append(row)
+    return rows
+
+
+def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The human table of `compare`: every method with epsilon, lower bound, label and time."""
+    t = Table(title=title)
     for col in ("method", "epsilon", "lower bound", "label", "seconds"):
         t.add_column(col, no_wrap=True)
     for r in rows:
+        eps = _fmt(r["epsilon"]) if r["status"] == "ok" else f"[dim]{r['status']}[/]"
         t.add_row(
             r["method"],
-            _fmt(r["epsilon"]),
+            eps,
             _fmt(r["lower_bound"]),
             _label(r["soundness"]),
             f"{r['seconds']:.3g}",
         )
-    console.print(t)
-    for r in rows:
-        if r.get("note"):
-            console.print(f"[bold]{r['method']}[/]: {r['note']}", highlight=False)
+    return t

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from accountant.core import Mechanism
 from accountant.ledger import Budget, Ledger
 from accountant.policy import TightCost
+from accountant.registry import get_method
 from shufflekit.cli import app
 
 runner = CliRunner()
@@ -98,6 +100,9 @@ def test_rounds_compose_and_ledger_agrees(tmp_path: Path) -> None:
     assert TightCost().total_epsilon([Mechanism(2000, 5, 1.0)], 1e-6) == one["epsilon"]
 
 
+COMMON_KEYS = ("epsilon", "delta", "log_delta", "method", "lower_bound", "seconds")
+
+
 def test_calibrate_both_ways() -> None:
     e0 = cli_json(
         "calibrate",
@@ -132,6 +137,18 @@ def test_calibrate_both_ways() -> None:
         ["privacy", "calibrate", "--k", "10", "--rounds", "1", "--epsilon", "1", "--delta", "1e-6"],
     )
     assert r.exit_code == 2
+    # The fields every privacy command gives, besides the calibration's own; `epsilon` is what
+    # the found parameter spends (the verified upper bound), the attack's epsilon is below it.
+    for out, parameter in ((e0, "eps0"), (n, "n")):
+        for key in COMMON_KEYS:
+            assert key in out, key
+        assert out["method"] == "tight" and out["parameter"] == parameter
+        assert out["epsilon"] == out["achieved_epsilon"]
+        assert out["delta"] == 1e-6 and out["log_delta"] == pytest.approx(math.log(1e-6))
+        assert 0 < out["lower_bound"] <= out["epsilon"]
+        assert out["seconds"] >= out["search_seconds"] > 0
+    assert e0["eps0"] == e0["value"] and e0["n"] == 10000
+    assert n["n"] == n["value"] and isinstance(n["n"], int) and n["eps0"] == 2.0
 
 
 def test_compare_lists_every_method_with_label(tmp_path: Path) -> None:
@@ -164,7 +181,76 @@ def test_compare_lists_every_method_with_label(tmp_path: Path) -> None:
     ]
     assert min(sound) >= lower * (1 - 1e-9)
     assert tight <= 1.001 * min(sound)
+
+    # Every row has the same keys, null where a value does not apply, and its own time.
+    keys = set(out["rows"][0])
+    assert {"status", "soundness", "note", *COMMON_KEYS} <= keys
+    for r in out["rows"]:
+        assert set(r) == keys, r["method"]
+        assert isinstance(r["seconds"], float) and r["seconds"] >= 0
+        assert r["delta"] == 1e-6 and r["rounds"] == 1
+    # erlingsson's closed form needs eps0 < 1/2: a row that says so, not a missing row
+    assert names["erlingsson"]["status"] == "not applicable"
+    assert (
+        names["erlingsson"]["epsilon"] is None and "not applicable" in names["erlingsson"]["note"]
+    )
+    assert all(r["status"] == "ok" for m, r in names.items() if m != "erlingsson")
+
+    # The plot keeps every method that answered, epsilon 0 included (biswas as printed gives 0
+    # here), and draws tight; the file is a PNG.
+    assert names["biswas"]["epsilon"] == 0.0
+    answered = {r["method"] for r in out["rows"] if r["epsilon"] is not None}
+    assert out["plot"]["path"] == str(png)
+    assert set(out["plot"]["methods"]) == answered
+    assert "tight" in out["plot"]["methods"] and "biswas" in out["plot"]["methods"]
+    assert out["plot"]["methods"][-1] == "tight"  # drawn last: on top of the others
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 1000
+
+
+def test_compare_table_shows_every_method_within_100_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shufflekit import render
+
+    monkeypatch.setattr(render.console, "width", 100)
+    args = ["--n", "100000", "--k", "10", "--eps0", "4", "--delta", "1e-6"]
+    r = runner.invoke(app, ["privacy", "compare", *args])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    labels = {
+        "sound upper bound": {"tight", "blanket-strong", "blanket-weak", "clones", "ldp"},
+        "NOT a DP guarantee": {"biswas"},
+        "lower bound": {"biswas-corrected"},
+    }
+    table = [line for line in lines if line.startswith("│")]
+    for label, methods in labels.items():
+        for m in methods:
+            row = next(line for line in table if line.split("│")[1].strip() == m)
+            cells = [c.strip() for c in row.split("│")[1:-1]]
+            assert cells[3] == label, row
+            float(cells[1])  # an epsilon
+            float(cells[4])  # seconds
+    erl = next(line for line in table if line.split("│")[1].strip() == "erlingsson")
+    assert "not applicable" in erl
+
+
+def test_delta_human_output_shows_seconds() -> None:
+    args = ["--n", "2000", "--k", "4", "--eps0", "1", "--epsilon", "0.3"]
+    r = runner.invoke(app, ["privacy", "delta", *args])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^\([0-9.e+-]+ s\)$", r.stdout, re.MULTILINE), r.stdout
+
+
+def test_one_round_epsilon_is_the_ledgers_value_without_amplification() -> None:
+    # n = 3, eps0 = 1: no amplification at delta = 1e-6. The registry's tight caps at the k-RR
+    # profile (a hair below eps0); the ledger caps at eps0. The CLI reports the ledger's value.
+    mech = Mechanism(3, 4, 1.0)
+    out = cli_json("epsilon", "--n", "3", "--k", "4", "--eps0", "1", "--delta", "1e-6")
+    assert out["epsilon"] == TightCost().total_epsilon([mech], 1e-6) == 1.0
+    assert get_method("tight").epsilon(mech, 1e-6).epsilon < out["epsilon"]
+    assert out["lower_bound"] <= out["epsilon"]
 
 
 def test_bad_input_is_a_clear_error() -> None:
