@@ -23,6 +23,7 @@ from shufflekit.counters import RejectionCounter
 from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Abort, Announcement, Result
+from shufflekit.services.shutdown import unless_stopped
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Transport
 from shufflekit.wire import REPORT_SIZE, Report
@@ -93,25 +94,33 @@ class Analyzer:
         return hist
 
     async def run_round(
-        self, ann: Announcement, ready: asyncio.Event | None = None
+        self,
+        ann: Announcement,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
     ) -> AnalyzerOutcome:
         """Receive, decrypt and count one round; commit its cost, then publish the result.
 
         `ready` is set once the analyzer is subscribed to its input. If the commit fails
         (refused, expired, ledger unreachable) the round is aborted and nothing is published.
+        `stop` set while the batch is still awaited aborts the round (service shutdown).
         """
         if ann.analyzer_key != self.key.public_b64():
             raise ValueError("the announcement names another analyzer key")
         outcome = AnalyzerOutcome(ann.round_id, result=None)
         try:
-            batch = await receive_batch(
-                self.transport,
-                self.topics,
-                ann.round_id,
-                ann.hops,
-                onion_size(REPORT_SIZE, 1),
-                max(ann.seconds_left(), 0.0) + self.batch_timeout,
-                ready,
+            batch = await unless_stopped(
+                receive_batch(
+                    self.transport,
+                    self.topics,
+                    ann.round_id,
+                    ann.hops,
+                    onion_size(REPORT_SIZE, 1),
+                    max(ann.seconds_left(), 0.0) + self.batch_timeout,
+                    ready,
+                ),
+                stop,
+                "the analyzer",
             )
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)

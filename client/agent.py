@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import time
 
 from client.krr import KRR
 from shufflekit.crypto import public_from_b64, seal_onion
@@ -40,16 +41,25 @@ class ClientAgent:
 
 
 async def current_announcement(
-    transport: Transport, deployment: str, timeout: float = 30.0
+    transport: Transport, deployment: str, timeout: float = 30.0, *, open_only: bool = False
 ) -> Announcement:
-    """The retained announcement of the deployment's current round (waits up to `timeout`)."""
+    """The retained announcement of the deployment's current round (waits up to `timeout`).
+
+    With `open_only`, an announcement whose deadline has passed (left behind by a coordinator
+    that stopped) is skipped and the next round's is awaited. TimeoutError if none comes.
+    """
     topics = Topics(deployment)
+    end = time.monotonic() + timeout
     async with transport.subscribe(topics.announce) as sub:
         while True:
-            msg = await sub.get(timeout)
+            msg = await sub.get(max(0.0, end - time.monotonic()))
             with contextlib.suppress(InvalidReport):
                 ann = Announcement.from_bytes(msg.payload)
-                if isinstance(ann, Announcement) and ann.deployment == deployment:
+                if (
+                    isinstance(ann, Announcement)
+                    and ann.deployment == deployment
+                    and not (open_only and ann.seconds_left() <= 0)
+                ):
                     return ann
 
 

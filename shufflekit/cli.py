@@ -1,4 +1,4 @@
-"""The `shufflekit` command line: demo, budget, privacy, simulate, serve."""
+"""The `shufflekit` command line: demo, budget, privacy, simulate, keys, serve, clients."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from shufflekit.cli_simulate import experiment_app, simulate
 from shufflekit.demo import DemoConfig, run_demo
 from shufflekit.errors import ShufflekitError
 from shufflekit.render import console, err_console, fail, print_json
+from shufflekit.services.cli import clients, keys_app, serve_app
 from shufflekit.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
 app = typer.Typer(
@@ -29,6 +30,9 @@ app.add_typer(budget_app, name="budget")
 app.command()(simulate)
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(privacy_app, name="privacy")
+app.add_typer(keys_app, name="keys")
+app.add_typer(serve_app, name="serve")
+app.command()(clients)
 
 LedgerOpt = Annotated[
     str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")

@@ -93,3 +93,16 @@ class Result(_Control):
     estimator: str
     rejected: dict[str, int]
     privacy: dict[str, float | str | None] = Field(default_factory=dict)
+
+
+class Ready(_Control):
+    """Hop `hop` is subscribed to its input for this round and holds the announced key.
+
+    Services answer the coordinator's prepare with it, so that the announcement reaches clients
+    only once every hop listens (nothing a client sends can be missed). The coordinator is
+    hop -1 in aborts it publishes itself.
+    """
+
+    round_id: str
+    hop: int = Field(ge=0)
+    key: str

@@ -21,6 +21,7 @@ from shufflekit.counters import RejectionCounter
 from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Abort, Announcement, Close
+from shufflekit.services.shutdown import unless_stopped
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Message, Subscription, Transport, drain
 from shufflekit.wire import REPORT_SIZE, Envelope
@@ -60,19 +61,26 @@ class MixNode:
         self.batch_timeout = batch_timeout
         self._rng = secrets.SystemRandom()
 
-    async def run_round(self, ann: Announcement, ready: asyncio.Event | None = None) -> MixOutcome:
+    async def run_round(
+        self,
+        ann: Announcement,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> MixOutcome:
         """Collect, check, permute and forward one round; publish an abort if nothing goes on.
 
         `ready` is set once this mix is subscribed to its input (so nothing sent is missed).
+        `stop` set while the mix still waits for input aborts the round (service shutdown); once
+        the batch is complete the round is finished.
         """
         if ann.mix_keys[self.index] != self.key.public_b64():
             raise ValueError(f"mix {self.index}: the announcement names another public key")
         outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
         try:
             if self.index == 0:
-                items = await self._ingest(ann, outcome.counters, ready)
+                items = await self._ingest(ann, outcome.counters, ready, stop)
             else:
-                items = await self._receive(ann, outcome.counters, ready)
+                items = await self._receive(ann, outcome.counters, ready, stop)
             if len(items) < ann.n_min:
                 raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
         except RoundAborted as exc:
@@ -101,7 +109,11 @@ class MixNode:
         return outcome
 
     async def _ingest(
-        self, ann: Announcement, counters: RejectionCounter, ready: asyncio.Event | None
+        self,
+        ann: Announcement,
+        counters: RejectionCounter,
+        ready: asyncio.Event | None,
+        stop: asyncio.Event | None = None,
     ) -> list[bytes]:
         """Mix 0: accept client envelopes until the deadline or the coordinator's close."""
         size = onion_size(REPORT_SIZE, ann.hops + 1)
@@ -134,7 +146,10 @@ class MixNode:
                 ready.set()
             reader = asyncio.create_task(_consume(data_sub, take))
             try:
-                await asyncio.wait_for(_await_close(close_sub, ann.round_id), ann.seconds_left())
+                await asyncio.wait_for(
+                    unless_stopped(_await_close(close_sub, ann.round_id), stop, "mix 0"),
+                    ann.seconds_left(),
+                )
             except TimeoutError:
                 pass  # the deadline passed: that is the normal end of ingest
             finally:
@@ -146,13 +161,21 @@ class MixNode:
         return items
 
     async def _receive(
-        self, ann: Announcement, counters: RejectionCounter, ready: asyncio.Event | None
+        self,
+        ann: Announcement,
+        counters: RejectionCounter,
+        ready: asyncio.Event | None,
+        stop: asyncio.Event | None = None,
     ) -> list[bytes]:
         """Mix i > 0: a verified batch from mix i-1, peeled and de-duplicated."""
         size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
         timeout = max(ann.seconds_left(), 0.0) + self.batch_timeout
-        batch = await receive_batch(
-            self.transport, self.topics, ann.round_id, self.index, size, timeout, ready
+        batch = await unless_stopped(
+            receive_batch(
+                self.transport, self.topics, ann.round_id, self.index, size, timeout, ready
+            ),
+            stop,
+            f"mix {self.index}",
         )
         seen: set[bytes] = set()
         items: list[bytes] = []

@@ -1,0 +1,119 @@
+"""Simulated clients against a running deployment (`shufflekit clients`): load and fault tests.
+
+They wait for the current round's announcement, answer it like real clients (k-RR, onion,
+envelope to mix 0) and, for a fraction of them, send a malformed report instead (a tampered
+ciphertext, a truncated one, or random bytes), which mix 0 must reject and count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from client.agent import build_envelope, current_announcement
+from shufflekit.errors import ConfigError, TransportError
+from shufflekit.messages import Announcement
+from shufflekit.topics import Topics, check_name
+from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.wire import Envelope
+
+MALFORMED_KINDS = ("tampered", "truncated", "random")
+
+
+@dataclass
+class ClientsSummary:
+    """What `shufflekit clients` did."""
+
+    deployment: str
+    round_id: str
+    users: int
+    sent: int = 0
+    bad: int = 0
+    bad_by_kind: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    seconds_left_at_end: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (`--json`)."""
+        return self.__dict__ | {"good": self.sent - self.bad}
+
+
+def malformed(
+    client_id: str, value: int, ann: Announcement, kind: str, rng: np.random.Generator
+) -> bytes:
+    """A report mix 0 must refuse: a well-formed envelope around a broken onion, or junk."""
+    good = build_envelope(client_id, value, ann)
+    onion = good[2 + len(client_id) :]
+    if kind == "tampered":
+        broken = bytearray(onion)
+        broken[-1 - int(rng.integers(0, 16))] ^= 0xFF  # inside the Poly1305 tag
+        return Envelope(client_id, bytes(broken)).encode()
+    if kind == "truncated":
+        return Envelope(client_id, onion[: len(onion) // 2]).encode()
+    return rng.bytes(len(good))
+
+
+async def run_clients(
+    broker: str,
+    deployment: str,
+    users: int,
+    *,
+    bad_fraction: float = 0.0,
+    seed: int = 0,
+    connections: int = 4,
+    wait: float = 60.0,
+    id_prefix: str = "sim",
+) -> ClientsSummary:
+    """`users` simulated clients answer the current round; returns what was sent."""
+    check_name("deployment", deployment)
+    if users < 1:
+        raise ConfigError("--users must be at least 1")
+    if not 0.0 <= bad_fraction <= 1.0:
+        raise ConfigError(f"--bad-fraction must be in [0, 1], got {bad_fraction}")
+    if connections < 1:
+        raise ConfigError("--connections must be at least 1")
+    addr = BrokerAddress.parse(broker)
+    conns = [MqttTransport(addr, client_id=f"sk-clients-{i}-{seed}") for i in range(connections)]
+    started = time.monotonic()
+    for c in conns:
+        await c.connect()
+    try:
+        try:
+            ann = await current_announcement(conns[0], deployment, wait, open_only=True)
+        except TimeoutError:
+            raise TransportError(
+                f"no open round of deployment {deployment!r} was announced within {wait:g}s: "
+                "is `shufflekit serve coordinator` running?"
+            ) from None
+        rng = np.random.default_rng(seed)
+        values = rng.integers(0, ann.k, size=users)
+        n_bad = round(bad_fraction * users)
+        bad = set(rng.choice(users, size=n_bad, replace=False).tolist())
+        summary = ClientsSummary(deployment, ann.round_id, users)
+        topic = Topics(deployment).data(ann.round_id, 0)
+        payloads: list[bytes] = []
+        for i in range(users):
+            cid = f"{id_prefix}-{i}"
+            if i in bad:
+                kind = MALFORMED_KINDS[len(payloads) % len(MALFORMED_KINDS)]
+                payloads.append(malformed(cid, int(values[i]), ann, kind, rng))
+                summary.bad_by_kind[kind] = summary.bad_by_kind.get(kind, 0) + 1
+            else:
+                payloads.append(build_envelope(cid, int(values[i]), ann))
+        summary.bad = n_bad
+
+        async def send(conn: MqttTransport, part: list[bytes]) -> None:
+            await asyncio.gather(*(conn.publish(topic, p) for p in part))
+
+        await asyncio.gather(*(send(c, payloads[j::connections]) for j, c in enumerate(conns)))
+        summary.sent = users
+        summary.seconds = time.monotonic() - started
+        summary.seconds_left_at_end = ann.seconds_left()
+        return summary
+    finally:
+        for c in conns:
+            await c.close()

@@ -1,0 +1,202 @@
+"""The services as separate OS processes over a real Mosquitto: mixes, analyzer, coordinator
+and simulated clients each run as `python -m shufflekit ...`, exactly as deployed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accountant.ledger import Budget, Ledger
+from shufflekit.services.keys import KeyFiles, write_key_pair
+
+pytestmark = [pytest.mark.services, pytest.mark.mqtt]
+
+DEPLOYMENT = "svc"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Procs:
+    """Child processes of one test; stdout and stderr go to files (no pipe can fill up)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        out = (self.folder / f"{name}.out").open("wb")
+        err = (self.folder / f"{name}.err").open("wb")
+        p = subprocess.Popen(
+            [sys.executable, "-m", "shufflekit", *args], stdout=out, stderr=err, cwd=ROOT
+        )
+        out.close()
+        err.close()
+        self.procs[name] = p
+        return p
+
+    def stderr(self, name: str) -> str:
+        return (self.folder / f"{name}.err").read_text()
+
+    def lines(self, name: str) -> list[dict[str, Any]]:
+        """The JSON objects a service printed on stdout, one per line."""
+        text = (self.folder / f"{name}.out").read_text()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_log(self, name: str, text: str, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if text in self.stderr(name):
+                return
+            if self.procs[name].poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{name} never logged {text!r}:\n{self.stderr(name)}")
+
+    def stop(self, name: str, timeout: float = 60.0) -> int:
+        """SIGTERM and the exit code (the test fails if it does not exit in time)."""
+        p = self.procs[name]
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} ignored SIGTERM:\n{self.stderr(name)}") from None
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """Every child process is killed at teardown, whatever the test did."""
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+def write_deployment(
+    tmp_path: Path, broker: str, mixes: int, *, n_min: int, deadline: float
+) -> tuple[Path, str]:
+    """Keys, a budget and one config shared by every service; returns (config, ledger URL)."""
+    for i in range(mixes):
+        write_key_pair(KeyFiles.of(tmp_path / "keys", f"mix{i}"))
+    write_key_pair(KeyFiles.of(tmp_path / "keys", "analyzer"))
+    (tmp_path / "state").mkdir()
+    ledger_url = f"sqlite:///{tmp_path / 'state' / 'ledger.db'}"
+    Ledger(ledger_url).init_budget(
+        Budget(DEPLOYMENT, epsilon_total=10.0, delta_total=1e-6, n_min=n_min, cost_model="ldp")
+    )
+    cfg = tmp_path / "shufflekit.toml"
+    cfg.write_text(
+        f'broker = "{broker}"\n'
+        f'deployment = "{DEPLOYMENT}"\n'
+        f"mixes = {mixes}\n"
+        'keys_dir = "keys"\nstate_dir = "state"\n\n'
+        "[mix]\nbatch_timeout = 30\n\n[analyzer]\nbatch_timeout = 30\n\n"
+        f"[coordinator]\nk = 5\neps0 = 2.0\ndeadline = {deadline}\ninterval = 0.5\n"
+        "ready_timeout = 30\nbatch_timeout = 30\n"
+    )
+    return cfg, ledger_url
+
+
+def start_hops(procs: Procs, cfg: Path, mixes: int) -> list[str]:
+    names = [f"mix{i}" for i in range(mixes)] + ["analyzer"]
+    for i in range(mixes):
+        procs.start(f"mix{i}", "serve", "mix", "--index", str(i), "--config", str(cfg))
+    procs.start("analyzer", "serve", "analyzer", "--config", str(cfg))
+    for n in names:
+        procs.wait_log(n, "serving deployment")
+    return names
+
+
+def run_clients(broker: str, users: int, bad_fraction: float) -> dict[str, Any]:
+    args = ["clients", "--broker", broker, "--deployment", DEPLOYMENT, "--users", str(users)]
+    args += ["--bad-fraction", str(bad_fraction), "--seed", "7", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "shufflekit", *args],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("mixes", "users"),
+    [
+        pytest.param(3, int(os.environ.get("SHUFFLEKIT_SERVICES_USERS", "5000")), id="3mix"),
+    ],
+)
+def test_a_round_across_processes_counts_each_accepted_client_once(
+    mosquitto: str, procs: Procs, tmp_path: Path, mixes: int, users: int
+) -> None:
+    cfg, ledger_url = write_deployment(tmp_path, mosquitto, mixes, n_min=100, deadline=120)
+    hops = start_hops(procs, cfg, mixes)
+    procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1")
+    sent = run_clients(mosquitto, users, bad_fraction=0.02)
+    assert sent["sent"] == users and sent["bad"] == round(0.02 * users)
+    assert sent["seconds_left_at_end"] > 0  # every report went out before the deadline
+
+    # SIGTERM closes the round early: released now with what mix 0 accepted, then exit 0
+    assert procs.stop("coordinator") == 0, procs.stderr("coordinator")
+    [line] = procs.lines("coordinator")
+    assert line["released"], line
+    result = line["result"]
+    assert result["round_id"] == sent["round_id"]
+    for n in hops:
+        assert procs.stop(n) == 0, procs.stderr(n)
+
+    [mix0] = procs.lines("mix0")
+    good = sent["good"]
+    assert mix0["accepted"] == good
+    assert sum(mix0["rejected"].values()) == sent["bad"]
+    for i in range(1, mixes):
+        [m] = procs.lines(f"mix{i}")
+        assert (m["accepted"], m["rejected"], m["forwarded"]) == (good, {}, good)
+    [an] = procs.lines("analyzer")
+    assert an["batch_size"] == good and an["rejected"] == {}
+    # exactly one histogram entry per accepted client, nothing lost, nothing doubled
+    assert result["batch_size"] == good == sum(result["histogram"])
+    assert an["histogram"] == result["histogram"]
+    rounds = Ledger(ledger_url).status(DEPLOYMENT).rounds
+    assert [(r.round_id, r.status, r.batch_size) for r in rounds] == [
+        (sent["round_id"], "committed", good)
+    ]
+    assert "stopped" in procs.stderr("coordinator")
+
+
+def test_a_round_below_n_min_releases_nothing_and_is_refunded(
+    mosquitto: str, procs: Procs, tmp_path: Path
+) -> None:
+    cfg, ledger_url = write_deployment(tmp_path, mosquitto, 2, n_min=100, deadline=6)
+    hops = start_hops(procs, cfg, 2)
+    coord = procs.start(
+        "coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1"
+    )
+    sent = run_clients(mosquitto, 20, bad_fraction=0.0)
+    assert coord.wait(60) == 0, procs.stderr("coordinator")  # the deadline ends the round
+    [line] = procs.lines("coordinator")
+    assert not line["released"] and line["result"] is None
+    assert line["abort"]["hop"] == 0 and "below the release threshold" in line["abort"]["reason"]
+    for n in hops:
+        assert procs.stop(n) == 0, procs.stderr(n)
+    [mix0] = procs.lines("mix0")
+    assert (mix0["accepted"], mix0["released"], mix0["forwarded"]) == (20, False, 0)
+    assert procs.lines("mix1") == [] and procs.lines("analyzer") == []  # nothing reached them
+    rounds = Ledger(ledger_url).status(DEPLOYMENT).rounds
+    assert [(r.round_id, r.status) for r in rounds] == [(sent["round_id"], "refunded")]
