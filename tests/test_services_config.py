@@ -1,0 +1,237 @@
+"""Keys, service configuration and the readiness/shutdown rules of the services, in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from accountant.ledger import Budget, Ledger
+from analyzer.service import Analyzer
+from shufflekit.cli import app
+from shufflekit.coordinator import (
+    COORDINATOR_HOP,
+    Coordinator,
+    HopRunner,
+    RoundParams,
+    ledger_release_hook,
+)
+from shufflekit.crypto import KeyPair
+from shufflekit.errors import ConfigError
+from shufflekit.services.config import load_config
+from shufflekit.services.keys import load_private_key, load_public_key
+from shufflekit.transport import MemoryBroker
+from shuffler.mix import MixNode
+
+runner = CliRunner()
+
+
+def test_keys_new_writes_a_private_0600_and_a_public_file(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app, ["keys", "new", "--role", "mix", "--index", "1", "--out", str(tmp_path), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    priv, pub = Path(info["private_key_file"]), Path(info["public_key_file"])
+    assert (priv.name, pub.name) == ("mix1.key", "mix1.pub")
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+    assert load_public_key(pub) == info["public_key"] == load_private_key(priv).public_b64()
+
+    again = runner.invoke(
+        app, ["keys", "new", "--role", "mix", "--index", "1", "--out", str(tmp_path)]
+    )
+    assert again.exit_code == 2 and "--force" in again.output
+    assert load_public_key(pub) == info["public_key"]  # untouched
+    forced = runner.invoke(
+        app,
+        [
+            "keys",
+            "new",
+            "--role",
+            "mix",
+            "--index",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--force",
+            "--json",
+        ],
+    )
+    assert forced.exit_code == 0 and json.loads(forced.stdout)["public_key"] != info["public_key"]
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+
+    for bad in (
+        ["--role", "mix"],
+        ["--role", "coordinator"],
+        ["--role", "analyzer", "--index", "0"],
+    ):
+        r = runner.invoke(app, ["keys", "new", *bad, "--out", str(tmp_path)])
+        assert r.exit_code == 2, bad
+
+
+def test_a_private_key_readable_by_others_is_refused(tmp_path: Path) -> None:
+    runner.invoke(app, ["keys", "new", "--role", "analyzer", "--out", str(tmp_path)])
+    key = tmp_path / "analyzer.key"
+    os.chmod(key, 0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        load_private_key(key)
+    os.chmod(key, 0o600)
+    key.write_text("not base64!\n")
+    with pytest.raises(ConfigError, match="not a shufflekit private key"):
+        load_private_key(key)
+
+
+GOOD = """
+broker = "mqtt://127.0.0.1:1883"
+deployment = "pilot"
+mixes = 2
+keys_dir = "keys"
+state_dir = "state"
+
+[mix]
+batch_timeout = 10
+
+[coordinator]
+k = 4
+eps0 = 1.5
+deadline = 30
+"""
+
+
+def test_config_resolves_paths_and_takes_environment_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "conf" / "sk.toml"
+    f.parent.mkdir()
+    f.write_text(GOOD)
+    monkeypatch.setenv("SHUFFLEKIT_COORDINATOR__N_MIN", "77")
+    monkeypatch.setenv("SHUFFLEKIT_BROKER", "mqtt://127.0.0.1:1999")
+    monkeypatch.setenv("SHUFFLEKIT_STATE", "/elsewhere")  # another setting's variable: ignored
+    cfg = load_config(f)
+    c = cfg.coordinator_settings()
+    assert (cfg.broker, c.n_min, c.k, cfg.mix.batch_timeout) == ("mqtt://127.0.0.1:1999", 77, 4, 10)
+    assert cfg.mix_private_key(1) == tmp_path / "conf" / "keys" / "mix1.key"
+    assert cfg.public_keys() == (
+        [tmp_path / "conf" / "keys" / "mix0.pub", tmp_path / "conf" / "keys" / "mix1.pub"],
+        tmp_path / "conf" / "keys" / "analyzer.pub",
+    )
+    assert cfg.ledger_url() == f"sqlite:///{tmp_path / 'conf' / 'state' / 'ledger.db'}"
+    assert cfg.mix_index(1) == 1
+    with pytest.raises(ConfigError, match="outside the cascade of 2"):
+        cfg.mix_index(2)
+    with pytest.raises(ConfigError, match="--index"):
+        cfg.mix_index(None)
+
+
+def test_config_errors_name_every_bad_field(tmp_path: Path) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(
+        'broker = "http://x"\ndeployment = "a b"\nmixes = 0\nsurprise = 1\n'
+        '[coordinator]\nk = 1\n[analyzer]\nestimator = "magic"\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    msg = str(err.value)
+    for line in (
+        "broker: ",
+        "deployment: ",
+        "mixes: Input should be greater than or equal to 1 (got 0)",
+        "coordinator.k: ",
+        "coordinator.eps0: Field required",
+        "analyzer.estimator: unknown estimator 'magic'",
+        "surprise: unknown setting",
+    ):
+        assert line in msg, (line, msg)
+    f.write_text("broker = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="cannot read configuration"):
+        load_config(tmp_path / "missing.toml")
+    f.write_text(GOOD.split("[coordinator]")[0])
+    with pytest.raises(ConfigError, match=r"no \[coordinator\] section"):
+        load_config(f).coordinator_settings()
+
+
+def _ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    return led
+
+
+async def test_a_hop_that_is_not_ready_aborts_before_any_client_is_asked(tmp_path: Path) -> None:
+    led = _ledger(tmp_path)
+    broker = MemoryBroker()
+    key = KeyPair.generate()
+    async with (
+        broker.connect() as m0,
+        broker.connect() as coord_conn,
+        broker.connect() as spy,
+        spy.subscribe("shufflekit/test/announce") as announced,
+    ):
+        stop = asyncio.Event()
+        mix0 = asyncio.create_task(HopRunner(MixNode(m0, "test", 0, key), m0, "test").serve(stop))
+        coord = Coordinator(
+            coord_conn,
+            "test",
+            led,
+            [key.public_b64()],
+            KeyPair.generate().public_b64(),  # nobody serves the analyzer
+            ready_timeout=1.5,
+        )
+        rep = await coord.run_round(RoundParams(k=4, eps0=1.0, n_min=10))
+        stop.set()
+        await asyncio.wait_for(mix0, 5)
+        assert announced._queue.empty()  # no announcement ever reached clients
+    assert not rep.released and rep.abort is not None
+    assert rep.abort.hop == COORDINATOR_HOP and "[1] not ready" in rep.abort.reason
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+
+
+async def test_a_stopping_mix_aborts_the_round_it_is_collecting(tmp_path: Path) -> None:
+    led = _ledger(tmp_path)
+    broker = MemoryBroker()
+    key = KeyPair.generate()
+    analyzer_key = KeyPair.generate()
+    async with broker.connect() as m0, broker.connect() as coord_conn:
+        stop = asyncio.Event()
+        subscribed = asyncio.Event()
+        outcomes: list[object] = []
+        mix0 = asyncio.create_task(
+            HopRunner(MixNode(m0, "test", 0, key), m0, "test").serve(
+                stop, on_outcome=outcomes.append, subscribed=subscribed
+            )
+        )
+        await subscribed.wait()
+
+        async def answer_then_stop_mix(_ann: object) -> int:
+            stop.set()  # SIGTERM to mix 0 while the round is open
+            await asyncio.wait_for(mix0, 5)
+            return 0
+
+        async with broker.connect() as an:
+            an_stop = asyncio.Event()
+            analyzer = asyncio.create_task(
+                HopRunner(
+                    Analyzer(an, "test", analyzer_key, on_release=ledger_release_hook(led, "test")),
+                    an,
+                    "test",
+                ).serve(an_stop)
+            )
+            coord = Coordinator(
+                coord_conn, "test", led, [key.public_b64()], analyzer_key.public_b64()
+            )
+            rep = await coord.run_round(
+                RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=60),
+                answer=answer_then_stop_mix,
+            )
+            an_stop.set()
+            await asyncio.wait_for(analyzer, 5)
+    assert rep.abort is not None and rep.abort.hop == 0
+    assert "mix 0 is shutting down" in rep.abort.reason
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+    assert len(outcomes) == 1
