@@ -244,12 +244,13 @@ def test_delta_human_output_shows_seconds() -> None:
 
 
 def test_one_round_epsilon_is_the_ledgers_value_without_amplification() -> None:
-    # n = 3, eps0 = 1: no amplification at delta = 1e-6. The registry's tight caps at the k-RR
-    # profile (a hair below eps0); the ledger caps at eps0. The CLI reports the ledger's value.
+    # n = 3, eps0 = 1: (almost) no amplification at delta = 1e-6: epsilon sits a hair below
+    # eps0, where the k-RR profile itself reaches delta. The CLI reports the ledger's value.
     mech = Mechanism(3, 4, 1.0)
     out = cli_json("epsilon", "--n", "3", "--k", "4", "--eps0", "1", "--delta", "1e-6")
-    assert out["epsilon"] == TightCost().total_epsilon([mech], 1e-6) == 1.0
-    assert get_method("tight").epsilon(mech, 1e-6).epsilon < out["epsilon"]
+    assert out["epsilon"] == TightCost().total_epsilon([mech], 1e-6)
+    assert 0.9999 < out["epsilon"] <= 1.0
+    assert get_method("tight").epsilon(mech, 1e-6).epsilon <= out["epsilon"]
     assert out["lower_bound"] <= out["epsilon"]
 
 
