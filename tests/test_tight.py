@@ -285,3 +285,15 @@ def test_tail_window_is_rigorous() -> None:
             if lo[0] > 0:
                 assert float(log_sf(n - lo[0] + 1, n, 1 - p)) <= log_tau + 1e-9
             assert float(log_sf(hi[0] + 1, n, p)) <= log_tau + 1e-9
+
+
+def test_default_is_no_looser_than_the_unbucketed_blanket() -> None:
+    """`tight` buckets the blanket count; its buckets must be fine enough that it is never
+    looser than `blanket-weak` (the same adversary, evaluated without buckets)."""
+    from accountant.registry import get_method
+
+    mech = Mechanism(100_000, 10, 4.0)
+    t = tight.tight_epsilon(mech, 1e-6)
+    w = get_method("blanket-weak").epsilon(mech, 1e-6)
+    assert t.lower_epsilon is not None
+    assert t.lower_epsilon <= t.epsilon <= w.epsilon
