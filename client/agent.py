@@ -19,24 +19,41 @@ from shufflekit.transport.base import Transport
 from shufflekit.wire import Envelope, Report
 
 
-def build_envelope(client_id: str, value: int, ann: Announcement) -> bytes:
-    """value -> k-RR(eps0) -> fixed-size report -> onion (analyzer innermost) -> envelope."""
+def build_onion(value: int, ann: Announcement) -> bytes:
+    """value -> k-RR(eps0) -> fixed-size report -> onion (analyzer innermost)."""
     report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, _RNG))
     keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
-    onion = seal_onion(report.encode(), keys, ann.deployment, ann.round_id)
-    return Envelope(client_id=client_id, onion=onion).encode()
+    return seal_onion(report.encode(), keys, ann.deployment, ann.round_id)
+
+
+def wrap_envelope(
+    client_id: str, onion: bytes, ann: Announcement, credential: bytes | None
+) -> bytes:
+    """The envelope to mix 0: with a credential it also names the round (version 2)."""
+    if credential is None:
+        return Envelope(client_id=client_id, onion=onion).encode()
+    return Envelope(client_id, onion, credential=credential, round_id=ann.round_id).encode()
+
+
+def build_envelope(
+    client_id: str, value: int, ann: Announcement, credential: bytes | None = None
+) -> bytes:
+    """What a client publishes: its randomized, onion-encrypted report in an envelope that
+    carries its identity and, if enrolled, its credential (both seen only by mix 0)."""
+    return wrap_envelope(client_id, build_onion(value, ann), ann, credential)
 
 
 class ClientAgent:
-    """One user: an identity and a private value in [0, k)."""
+    """One user: an identity, its credential (from enrollment, if any) and a value in [0, k)."""
 
-    def __init__(self, client_id: str, value: int) -> None:
+    def __init__(self, client_id: str, value: int, credential: bytes | None = None) -> None:
         self.client_id = client_id
         self.value = value
+        self.credential = credential
 
     async def answer(self, transport: Transport, ann: Announcement) -> None:
         """Send this user's report for the announced round to mix 0."""
-        payload = build_envelope(self.client_id, self.value, ann)
+        payload = build_envelope(self.client_id, self.value, ann, self.credential)
         await transport.publish(Topics(ann.deployment).data(ann.round_id, 0), payload)
 
 

@@ -19,7 +19,10 @@ _REPORT = struct.Struct(">BBHH")  # version, randomizer, k, value
 REPORT_SIZE = _REPORT.size
 
 ENVELOPE_VERSION = 1
+ENVELOPE_VERSION_CREDENTIAL = 2  # adds the round id and the client's credential
 MAX_CLIENT_ID = 64
+MAX_ROUND_ID = 64
+MAX_CREDENTIAL = 128
 
 CHUNK_VERSION = 1
 _CHUNK = struct.Struct(">BBIII")  # version, hop, chunk index, item size, item count
@@ -62,38 +65,84 @@ class Report:
 
 @dataclass(frozen=True)
 class Envelope:
-    """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion."""
+    """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion.
+
+    Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
+    names the round and carries the client's credential (shuffler/credentials.py), both outside
+    the onion: mix 0 checks them and forwards only the peeled onion.
+    """
 
     client_id: str
     onion: bytes
+    credential: bytes | None = None
+    round_id: str | None = None
 
     def encode(self) -> bytes:
-        """version | id length | id (ASCII) | onion."""
+        """v1: version | id length | id (ASCII) | onion.
+        v2: version | id length | id | round length | round | credential length | credential |
+        onion."""
         cid = self.client_id.encode("ascii")
         if not 1 <= len(cid) <= MAX_CLIENT_ID:
             raise ValueError(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
-        return bytes([ENVELOPE_VERSION, len(cid)]) + cid + self.onion
+        if self.round_id is None:
+            if self.credential is not None:
+                raise ValueError("an envelope with a credential must name its round")
+            return bytes([ENVELOPE_VERSION, len(cid)]) + cid + self.onion
+        rid = self.round_id.encode("ascii")
+        cred = self.credential or b""
+        if not 1 <= len(rid) <= MAX_ROUND_ID or len(cred) > MAX_CREDENTIAL:
+            raise ValueError("round id or credential too long for an envelope")
+        head = bytes([ENVELOPE_VERSION_CREDENTIAL, len(cid)]) + cid + bytes([len(rid)]) + rid
+        return head + bytes([len(cred)]) + cred + self.onion
+
+    @staticmethod
+    def max_size(onion_size: int) -> int:
+        """The largest envelope around an onion of `onion_size` bytes; beyond it: `oversized`."""
+        return 4 + MAX_CLIENT_ID + MAX_ROUND_ID + MAX_CREDENTIAL + onion_size
 
     @classmethod
     def decode(cls, data: bytes, onion_size: int) -> Envelope:
         """Parse and check the envelope; the onion must have the round's exact size."""
+        if len(data) > cls.max_size(onion_size):
+            raise InvalidReport("oversized", f"envelope of {len(data)} bytes")
         if len(data) < 2:
             raise InvalidReport("malformed", "envelope shorter than its header")
-        if data[0] != ENVELOPE_VERSION:
+        if data[0] not in (ENVELOPE_VERSION, ENVELOPE_VERSION_CREDENTIAL):
             raise InvalidReport("bad_version", f"envelope version {data[0]}")
-        n = data[1]
-        if not 1 <= n <= MAX_CLIENT_ID or len(data) < 2 + n:
-            raise InvalidReport("malformed", "envelope client id length is invalid")
-        try:
-            cid = data[2 : 2 + n].decode("ascii")
-        except UnicodeDecodeError:
-            raise InvalidReport("malformed", "client id is not ASCII") from None
-        onion = data[2 + n :]
+        cid_bytes, pos = _field(data, 1, MAX_CLIENT_ID, "client id")
+        cid = _ascii(cid_bytes, "client id")
+        round_id: str | None = None
+        credential: bytes | None = None
+        if data[0] == ENVELOPE_VERSION_CREDENTIAL:
+            rid, pos = _field(data, pos, MAX_ROUND_ID, "round id")
+            round_id = _ascii(rid, "round id")
+            cred, pos = _field(data, pos, MAX_CREDENTIAL, "credential", minimum=0)
+            credential = cred or None
+        onion = data[pos:]
         if len(onion) != onion_size:
             raise InvalidReport(
                 "bad_length", f"onion is {len(onion)} bytes, this round expects {onion_size}"
             )
-        return cls(client_id=cid, onion=onion)
+        return cls(client_id=cid, onion=onion, credential=credential, round_id=round_id)
+
+
+def _field(
+    data: bytes, pos: int, maximum: int, what: str, *, minimum: int = 1
+) -> tuple[bytes, int]:
+    """A length-prefixed field at `pos`: its bytes and the position after it."""
+    if pos >= len(data):
+        raise InvalidReport("malformed", f"envelope ends before its {what}")
+    n = data[pos]
+    if not minimum <= n <= maximum or len(data) < pos + 1 + n:
+        raise InvalidReport("malformed", f"envelope {what} length is invalid")
+    return data[pos + 1 : pos + 1 + n], pos + 1 + n
+
+
+def _ascii(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidReport("malformed", f"{what} is not ASCII") from None
 
 
 @dataclass(frozen=True)

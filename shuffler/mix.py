@@ -25,6 +25,7 @@ from shufflekit.services.shutdown import unless_stopped
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Message, Subscription, Transport, drain
 from shufflekit.wire import REPORT_SIZE, Envelope
+from shuffler.credentials import CredentialVerifier, admit
 
 
 @dataclass
@@ -51,6 +52,7 @@ class MixNode:
         *,
         per_chunk: int = DEFAULT_CHUNK,
         batch_timeout: float = 60.0,
+        credentials: CredentialVerifier | None = None,
     ) -> None:
         self.transport = transport
         self.topics = Topics(deployment)
@@ -60,6 +62,7 @@ class MixNode:
         self.per_chunk = per_chunk
         self.batch_timeout = batch_timeout
         self._rng = secrets.SystemRandom()
+        self.credentials = credentials  # mix 0: each client's credential is checked
 
     async def run_round(
         self,
@@ -124,6 +127,7 @@ class MixNode:
         def take(msg: Message) -> None:
             try:
                 env = Envelope.decode(msg.payload, size)
+                admit(env, ann.round_id, self.credentials)  # shuffler/credentials.py
                 digest = hashlib.sha256(env.onion).digest()
                 if digest in seen_digests:
                     raise InvalidReport("replayed", "this ciphertext was already received")

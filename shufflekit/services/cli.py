@@ -14,9 +14,18 @@ from accountant.errors import AccountantError
 from shufflekit.errors import ShufflekitError
 from shufflekit.render import console, fail, print_json
 from shufflekit.services.config import ServiceConfig, load_config
-from shufflekit.services.keys import KeyFiles, role_name, write_key_pair
+from shufflekit.services.keys import (
+    KeyFiles,
+    load_enrollment_key,
+    role_name,
+    write_enrollment_key,
+    write_key_pair,
+)
 
-keys_app = typer.Typer(help="HPKE (X25519) key pairs of the mixes and the analyzer.")
+keys_app = typer.Typer(
+    help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
+    "(Ed25519, issues client credentials)."
+)
 serve_app = typer.Typer(
     help="Run a role as a long-running service over MQTT (stop with SIGTERM or Ctrl-C).",
     no_args_is_help=True,
@@ -31,7 +40,7 @@ LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning o
 
 @keys_app.command("new")
 def keys_new(
-    role: Annotated[str, typer.Option("--role", help="mix or analyzer.")],
+    role: Annotated[str, typer.Option("--role", help="mix, analyzer or enrollment.")],
     out: Annotated[Path, typer.Option("--out", help="Folder for ROLE.key and ROLE.pub.")],
     index: Annotated[
         int | None, typer.Option("--index", min=0, help="Which mix (mixes only).")
@@ -42,11 +51,17 @@ def keys_new(
     """Write a role's key pair: ROLE.key (private, mode 0600) and ROLE.pub (public).
 
     The mix files are named mix0, mix1, ...; the coordinator's config points at the .pub files.
+    `enrollment` is the operator's credential authority: mix 0's `[mix] enrollment_key` is its
+    .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
     """
     try:
         name = role_name(role, index)
         files = KeyFiles.of(out, name)
-        key = write_key_pair(files, force=force)
+        key = (
+            write_enrollment_key(files, force=force)
+            if role == "enrollment"
+            else write_key_pair(files, force=force)
+        )
     except (ShufflekitError, OSError) as exc:
         fail(str(exc))
     info = {
@@ -65,6 +80,40 @@ def keys_new(
             f"public key: {info['public_key']}",
             highlight=False,
         )
+
+
+@keys_app.command("enroll")
+def keys_enroll(
+    key: Annotated[Path, typer.Option("--key", help="The enrollment private key file.")],
+    deployment: Annotated[str, typer.Option("--deployment", help="Deployment name.")],
+    client_id: Annotated[
+        list[str], typer.Option("--client-id", help="Client id to enrol (repeatable).")
+    ],
+    json_out: JsonOpt = False,
+) -> None:
+    """Enrol clients: print each client id with its credential (base64) for DEPLOYMENT.
+
+    A client sends its credential with every report; mix 0 checks it against the enrollment
+    public key and accepts at most one report per client and round.
+    """
+    import base64
+
+    try:
+        authority = load_enrollment_key(key)
+        creds = {
+            cid: base64.b64encode(authority.issue(deployment, cid)).decode() for cid in client_id
+        }
+    except ShufflekitError as exc:
+        fail(str(exc))
+        return
+    except ValueError as exc:  # a client id that is not 1-64 ASCII bytes
+        fail(str(exc))
+        return
+    if json_out:
+        print_json({"deployment": deployment, "credentials": creds})
+    else:
+        for cid, cred in creds.items():
+            console.print(f"{cid} {cred}", highlight=False)
 
 
 def _setup(config: Path, log_level: str) -> ServiceConfig:
@@ -155,12 +204,21 @@ def clients(
         float, typer.Option("--wait", min=0.0, help="Seconds to wait for an open round.")
     ] = 60.0,
     id_prefix: Annotated[str, typer.Option("--id-prefix", help="Client ids: PREFIX-i.")] = "sim",
+    enrollment_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--enrollment-key",
+            help="Enrol each client with this enrollment private key and send its credential "
+            "(needed when mix 0 checks credentials).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
     from shufflekit.services.clients import run_clients
 
     try:
+        authority = load_enrollment_key(enrollment_key) if enrollment_key else None
         summary = asyncio.run(
             run_clients(
                 broker,
@@ -171,6 +229,7 @@ def clients(
                 connections=connections,
                 wait=wait,
                 id_prefix=id_prefix,
+                enrollment=authority,
             )
         )
     except ShufflekitError as exc:

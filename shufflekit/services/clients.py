@@ -2,7 +2,8 @@
 
 They wait for the current round's announcement, answer it like real clients (k-RR, onion,
 envelope to mix 0) and, for a fraction of them, send a malformed report instead (a tampered
-ciphertext, a truncated one, or random bytes), which mix 0 must reject and count.
+ciphertext, a truncated one, or random bytes), which mix 0 must reject and count. Given the
+enrollment key, each simulated client is enrolled first and sends its credential.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from client.agent import build_envelope, current_announcement
+from client.agent import build_onion, current_announcement, wrap_envelope
 from shufflekit.errors import ConfigError, TransportError
 from shufflekit.messages import Announcement
 from shufflekit.topics import Topics, check_name
 from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
-from shufflekit.wire import Envelope
+from shuffler.credentials import EnrollmentKey
 
 MALFORMED_KINDS = ("tampered", "truncated", "random")
 
@@ -31,6 +32,7 @@ class ClientsSummary:
     deployment: str
     round_id: str
     users: int
+    enrolled: bool = False
     sent: int = 0
     bad: int = 0
     bad_by_kind: dict[str, int] = field(default_factory=dict)
@@ -43,18 +45,25 @@ class ClientsSummary:
 
 
 def malformed(
-    client_id: str, value: int, ann: Announcement, kind: str, rng: np.random.Generator
+    client_id: str,
+    value: int,
+    ann: Announcement,
+    kind: str,
+    rng: np.random.Generator,
+    credential: bytes | None = None,
 ) -> bytes:
-    """A report mix 0 must refuse: a well-formed envelope around a broken onion, or junk."""
-    good = build_envelope(client_id, value, ann)
-    onion = good[2 + len(client_id) :]
+    """A report mix 0 must refuse: a well-formed envelope (with the client's credential, if
+    any) around a broken onion, or junk."""
+    onion = build_onion(value, ann)
     if kind == "tampered":
         broken = bytearray(onion)
         broken[-1 - int(rng.integers(0, 16))] ^= 0xFF  # inside the Poly1305 tag
-        return Envelope(client_id, bytes(broken)).encode()
+        return wrap_envelope(client_id, bytes(broken), ann, credential)
     if kind == "truncated":
-        return Envelope(client_id, onion[: len(onion) // 2]).encode()
-    return rng.bytes(len(good))
+        return wrap_envelope(client_id, onion[: len(onion) // 2], ann, credential)
+    if kind != "random":
+        raise ValueError(f"unknown malformed kind {kind!r}; one of {', '.join(MALFORMED_KINDS)}")
+    return rng.bytes(len(wrap_envelope(client_id, onion, ann, credential)))
 
 
 async def run_clients(
@@ -67,8 +76,10 @@ async def run_clients(
     connections: int = 4,
     wait: float = 60.0,
     id_prefix: str = "sim",
+    enrollment: EnrollmentKey | None = None,
 ) -> ClientsSummary:
-    """`users` simulated clients answer the current round; returns what was sent."""
+    """`users` simulated clients answer the current round; returns what was sent. With
+    `enrollment`, each client is enrolled (given its credential) and sends it with its report."""
     check_name("deployment", deployment)
     if users < 1:
         raise ConfigError("--users must be at least 1")
@@ -93,17 +104,18 @@ async def run_clients(
         values = rng.integers(0, ann.k, size=users)
         n_bad = round(bad_fraction * users)
         bad = set(rng.choice(users, size=n_bad, replace=False).tolist())
-        summary = ClientsSummary(deployment, ann.round_id, users)
+        summary = ClientsSummary(deployment, ann.round_id, users, enrolled=enrollment is not None)
         topic = Topics(deployment).data(ann.round_id, 0)
         payloads: list[bytes] = []
         for i in range(users):
             cid = f"{id_prefix}-{i}"
+            cred = enrollment.issue(deployment, cid) if enrollment is not None else None
             if i in bad:
                 kind = MALFORMED_KINDS[len(payloads) % len(MALFORMED_KINDS)]
-                payloads.append(malformed(cid, int(values[i]), ann, kind, rng))
+                payloads.append(malformed(cid, int(values[i]), ann, kind, rng, cred))
                 summary.bad_by_kind[kind] = summary.bad_by_kind.get(kind, 0) + 1
             else:
-                payloads.append(build_envelope(cid, int(values[i]), ann))
+                payloads.append(wrap_envelope(cid, build_onion(int(values[i]), ann), ann, cred))
         summary.bad = n_bad
 
         async def send(conn: MqttTransport, part: list[bytes]) -> None:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from analyzer.estimators import ESTIMATORS
 from shufflekit.errors import ConfigError
 from shufflekit.services.keys import KeyFiles
+from shufflekit.services.metrics import MetricsSettings
 from shufflekit.topics import check_name
 from shufflekit.transport.mqtt import BrokerAddress
 
@@ -39,6 +40,10 @@ class MixSettings(_Section):
     )
     per_chunk: int = Field(
         default=500, ge=1, le=20_000, description="reports per forwarded MQTT message"
+    )
+    enrollment_key: Path | None = Field(
+        default=None,
+        description="mix 0: enrollment public key; every report then needs a valid credential",
     )
 
 
@@ -93,6 +98,7 @@ class ServiceConfig(BaseSettings):
     mix: MixSettings = MixSettings()
     analyzer: AnalyzerSettings = AnalyzerSettings()
     coordinator: CoordinatorSettings | None = None
+    metrics: MetricsSettings = MetricsSettings()  # services/metrics.py
 
     @classmethod
     def settings_customise_sources(
@@ -172,7 +178,12 @@ class ServiceConfig(BaseSettings):
         upd: dict[str, Any] = {
             "keys_dir": r(self.keys_dir),
             "state_dir": r(self.state_dir),
-            "mix": self.mix.model_copy(update={"private_key": r(self.mix.private_key)}),
+            "mix": self.mix.model_copy(
+                update={
+                    "private_key": r(self.mix.private_key),
+                    "enrollment_key": r(self.mix.enrollment_key),
+                }
+            ),
             "analyzer": self.analyzer.model_copy(
                 update={"private_key": r(self.analyzer.private_key)}
             ),

@@ -16,6 +16,7 @@ import json
 import logging
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -25,14 +26,18 @@ from analyzer.service import Analyzer
 from shufflekit.coordinator import (
     Coordinator,
     HopOutcome,
-    HopRunner,
     RoundParams,
     RoundReport,
     ledger_release_hook,
 )
 from shufflekit.errors import ConfigError, RoundAborted, TransportError
 from shufflekit.services.config import ServiceConfig
-from shufflekit.services.keys import load_private_key, load_public_key
+from shufflekit.services.keys import (
+    load_credential_verifier,
+    load_private_key,
+    load_public_key,
+)
+from shufflekit.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.transport.base import Transport
 from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
 from shuffler.mix import MixNode, MixOutcome
@@ -139,9 +144,10 @@ async def _serve_hop(
     make_node: Callable[[Transport], MixNode | Analyzer],
     stop: asyncio.Event,
     emit: Emit,
+    metrics: ServiceMetrics | None = None,
 ) -> int:
     async def body(transport: Transport) -> None:
-        runner = HopRunner(make_node(transport), transport, cfg.deployment)
+        runner = hop_runner(metrics, make_node(transport), transport, cfg.deployment)
         subscribed = asyncio.Event()
         serving = asyncio.create_task(
             runner.serve(
@@ -155,7 +161,11 @@ async def _serve_hop(
             log.info("%s: serving deployment %s on %s", name, cfg.deployment, _redacted(cfg))
         await serving
 
-    await with_reconnect(name, _connector(cfg, name.replace(" ", "")), body, stop)
+    try:
+        await with_reconnect(name, _connector(cfg, name.replace(" ", "")), body, stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
     log.info("%s: stopped", name)
     return 0
 
@@ -166,6 +176,11 @@ async def serve_mix(
     """`shufflekit serve mix`: mix `index` of the cascade, round after round."""
     i = cfg.mix_index(index)
     key = load_private_key(cfg.mix_private_key(i))
+    creds = None
+    if i == 0 and cfg.mix.enrollment_key is not None:
+        creds = load_credential_verifier(cfg.mix.enrollment_key, cfg.deployment)
+    elif i == 0:
+        log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
     def node(t: Transport) -> MixNode:
         return MixNode(
@@ -175,9 +190,11 @@ async def serve_mix(
             key,
             per_chunk=cfg.mix.per_chunk,
             batch_timeout=cfg.mix.batch_timeout,
+            credentials=creds,
         )
 
-    return await _serve_hop(cfg, f"mix {i}", node, stop, emit)
+    metrics = start_metrics(cfg.metrics, f"mix{i}", i)
+    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics)
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:
@@ -207,7 +224,8 @@ async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = e
             batch_timeout=cfg.analyzer.batch_timeout,
         )
 
-    return await _serve_hop(cfg, "analyzer", node, stop, emit)
+    metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
+    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics)
 
 
 def round_json(rep: RoundReport) -> dict[str, Any]:
@@ -243,6 +261,7 @@ async def serve_coordinator(
     )
     pause = c.interval if interval is None else interval
     done = 0
+    metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
 
     async def body(transport: Transport) -> None:
         nonlocal done
@@ -259,10 +278,13 @@ async def serve_coordinator(
             "coordinator: deployment %s, %d mixes, on %s", cfg.deployment, cfg.mixes, _redacted(cfg)
         )
         while not stop.is_set() and (rounds is None or done < rounds):
+            started = time.monotonic()
             try:
                 rep = await coord.run_round(params, stop=stop)
             except RoundAborted as exc:  # no outcome in time: the reservation stays counted
                 done += 1
+                if metrics is not None:
+                    metrics.observe_round(None, time.monotonic() - started)
                 log.error("coordinator: %s", exc)
                 emit(
                     {
@@ -274,6 +296,8 @@ async def serve_coordinator(
                 )
             else:
                 done += 1
+                if metrics is not None:
+                    metrics.observe_round(rep)
                 outcome = (
                     "released" if rep.released else f"aborted ({rep.abort and rep.abort.reason})"
                 )
@@ -282,7 +306,11 @@ async def serve_coordinator(
             if rounds is None or done < rounds:
                 await sleep_unless(stop, pause)
 
-    await with_reconnect("coordinator", _connector(cfg, "coordinator"), body, stop)
+    try:
+        await with_reconnect("coordinator", _connector(cfg, "coordinator"), body, stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
     log.info("coordinator: stopped after %d round(s)", done)
     return 0
 
