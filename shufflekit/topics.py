@@ -6,6 +6,11 @@ shufflekit/{deployment}/round/{round}/hop/{i}/manifest   i = L: the analyzer)
 shufflekit/{deployment}/round/{round}/close            coordinator: stop accepting, release
 shufflekit/{deployment}/round/{round}/abort            a hop released nothing
 shufflekit/{deployment}/round/{round}/result           the analyzer's published result
+
+The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/coordinator.py):
+
+shufflekit/{deployment}/prepare                        coordinator -> hops: the coming round
+shufflekit/{deployment}/round/{round}/ready            hops -> coordinator: subscribed, key ok
 """
 
 from __future__ import annotations
