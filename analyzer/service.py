@@ -5,11 +5,16 @@ are rejected and counted by reason; they never change the histogram. The round's
 is committed (through the required `on_release` hook the operator wires to the ledger) before
 the result is published; if the commit fails the round is aborted and nothing is published, so
 no released result is ever uncharged.
+
+The final batch is spooled before it is acknowledged (shufflekit.spool); the commit is
+idempotent, so an analyzer restarted at any point of a round counts the same batch again and
+commits and publishes it once in the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,14 +23,15 @@ from typing import Any
 import numpy as np
 
 from analyzer.estimators import estimate
-from shufflekit.batch import receive_batch
+from shufflekit.batch import await_batch
 from shufflekit.counters import RejectionCounter
 from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Abort, Announcement, Result
 from shufflekit.services.shutdown import unless_stopped
+from shufflekit.spool import Arrival, Inbox, Spool, classify_hop_input, hop_filters
 from shufflekit.topics import Topics
-from shufflekit.transport.base import Transport
+from shufflekit.transport.base import Message, Transport
 from shufflekit.wire import REPORT_SIZE, Report
 
 # (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
@@ -59,7 +65,11 @@ class Analyzer:
         on_release: ReleaseHook,
         estimator: str = "inv",
         batch_timeout: float = 60.0,
+        spool: Spool | None = None,
+        hops: int | None = None,
     ) -> None:
+        """`hops` (the cascade length, this analyzer's hop) names its input topics for a
+        service's inbox; `spool` (default: in memory) keeps what it received."""
         if not callable(on_release):
             raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
         self.transport = transport
@@ -69,6 +79,21 @@ class Analyzer:
         self.estimator = estimator
         self.on_release = on_release
         self.batch_timeout = batch_timeout
+        self.spool = spool if spool is not None else Spool()
+        self.hops = hops
+
+    def inbox(self, hop: int | None = None) -> Inbox:
+        """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
+        h = hop if hop is not None else self.hops
+        if h is None:
+            raise ValueError("the analyzer's hop (the cascade length) is not known")
+        return Inbox(
+            self.transport, self.spool, hop_filters(self.deployment, h, close=False), self.classify
+        )
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """How the inbox keys an input message (see `classify_hop_input`)."""
+        return classify_hop_input(msg)
 
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
@@ -98,26 +123,45 @@ class Analyzer:
         ann: Announcement,
         ready: asyncio.Event | None = None,
         stop: asyncio.Event | None = None,
+        inbox: Inbox | None = None,
     ) -> AnalyzerOutcome:
         """Receive, decrypt and count one round; commit its cost, then publish the result.
 
-        `ready` is set once the analyzer is subscribed to its input. If the commit fails
-        (refused, expired, ledger unreachable) the round is aborted and nothing is published.
-        `stop` set while the batch is still awaited aborts the round (service shutdown).
+        `inbox` is the analyzer's running inbox (None: one runs for this round); `ready` is set
+        once it is subscribed. If the commit fails (refused, expired, ledger unreachable) the
+        round is aborted and nothing is published. `stop` set while the batch is still awaited
+        aborts the round (service shutdown).
         """
         if ann.analyzer_key != self.key.public_b64():
             raise ValueError("the announcement names another analyzer key")
+        if inbox is None:
+            own = self.inbox(ann.hops)
+            subscribed = asyncio.Event()
+            task = asyncio.create_task(own.run(subscribed))
+            try:
+                waiter = asyncio.create_task(subscribed.wait())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if task.done():
+                    task.result()
+                return await self.run_round(ann, ready, stop, own)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if ready is not None:
+            ready.set()
+        self.spool.begin(ann)
         outcome = AnalyzerOutcome(ann.round_id, result=None)
         try:
             batch = await unless_stopped(
-                receive_batch(
-                    self.transport,
-                    self.topics,
+                await_batch(
+                    self.spool,
+                    inbox,
                     ann.round_id,
                     ann.hops,
                     onion_size(REPORT_SIZE, 1),
                     max(ann.seconds_left(), 0.0) + self.batch_timeout,
-                    ready,
                 ),
                 stop,
                 "the analyzer",
@@ -136,6 +180,7 @@ class Analyzer:
             outcome.abort_reason = str(exc)
             abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
             await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
+            self.spool.finish(ann.round_id, {"abort_reason": str(exc)})
             return outcome
         est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(
@@ -151,5 +196,6 @@ class Analyzer:
             privacy=privacy,
         )
         await self.transport.publish(self.topics.result(ann.round_id), result.to_bytes())
+        self.spool.finish(ann.round_id, {"batch_size": n})
         outcome.result = result
         return outcome

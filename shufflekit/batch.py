@@ -1,16 +1,19 @@
 """Moving a permuted batch between hops: chunks plus a manifest (count, digest).
 
 The receiver takes the batch only when every chunk has arrived and count and digest match the
-manifest; anything incomplete or inconsistent is refused whole, so nothing partial goes on.
+manifest; anything incomplete or inconsistent is refused whole, so nothing partial goes on. The
+receiver reads chunks and manifest from its spool (shufflekit.spool), where its inbox wrote
+them before acknowledging them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import time
 
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Manifest
+from shufflekit.spool import Inbox, Spool
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Transport
 from shufflekit.wire import Chunk, batch_digest, split_chunks
@@ -43,66 +46,45 @@ async def send_batch(
     return manifest
 
 
-async def receive_batch(
-    transport: Transport,
-    topics: Topics,
+async def await_batch(
+    spool: Spool,
+    inbox: Inbox,
     round_id: str,
     hop: int,
     item_size: int,
     timeout: float,
-    ready: asyncio.Event | None = None,
 ) -> list[bytes]:
-    """Wait for a complete, consistent batch for hop `hop`; RoundAborted if there is none.
+    """The complete, consistent batch for hop `hop` from the spool (chunks and manifest as the
+    inbox spooled them); waits up to `timeout` seconds for it, else RoundAborted.
 
-    `ready` is set once the subscriptions are active.
+    Chunks are de-duplicated by their bytes when spooled and by index here (the first copy
+    wins), so a sender that forwards its stored batch again after a restart changes nothing.
     """
-    chunks: dict[int, Chunk] = {}
-    manifest: Manifest | None = None
-    async with (
-        transport.subscribe(topics.data(round_id, hop)) as data_sub,
-        transport.subscribe(topics.manifest(round_id, hop)) as man_sub,
-    ):
-        if ready is not None:
-            ready.set()
-
-        async def read_manifest() -> Manifest:
-            while True:
-                msg = await man_sub.get()
-                with contextlib.suppress(InvalidReport):
-                    m = Manifest.from_bytes(msg.payload)
-                    if isinstance(m, Manifest) and m.round_id == round_id and m.hop == hop:
-                        return m
-
-        async def collect() -> None:
-            nonlocal manifest
-            man_task = asyncio.create_task(read_manifest())
-            try:
-                while manifest is None or len(chunks) < manifest.chunks:
-                    data_task = asyncio.create_task(data_sub.get())
-                    wait_on: set[asyncio.Task[object]] = {data_task}
-                    if manifest is None:
-                        wait_on.add(man_task)
-                    done, _ = await asyncio.wait(wait_on, return_when=asyncio.FIRST_COMPLETED)
-                    if man_task in done and manifest is None:
-                        manifest = man_task.result()
-                    if data_task in done:
-                        _add_chunk(chunks, data_task.result().payload, hop, item_size)
-                    else:
-                        data_task.cancel()
-                        if manifest is not None and len(chunks) >= manifest.chunks:
-                            break
-            finally:
-                man_task.cancel()
-
-        try:
-            await asyncio.wait_for(collect(), timeout)
-        except TimeoutError:
+    end = time.monotonic() + timeout
+    seen = -1
+    while True:
+        manifest = _first_manifest(spool, round_id, hop)
+        chunks: dict[int, Chunk] = {}
+        for _, payload in spool.messages(round_id, "data"):
+            _add_chunk(chunks, payload, hop, item_size)
+        if manifest is not None and len(chunks) >= manifest.chunks:
+            return _verify(chunks, manifest, hop, item_size)
+        left = end - time.monotonic()
+        if left <= 0:
             raise RoundAborted(
                 f"hop {hop}: batch incomplete after {timeout:.0f}s "
                 f"({len(chunks)} chunks, manifest {'received' if manifest else 'missing'})"
-            ) from None
-    assert manifest is not None
-    return _verify(chunks, manifest, hop, item_size)
+            )
+        seen = await inbox.changed(seen, left)
+
+
+def _first_manifest(spool: Spool, round_id: str, hop: int) -> Manifest | None:
+    for _, payload in spool.messages(round_id, "manifest"):
+        with contextlib.suppress(InvalidReport):
+            m = Manifest.from_bytes(payload)
+            if isinstance(m, Manifest) and m.round_id == round_id and m.hop == hop:
+                return m
+    return None
 
 
 def _add_chunk(chunks: dict[int, Chunk], payload: bytes, hop: int, item_size: int) -> None:

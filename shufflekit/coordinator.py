@@ -8,6 +8,11 @@ like any other (the refund then changes nothing if the round had expired, and is
 commit did land). A round that ends any other way stays reserved (pessimistic) until an
 operator looks at it.
 
+Durability: each hop spools its input before acknowledging it and resumes its unfinished rounds
+when it (re)starts (`HopRunner.serve`); a coordinator that (re)starts settles the rounds its
+ledger still holds as reserved (`Coordinator.recover`): it waits for a round that can still
+finish, and aborts and refunds any other. See "Durability" in deploy/README.md.
+
 The same three pieces run in one process or in many: `Coordinator` (the operator's logic),
 `HopRunner` (serves a `MixNode` or the `Analyzer` round after round) and the readiness
 handshake between them over the transport. `LocalDeployment` wires them as tasks of this
@@ -23,16 +28,19 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accountant.errors import AccountantError
 from accountant.ledger import Ledger
 from analyzer.service import Analyzer, AnalyzerOutcome, ReleaseHook
+from client.agent import current_announcement
 from client.population import Population
 from shufflekit.crypto import KeyPair
 from shufflekit.errors import InvalidReport, RoundAborted, TransportError
 from shufflekit.messages import Abort, Announcement, Close, Ready, Result
+from shufflekit.spool import Inbox
 from shufflekit.topics import Topics, check_name
 from shufflekit.transport.base import Message, Subscription, Transport
 from shuffler.mix import MixNode, MixOutcome
@@ -130,6 +138,31 @@ class HopRunner:
         self.transport = transport
         self.deployment = deployment
         self.topics = RoundTopics(deployment)
+        self.inbox: Inbox | None = None  # the node's inbox while `serve` runs
+
+    @contextlib.asynccontextmanager
+    async def _inbox_running(self) -> AsyncIterator[None]:
+        """Run the node's durable inbox (every round's input) for the duration of the block;
+        without one (an analyzer that does not know its hop) each round runs its own."""
+        if isinstance(self.node, Analyzer) and self.node.hops is None:
+            yield
+            return
+        inbox = self.node.inbox()
+        subscribed = asyncio.Event()
+        task = asyncio.create_task(inbox.run(subscribed))
+        waiter = asyncio.create_task(subscribed.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()  # could not subscribe: raise why
+        self.inbox = inbox
+        try:
+            yield
+        finally:
+            self.inbox = None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TransportError):
+                await task
 
     @property
     def name(self) -> str:
@@ -157,12 +190,15 @@ class HopRunner:
     async def run_round(
         self, ann: Announcement, stop: asyncio.Event | None = None
     ) -> HopOutcome | None:
-        """Run one prepared round; None if another hop aborted it first."""
+        """Run one prepared round; None if another hop aborted it first, or if this node's
+        spool says it already finished the round (a repeated prepare after a restart)."""
         hop = self.hop(ann)
+        if self.node.spool.state(ann.round_id) == "done":
+            return None
         ready = asyncio.Event()
         async with self.transport.subscribe(self.topics.abort(ann.round_id)) as abort_sub:
             work: asyncio.Task[HopOutcome] = asyncio.create_task(
-                self.node.run_round(ann, ready, stop)
+                self.node.run_round(ann, ready, stop, self.inbox)
             )
             try:
                 readied = asyncio.create_task(ready.wait())
@@ -179,6 +215,7 @@ class HopRunner:
                 if work.done():
                     return work.result()
                 log.info("%s: round %s was aborted elsewhere", self.name, ann.round_id)
+                self.node.spool.finish(ann.round_id, None)
                 return None
             finally:
                 if not work.done():
@@ -190,7 +227,7 @@ class HopRunner:
         self, round_id: str, subscribed: asyncio.Event | None = None
     ) -> HopOutcome | None:
         """Wait for the prepare of `round_id` and run that round (in-process deployments)."""
-        async with self.transport.subscribe(self.topics.prepare) as sub:
+        async with self._inbox_running(), self.transport.subscribe(self.topics.prepare) as sub:
             if subscribed is not None:
                 subscribed.set()
             while True:
@@ -208,6 +245,7 @@ class HopRunner:
 
         On `stop`, rounds still waiting for input abort themselves and rounds past that finish;
         this returns when they are done. TransportError if the connection is lost meanwhile.
+        Rounds the node's spool holds as unfinished (a restart, a reconnect) are resumed first.
         """
         running: set[asyncio.Task[None]] = set()
 
@@ -221,23 +259,41 @@ class HopRunner:
                 on_outcome(out)
 
         seen: dict[str, None] = {}  # rounds already started (prepares are repeated)
-        try:
-            async with self.transport.subscribe(self.topics.prepare) as sub:
-                if subscribed is not None:
-                    subscribed.set()
-                while not stop.is_set():
-                    ann = await self._next_announcement(sub, stop)
-                    if ann is None or ann.round_id in seen:
-                        continue
-                    seen[ann.round_id] = None
-                    if len(seen) > 1000:
-                        del seen[next(iter(seen))]
-                    t = asyncio.create_task(one(ann))
-                    running.add(t)
-                    t.add_done_callback(running.discard)
-        finally:
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+
+        def start(ann: Announcement) -> None:
+            seen[ann.round_id] = None
+            if len(seen) > 1000:
+                del seen[next(iter(seen))]
+            t = asyncio.create_task(one(ann))
+            running.add(t)
+            t.add_done_callback(running.discard)
+
+        async with self._inbox_running():
+            try:
+                async with self.transport.subscribe(self.topics.prepare) as sub:
+                    for ann in self.node.spool.unfinished():
+                        if self.refusal(ann) is None:
+                            log.info("%s: resuming round %s", self.name, ann.round_id)
+                            start(ann)
+                    if subscribed is not None:
+                        subscribed.set()
+                    await self._serve_prepares(sub, stop, seen, start)
+            finally:
+                if running:
+                    await asyncio.gather(*running, return_exceptions=True)
+
+    async def _serve_prepares(
+        self,
+        sub: Subscription,
+        stop: asyncio.Event,
+        seen: dict[str, None],
+        start: Callable[[Announcement], None],
+    ) -> None:
+        """Start each newly prepared round until `stop` is set."""
+        while not stop.is_set():
+            ann = await self._next_announcement(sub, stop)
+            if ann is not None and ann.round_id not in seen:
+                start(ann)
 
     async def _next_announcement(
         self, sub: Subscription, stop: asyncio.Event | None
@@ -347,6 +403,90 @@ class Coordinator:
                 f"hop {outcome.hop} aborted: {outcome.reason}",
             )
         report.seconds = time.monotonic() - started
+        return report
+
+    async def recover(self, stop: asyncio.Event | None = None) -> list[RoundReport]:
+        """Settle every round the ledger still holds as reserved for this deployment (left by
+        a coordinator that was killed or lost the broker mid-round); one report each.
+
+        The round still announced (retained) and not past its timeouts is resumed: its result
+        (the analyzer committed) or abort (refunded) is awaited. Any other, or one that yields
+        no outcome in time, is aborted (published, so hops stop) and refunded; a refund the
+        ledger refuses because the analyzer committed meanwhile means the round was released.
+        One coordinator per deployment is assumed: it settles every reserved round.
+        """
+        rounds = await asyncio.to_thread(self.ledger.rounds_of, self.deployment)
+        reserved = [r.round_id for r in rounds if r.status == "reserved"]
+        if not reserved:
+            return []
+        current: Announcement | None = None
+        with contextlib.suppress(TimeoutError):
+            current = await current_announcement(self.transport, self.deployment, RETAINED_WAIT)
+        reports = []
+        for rid in reserved:
+            ann = current if current is not None and current.round_id == rid else None
+            reports.append(await self._settle(rid, ann, stop))
+        if current is not None and current.round_id in reserved:
+            await self.transport.publish(self.topics.announce, b"", retain=True)
+        return reports
+
+    async def _settle(
+        self, rid: str, ann: Announcement | None, stop: asyncio.Event | None
+    ) -> RoundReport:
+        """Resume (if `ann`, the round's announcement, is given) or abort and refund one
+        reserved round."""
+        started = time.monotonic()
+        report = RoundReport(rid, released=False, result=None, abort=None)
+        t, coord = self.topics, self.transport
+        outcome: Result | Abort | None = None
+        async with coord.subscribe(t.result(rid)) as rs, coord.subscribe(t.abort(rid)) as ab:
+            if ann is not None:
+                timeout = max(ann.seconds_left(), 0.0) + 2 * self.batch_timeout
+                log.info("round %s: resuming it, outcome expected within %.0fs", rid, timeout)
+                waiting = asyncio.create_task(_first_outcome(rs, ab, rid, timeout))
+                try:
+                    if stop is not None:
+                        stopper = asyncio.create_task(stop.wait())
+                        await asyncio.wait({waiting, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                        stopper.cancel()
+                        if not waiting.done():
+                            close = Close(round_id=rid, reason="coordinator shutting down")
+                            await coord.publish(t.close(rid), close.to_bytes())
+                    outcome = await waiting
+                except RoundAborted:
+                    outcome = None
+                finally:
+                    waiting.cancel()
+            if outcome is None:
+                outcome = Abort(
+                    round_id=rid,
+                    hop=COORDINATOR_HOP,
+                    reason="the coordinator restarted and could not resume the round",
+                )
+                await coord.publish(t.abort(rid), outcome.to_bytes())
+        if isinstance(outcome, Result):
+            report.released, report.result = True, outcome
+        else:
+            try:
+                await asyncio.to_thread(
+                    self.ledger.refund,
+                    self.deployment,
+                    rid,
+                    self.actor,
+                    f"hop {outcome.hop} aborted: {outcome.reason}",
+                )
+                report.abort = outcome
+            except AccountantError:
+                rec = [r for r in self.ledger.rounds_of(self.deployment) if r.round_id == rid]
+                if not rec or rec[0].status != "committed":
+                    raise
+                report.released = True  # the analyzer committed first: its result went out
+        report.seconds = time.monotonic() - started
+        log.info(
+            "round %s: settled after a restart (%s)",
+            rid,
+            "released" if report.released else "refunded",
+        )
         return report
 
     async def _drive(
@@ -469,6 +609,7 @@ class LocalDeployment:
                     estimator=self.estimator,
                     on_release=ledger_release_hook(self.ledger, self.deployment),
                     batch_timeout=self.batch_timeout,
+                    hops=len(self.mix_keys),
                 )
             )
             subscribed = [asyncio.Event() for _ in nodes]
@@ -529,6 +670,7 @@ async def next_message(
     return None
 
 
+RETAINED_WAIT = 1.0  # seconds to wait for the retained announcement when recovering
 PREPARE_REPEAT = 1.0  # seconds between repeats of a prepare not every hop answered yet
 
 

@@ -5,6 +5,10 @@ peels its layer and holds the batch until the deadline (or the coordinator's clo
 `n_min` it aborts and releases nothing. Otherwise it permutes with the OS CSPRNG and forwards
 in chunks with a manifest. Later mixes receive a verified batch, peel, de-duplicate, check
 `n_min` again, permute and forward. The last mix forwards to the analyzer (hop L).
+
+Input is spooled before it is acknowledged (shufflekit.spool): mix 0's batch is exactly the
+envelopes spooled before the round's close marker, and the permuted output is stored before it
+is forwarded, so a mix restarted mid-round resumes it and forwards the same batch, once.
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ import asyncio
 import contextlib
 import hashlib
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from shufflekit.batch import DEFAULT_CHUNK, receive_batch, send_batch
+from shufflekit.batch import DEFAULT_CHUNK, await_batch, send_batch
 from shufflekit.counters import RejectionCounter
 from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
-from shufflekit.messages import Abort, Announcement, Close
+from shufflekit.messages import Abort, Announcement
 from shufflekit.services.shutdown import unless_stopped
+from shufflekit.spool import Arrival, Inbox, Spool, classify_hop_input, hop_filters
 from shufflekit.topics import Topics
-from shufflekit.transport.base import Message, Subscription, Transport, drain
+from shufflekit.transport.base import Message, Transport
 from shufflekit.wire import REPORT_SIZE, Envelope
 from shuffler.credentials import CredentialVerifier, admit
 
@@ -39,9 +45,31 @@ class MixOutcome:
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, kept in the spool with the round's stored output."""
+        return asdict(self) | {
+            "counters": self.counters.as_dict(),
+            "accepted": self.counters.accepted,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MixOutcome:
+        """The outcome stored by `to_dict`."""
+        counters = RejectionCounter()
+        counters.accepted = int(d["accepted"])
+        for reason, n in d["counters"].items():
+            counters.rejected[reason] = int(n)
+        return cls(
+            d["round_id"], d["hop"], d["released"], d["forwarded"], counters, d["abort_reason"]
+        )
+
 
 class MixNode:
-    """One mix of the cascade; `run_round` handles one announced round."""
+    """One mix of the cascade; `run_round` handles one announced round.
+
+    `spool` keeps what the mix accepted and where each round is (default: in memory, for
+    in-process deployments; services give one under their state folder).
+    """
 
     def __init__(
         self,
@@ -52,6 +80,7 @@ class MixNode:
         *,
         per_chunk: int = DEFAULT_CHUNK,
         batch_timeout: float = 60.0,
+        spool: Spool | None = None,
         credentials: CredentialVerifier | None = None,
     ) -> None:
         self.transport = transport
@@ -61,42 +90,70 @@ class MixNode:
         self.key = key
         self.per_chunk = per_chunk
         self.batch_timeout = batch_timeout
+        self.spool = spool if spool is not None else Spool()
+        self.credentials = credentials
         self._rng = secrets.SystemRandom()
-        self.credentials = credentials  # mix 0: each client's credential is checked
+
+    def inbox(self) -> Inbox:
+        """The durable inbox of this mix's input (every round) on its transport."""
+        filters = hop_filters(self.deployment, self.index, close=self.index == 0)
+        return Inbox(self.transport, self.spool, filters, self.classify)
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """How the inbox keys an input message (see `classify_hop_input`)."""
+        return classify_hop_input(msg)
 
     async def run_round(
         self,
         ann: Announcement,
         ready: asyncio.Event | None = None,
         stop: asyncio.Event | None = None,
+        inbox: Inbox | None = None,
     ) -> MixOutcome:
         """Collect, check, permute and forward one round; publish an abort if nothing goes on.
 
-        `ready` is set once this mix is subscribed to its input (so nothing sent is missed).
-        `stop` set while the mix still waits for input aborts the round (service shutdown); once
-        the batch is complete the round is finished.
+        `inbox` is the running inbox of this mix (None: one is run for this round). `ready` is
+        set once it is subscribed (so nothing sent is missed). `stop` set while the mix still
+        waits for input aborts the round (service shutdown); once the batch is complete the
+        round is finished. A round the spool holds as forwarding is forwarded again, as stored.
         """
         if ann.mix_keys[self.index] != self.key.public_b64():
             raise ValueError(f"mix {self.index}: the announcement names another public key")
-        outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
-        try:
-            if self.index == 0:
-                items = await self._ingest(ann, outcome.counters, ready, stop)
-            else:
-                items = await self._receive(ann, outcome.counters, ready, stop)
-            if len(items) < ann.n_min:
-                raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
-        except RoundAborted as exc:
-            outcome.abort_reason = str(exc)
-            abort = Abort(
-                round_id=ann.round_id,
-                hop=self.index,
-                reason=str(exc),
-                received=outcome.counters.accepted,
-            )
-            await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
-            return outcome
-        self._rng.shuffle(items)
+        async with self._input(inbox) as inbox:
+            if ready is not None:
+                ready.set()
+            if self.spool.begin(ann) == "output":
+                items, stored = self.spool.output(ann.round_id)
+                return await self._forward(ann, items, MixOutcome.from_dict(stored))
+            outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+            try:
+                if self.index == 0:
+                    items = await self._ingest(ann, outcome.counters, inbox, stop)
+                else:
+                    items = await self._receive(ann, outcome.counters, inbox, stop)
+                if len(items) < ann.n_min:
+                    raise RoundAborted(
+                        f"{len(items)} reports, below the release threshold {ann.n_min}"
+                    )
+            except RoundAborted as exc:
+                outcome.abort_reason = str(exc)
+                abort = Abort(
+                    round_id=ann.round_id,
+                    hop=self.index,
+                    reason=str(exc),
+                    received=outcome.counters.accepted,
+                )
+                await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
+                self.spool.finish(ann.round_id, outcome.to_dict())
+                return outcome
+            self._rng.shuffle(items)
+            outcome.released = True
+            outcome.forwarded = len(items)
+            self.spool.save_output(ann.round_id, items, outcome.to_dict())
+            return await self._forward(ann, items, outcome)
+
+    async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
+        """Send the stored permuted batch to the next hop, then mark the round done."""
         next_hop = self.index + 1
         await send_batch(
             self.transport,
@@ -107,77 +164,91 @@ class MixNode:
             onion_size(REPORT_SIZE, ann.hops + 1 - next_hop),
             self.per_chunk,
         )
-        outcome.released = True
-        outcome.forwarded = len(items)
-        return outcome
+        self.spool.finish(ann.round_id, out.to_dict())
+        return out
+
+    @contextlib.asynccontextmanager
+    async def _input(self, inbox: Inbox | None) -> AsyncIterator[Inbox]:
+        """The given inbox, or one running for the duration of the block."""
+        if inbox is not None:
+            yield inbox
+            return
+        own = self.inbox()
+        subscribed = asyncio.Event()
+        task = asyncio.create_task(own.run(subscribed))
+        try:
+            waiter = asyncio.create_task(subscribed.wait())
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if task.done():
+                task.result()
+            yield own
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _ingest(
         self,
         ann: Announcement,
         counters: RejectionCounter,
-        ready: asyncio.Event | None,
+        inbox: Inbox,
         stop: asyncio.Event | None = None,
     ) -> list[bytes]:
-        """Mix 0: accept client envelopes until the deadline or the coordinator's close."""
+        """Mix 0: the envelopes spooled until the close (or the deadline), checked in arrival
+        order: one report per client and per ciphertext, each peeled."""
+        rid = ann.round_id
+        close = self.spool.close_seq(rid)
+        if close is None:
+            close = await unless_stopped(self._until_closed(ann, inbox), stop, "mix 0")
         size = onion_size(REPORT_SIZE, ann.hops + 1)
         seen_clients: set[str] = set()
         seen_digests: set[bytes] = set()
         items: list[bytes] = []
-
-        def take(msg: Message) -> None:
+        for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
+            counters.reject("replayed")
+        for _, payload in self.spool.messages(rid, "data", before=close):
             try:
-                env = Envelope.decode(msg.payload, size)
-                admit(env, ann.round_id, self.credentials)  # shuffler/credentials.py
+                env = Envelope.decode(payload, size)
+                admit(env, rid, self.credentials)
                 digest = hashlib.sha256(env.onion).digest()
                 if digest in seen_digests:
                     raise InvalidReport("replayed", "this ciphertext was already received")
                 if env.client_id in seen_clients:
                     raise InvalidReport("duplicate_client", f"second report from {env.client_id}")
-                inner = peel(env.onion, self.key.private, self.deployment, ann.round_id, 0)
+                inner = peel(env.onion, self.key.private, self.deployment, rid, 0)
             except InvalidReport as exc:
                 counters.reject(exc.reason)
-                return
+                continue
             seen_digests.add(digest)
             seen_clients.add(env.client_id)
             items.append(inner)
             counters.accept()
-
-        async with (
-            self.transport.subscribe(self.topics.data(ann.round_id, 0)) as data_sub,
-            self.transport.subscribe(self.topics.close(ann.round_id)) as close_sub,
-        ):
-            if ready is not None:
-                ready.set()
-            reader = asyncio.create_task(_consume(data_sub, take))
-            try:
-                await asyncio.wait_for(
-                    unless_stopped(_await_close(close_sub, ann.round_id), stop, "mix 0"),
-                    ann.seconds_left(),
-                )
-            except TimeoutError:
-                pass  # the deadline passed: that is the normal end of ingest
-            finally:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
-            for msg in drain(data_sub):  # delivered before the close: still on time
-                take(msg)
         return items
+
+    async def _until_closed(self, ann: Announcement, inbox: Inbox) -> int:
+        """Wait for the coordinator's close (spooled by the inbox) or the deadline; then the
+        round's input is frozen at its close marker, whose seq this returns."""
+        seen = -1
+        while (close := self.spool.close_seq(ann.round_id)) is None:
+            left = ann.seconds_left()
+            if left <= 0:
+                return self.spool.close_round(ann.round_id)  # the deadline: the normal end
+            seen = await inbox.changed(seen, left)
+        return close
 
     async def _receive(
         self,
         ann: Announcement,
         counters: RejectionCounter,
-        ready: asyncio.Event | None,
+        inbox: Inbox,
         stop: asyncio.Event | None = None,
     ) -> list[bytes]:
         """Mix i > 0: a verified batch from mix i-1, peeled and de-duplicated."""
         size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
         timeout = max(ann.seconds_left(), 0.0) + self.batch_timeout
         batch = await unless_stopped(
-            receive_batch(
-                self.transport, self.topics, ann.round_id, self.index, size, timeout, ready
-            ),
+            await_batch(self.spool, inbox, ann.round_id, self.index, size, timeout),
             stop,
             f"mix {self.index}",
         )
@@ -197,16 +268,3 @@ class MixNode:
             items.append(inner)
             counters.accept()
         return items
-
-
-async def _consume(sub: Subscription, take: Callable[[Message], None]) -> None:
-    async for msg in sub:
-        take(msg)
-
-
-async def _await_close(sub: Subscription, round_id: str) -> None:
-    async for msg in sub:
-        with contextlib.suppress(InvalidReport):
-            c = Close.from_bytes(msg.payload)
-            if isinstance(c, Close) and c.round_id == round_id:
-                return

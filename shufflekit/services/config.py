@@ -95,6 +95,16 @@ class ServiceConfig(BaseSettings):
     keys_dir: Path = Path("keys")
     state_dir: Path = Path(".shufflekit")
     ledger: str | None = Field(default=None, description="default: SQLite in state_dir")
+    client_id_prefix: str = Field(
+        default="shufflekit",
+        pattern=r"^[A-Za-z0-9_.-]{1,32}$",
+        description="MQTT client ids are {prefix}-{deployment}-{role}: fixed, for durable sessions",
+    )
+    session_expiry: int = Field(
+        default=86_400,
+        ge=0,
+        description="seconds the broker keeps a service's session and queued messages while away",
+    )
     mix: MixSettings = MixSettings()
     analyzer: AnalyzerSettings = AnalyzerSettings()
     coordinator: CoordinatorSettings | None = None
@@ -133,6 +143,15 @@ class ServiceConfig(BaseSettings):
     def ledger_url(self) -> str:
         """The ledger the coordinator reserves in and the analyzer commits to."""
         return self.ledger or f"sqlite:///{self.state_dir / 'ledger.db'}"
+
+    def client_id(self, role: str) -> str:
+        """The fixed MQTT client id of a role (`mix0`, `analyzer`, `coordinator`): the broker
+        finds the service's persistent session under it after a restart."""
+        return f"{self.client_id_prefix}-{self.deployment}-{role}"
+
+    def spool_path(self, role: str) -> Path:
+        """The SQLite spool of a mix or the analyzer (what it accepted, where each round is)."""
+        return self.state_dir / f"spool-{role}.db"
 
     def mix_index(self, index: int | None) -> int:
         """The mix index from the command line or `[mix] index`, checked against `mixes`."""

@@ -17,8 +17,7 @@ import logging
 import signal
 import sys
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from accountant.ledger import Ledger
@@ -38,6 +37,7 @@ from shufflekit.services.keys import (
     load_public_key,
 )
 from shufflekit.services.metrics import ServiceMetrics, hop_runner, start_metrics
+from shufflekit.spool import Spool, hop_filters
 from shufflekit.transport.base import Transport
 from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
 from shuffler.mix import MixNode, MixOutcome
@@ -108,9 +108,16 @@ async def with_reconnect(
             delay = min(2 * delay, MAX_BACKOFF)
 
 
-def _connector(cfg: ServiceConfig, name: str) -> Callable[[], Transport]:
+def _connector(
+    cfg: ServiceConfig, name: str, durable: Sequence[str] = ()
+) -> Callable[[], Transport]:
+    """Connections under the role's fixed client id; a hop (with `durable` input filters) gets
+    a persistent session whose input it acks only once spooled (deploy/README.md, Durability)."""
     addr = BrokerAddress.parse(cfg.broker)
-    return lambda: MqttTransport(addr, client_id=f"sk-{name}-{uuid.uuid4().hex[:8]}")
+    expiry = cfg.session_expiry if durable else None
+    return lambda: MqttTransport(
+        addr, client_id=cfg.client_id(name), session_expiry=expiry, durable_filters=durable
+    )
 
 
 def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
@@ -145,6 +152,7 @@ async def _serve_hop(
     stop: asyncio.Event,
     emit: Emit,
     metrics: ServiceMetrics | None = None,
+    durable: Sequence[str] = (),
 ) -> int:
     async def body(transport: Transport) -> None:
         runner = hop_runner(metrics, make_node(transport), transport, cfg.deployment)
@@ -162,7 +170,7 @@ async def _serve_hop(
         await serving
 
     try:
-        await with_reconnect(name, _connector(cfg, name.replace(" ", "")), body, stop)
+        await with_reconnect(name, _connector(cfg, name.replace(" ", ""), durable), body, stop)
     finally:
         if metrics is not None:
             metrics.close()
@@ -182,6 +190,8 @@ async def serve_mix(
     elif i == 0:
         log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
+    spool = Spool(cfg.spool_path(f"mix{i}"))
+
     def node(t: Transport) -> MixNode:
         return MixNode(
             t,
@@ -191,10 +201,12 @@ async def serve_mix(
             per_chunk=cfg.mix.per_chunk,
             batch_timeout=cfg.mix.batch_timeout,
             credentials=creds,
+            spool=spool,
         )
 
     metrics = start_metrics(cfg.metrics, f"mix{i}", i)
-    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics)
+    inputs = hop_filters(cfg.deployment, i, close=i == 0)
+    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs)
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:
@@ -213,6 +225,7 @@ async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = e
     key = load_private_key(cfg.analyzer_private_key())
     ledger = open_ledger(cfg)
     hook = ledger_release_hook(ledger, cfg.deployment)
+    spool = Spool(cfg.spool_path("analyzer"))
 
     def node(t: Transport) -> Analyzer:
         return Analyzer(
@@ -222,10 +235,13 @@ async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = e
             on_release=hook,
             estimator=cfg.analyzer.estimator,
             batch_timeout=cfg.analyzer.batch_timeout,
+            spool=spool,
+            hops=cfg.mixes,
         )
 
     metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
-    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics)
+    inputs = hop_filters(cfg.deployment, cfg.mixes, close=False)
+    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs)
 
 
 def round_json(rep: RoundReport) -> dict[str, Any]:
@@ -277,6 +293,9 @@ async def serve_coordinator(
         log.info(
             "coordinator: deployment %s, %d mixes, on %s", cfg.deployment, cfg.mixes, _redacted(cfg)
         )
+        for rep in await coord.recover(stop):  # rounds a killed or cut-off coordinator left
+            done += 1
+            emit(round_json(rep) | {"recovered": True})
         while not stop.is_set() and (rounds is None or done < rounds):
             started = time.monotonic()
             try:

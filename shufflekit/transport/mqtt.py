@@ -9,6 +9,13 @@ Secured brokers (deploy/mosquitto): `mqtts://` URLs connect over TLS, trusting a
 and password. What the broker refuses (the TLS handshake, the login, a publish or subscribe its
 ACL denies) raises a typed TransportError that says what to check; passwords never appear in
 messages or reprs.
+
+Durable services (see "Durability" in deploy/README.md) connect with a fixed client id and a
+persistent session (`session_expiry`), so the broker keeps their subscriptions and queues QoS 1
+messages while they are away, and name their `durable_filters`: a message on those is not
+acknowledged when it arrives but only when the service calls `ack(message)` (after spooling
+it); one that arrives before the service has subscribed again is held for that subscription.
+Every other message is acknowledged on arrival.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import contextlib
 import os
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +35,8 @@ from urllib.parse import unquote, urlparse
 import aiomqtt
 import paho.mqtt.client as paho
 from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from shufflekit.errors import ConfigError, TransportError
@@ -196,6 +205,14 @@ def _redact_url(url: str) -> str:
     return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
 
 
+@dataclass(frozen=True)
+class MqttMessage(Message):
+    """A delivered message with what its acknowledgement needs (packet id and QoS)."""
+
+    mid: int = 0
+    qos: int = 0
+
+
 class _ClosedBeforeConnack(aiomqtt.MqttError):
     """The broker closed the connection before it answered the CONNECT."""
 
@@ -277,8 +294,15 @@ class MqttTransport(Transport):
         tls_context: ssl.SSLContext | None = None,
         max_inflight: int = 100,
         timeout: float = 30.0,
+        session_expiry: int | None = None,
+        durable_filters: Sequence[str] = (),
     ) -> None:
+        """`session_expiry` (seconds) asks for a persistent session under `client_id` (give a
+        fixed one); messages matching `durable_filters` are acked only by `ack()`."""
         self._address = address
+        self._session_expiry = session_expiry
+        self._durable = list(durable_filters)
+        self._held: list[MqttMessage] = []
         self._client_id = client_id or f"sk-{uuid.uuid4().hex[:12]}"
         self._tls_context = tls_context
         self._inflight = asyncio.Semaphore(max_inflight)
@@ -298,6 +322,11 @@ class MqttTransport(Transport):
         tls = self._tls_context
         if addr.tls and tls is None:
             tls = addr.ssl_context()
+        session: dict[str, Any] = {}
+        if self._session_expiry is not None:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = self._session_expiry
+            session = {"clean_start": False, "properties": props}
         self._client = _Client(
             addr.host,
             addr.port,
@@ -308,7 +337,12 @@ class MqttTransport(Transport):
             tls_context=tls,
             timeout=self._timeout,
             max_inflight_messages=self._max_inflight,
+            **session,
         )
+        if self._durable:
+            paho_client: paho.Client = self._client._client
+            paho_client.manual_ack_set(True)
+        self._held.clear()
         try:
             await self._client.__aenter__()
         except aiomqtt.MqttError as exc:
@@ -396,6 +430,15 @@ class MqttTransport(Transport):
     def subscribe(self, topic_filter: str) -> AbstractAsyncContextManager[Subscription]:
         return self._subscription(topic_filter)
 
+    def ack(self, message: Message) -> None:
+        """Acknowledge a message of a durable filter (its PUBACK); no-op for any other."""
+        client = self._client
+        if client is None or not self._durable or not isinstance(message, MqttMessage):
+            return
+        if message.qos > 0:
+            paho_client: paho.Client = client._client
+            paho_client.ack(message.mid, message.qos)
+
     @asynccontextmanager
     async def _subscription(self, topic_filter: str) -> AsyncIterator[Subscription]:
         client = self._require()
@@ -414,13 +457,19 @@ class MqttTransport(Transport):
                 f"{self._who()}: {refused[0]} (its ACL does not let this account read there)",
                 topic_filter,
             )
+        held = [m for m in self._held if topic_matches(topic_filter, m.topic)]
+        for m in held:  # the session's messages that arrived before this subscription
+            self._held.remove(m)
+            sub.deliver(m)
         try:
             yield sub
         finally:
             if sub in self._subs:
                 self._subs.remove(sub)
-            if self._client is not None and not any(
-                s.topic_filter == topic_filter for s in self._subs
+            if (
+                self._client is not None
+                and topic_filter not in self._durable  # the session keeps queueing for it
+                and not any(s.topic_filter == topic_filter for s in self._subs)
             ):
                 with contextlib.suppress(aiomqtt.MqttError):
                     await self._client.unsubscribe(topic_filter, timeout=self._timeout)
@@ -430,10 +479,15 @@ class MqttTransport(Transport):
         try:
             async for m in client.messages:
                 payload = m.payload if isinstance(m.payload, bytes | bytearray) else b""
-                msg = Message(m.topic.value, bytes(payload))
-                for sub in list(self._subs):
-                    if topic_matches(sub.topic_filter, msg.topic):
-                        sub.deliver(msg)
+                msg = MqttMessage(m.topic.value, bytes(payload), mid=m.mid, qos=m.qos)
+                subs = [s for s in self._subs if topic_matches(s.topic_filter, msg.topic)]
+                for sub in subs:
+                    sub.deliver(msg)
+                if self._durable and any(topic_matches(f, msg.topic) for f in self._durable):
+                    if not subs:
+                        self._held.append(msg)  # acked by whoever subscribes and spools it
+                elif self._durable:
+                    self.ack(msg)
         except aiomqtt.MqttError:
             for sub in list(self._subs):
                 sub.end()
