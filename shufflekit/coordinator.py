@@ -252,6 +252,9 @@ class HopRunner:
         async def one(ann: Announcement) -> None:
             try:
                 out = await self.run_round(ann, stop)
+            except TransportError as exc:  # the spool keeps the round: resumed on reconnect
+                log.warning("%s: round %s interrupted: %s", self.name, ann.round_id, exc)
+                return
             except Exception:
                 log.exception("%s: round %s failed", self.name, ann.round_id)
                 return
@@ -344,6 +347,10 @@ class Coordinator:
         self.batch_timeout = batch_timeout
         self.ready_timeout = ready_timeout
         self.actor = actor
+        # The announcement of the round this coordinator is driving, from just before it is
+        # announced until the round is settled. It outlives a lost connection: `recover` on
+        # the next one resumes that round even if the broker lost the retained announcement.
+        self.driving: Announcement | None = None
 
     def announcement(self, round_id: str, params: RoundParams) -> Announcement:
         """The announcement clients encrypt against."""
@@ -402,6 +409,7 @@ class Coordinator:
                 self.actor,
                 f"hop {outcome.hop} aborted: {outcome.reason}",
             )
+        self.driving = None
         report.seconds = time.monotonic() - started
         return report
 
@@ -409,25 +417,34 @@ class Coordinator:
         """Settle every round the ledger still holds as reserved for this deployment (left by
         a coordinator that was killed or lost the broker mid-round); one report each.
 
-        The round still announced (retained) and not past its timeouts is resumed: its result
-        (the analyzer committed) or abort (refunded) is awaited. Any other, or one that yields
-        no outcome in time, is aborted (published, so hops stop) and refunded; a refund the
-        ledger refuses because the analyzer committed meanwhile means the round was released.
+        The round this coordinator was driving when its connection was lost (`driving`), or
+        else the round still announced (retained), is resumed: its announcement is published
+        again while ingest is open (a broker restarted without persistence forgot it), and
+        its result (the analyzer committed) or abort (refunded) is awaited. Any other, or one
+        that yields no outcome in time, is aborted (published, so hops stop) and refunded; a
+        refund the ledger refuses because the analyzer committed meanwhile means the round was
+        released.
         One coordinator per deployment is assumed: it settles every reserved round.
         """
         rounds = await asyncio.to_thread(self.ledger.rounds_of, self.deployment)
         reserved = [r.round_id for r in rounds if r.status == "reserved"]
+        driving = self.driving
         if not reserved:
+            self.driving = None
             return []
-        current: Announcement | None = None
-        with contextlib.suppress(TimeoutError):
-            current = await current_announcement(self.transport, self.deployment, RETAINED_WAIT)
+        known: dict[str, Announcement] = {}
+        if driving is not None:  # this process announced it before its connection was lost
+            known[driving.round_id] = driving
+        else:  # a restarted coordinator: the broker's retained announcement says
+            with contextlib.suppress(TimeoutError):
+                current = await current_announcement(self.transport, self.deployment, RETAINED_WAIT)
+                known[current.round_id] = current
         reports = []
         for rid in reserved:
-            ann = current if current is not None and current.round_id == rid else None
-            reports.append(await self._settle(rid, ann, stop))
-        if current is not None and current.round_id in reserved:
+            reports.append(await self._settle(rid, known.get(rid), stop))
+        if any(rid in known for rid in reserved):
             await self.transport.publish(self.topics.announce, b"", retain=True)
+        self.driving = None  # kept until here: a connection lost while settling resumes again
         return reports
 
     async def _settle(
@@ -443,6 +460,8 @@ class Coordinator:
             if ann is not None:
                 timeout = max(ann.seconds_left(), 0.0) + 2 * self.batch_timeout
                 log.info("round %s: resuming it, outcome expected within %.0fs", rid, timeout)
+                if ann.seconds_left() > 0:  # a broker that restarted afresh lost it: clients
+                    await coord.publish(t.announce, ann.to_bytes(), retain=True)
                 waiting = asyncio.create_task(_first_outcome(rs, ab, rid, timeout))
                 try:
                     if stop is not None:
@@ -517,6 +536,7 @@ class Coordinator:
                 )
                 await coord.publish(t.abort(rid), abort.to_bytes())
                 return abort
+            self.driving = ann  # from here on the hops may receive reports: resume, not abort
             try:
                 await coord.publish(t.announce, ann.to_bytes(), retain=True)
                 outcome_task = asyncio.create_task(

@@ -1,8 +1,10 @@
-"""Shared fixtures: a private Mosquitto on a free loopback port, temporary ledgers."""
+"""Shared fixtures: a private Mosquitto on a free loopback port (or a restartable one for the
+durability tests, `Broker`), temporary ledgers."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -37,6 +39,72 @@ def _wait_port(port: int, timeout: float = 10.0) -> None:
                 return
         time.sleep(0.05)
     raise RuntimeError(f"mosquitto did not listen on {port}")
+
+
+class Broker:
+    """A Mosquitto on a free loopback port under `folder`, that a test can stop and start again
+    on the same port (a broker restart in the middle of a round).
+
+    With `persistence`, Mosquitto keeps its sessions, queued QoS 1 messages and retained
+    messages in `folder` across a restart (it writes them when stopped with SIGTERM); without,
+    each start is a fresh broker that has forgotten everything. Its log goes to
+    `folder/mosquitto.log` (one file across restarts), for failed tests.
+    """
+
+    def __init__(self, folder: Path, *, persistence: bool = True) -> None:
+        binary = mosquitto_binary()
+        if binary is None:
+            pytest.skip("mosquitto not installed")
+        self.binary = binary
+        self.folder = folder
+        self.persistence = persistence
+        self.port = free_port()
+        self.url = f"mqtt://127.0.0.1:{self.port}"
+        self.conf = folder / "mosquitto.conf"
+        self.log = folder / "mosquitto.log"
+        # Started as root, Mosquitto drops to the `mosquitto` account unless told otherwise,
+        # and that account cannot write its persistence file in the test's folder: the
+        # restart would then silently lose every session, queue and retained message.
+        user = pwd.getpwuid(os.getuid()).pw_name
+        store = (
+            f"persistence true\npersistence_location {folder}/\npersistence_file mosquitto.db\n"
+            if persistence
+            else "persistence false\n"
+        )
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nuser {user}\n{store}"
+            "max_queued_messages 1000000\nlog_dest stderr\nlog_type error\nlog_type warning\n"
+            "log_type notice\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start it (again) and wait until it listens."""
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([self.binary, "-c", str(self.conf)], stderr=log)
+        self.starts += 1
+        _wait_port(self.port)
+
+    def stop(self) -> None:
+        """SIGTERM: with persistence, Mosquitto first writes its sessions, queues and retained
+        messages; the test fails if that write failed (the restart would prove nothing)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        if self.persistence:
+            assert (self.folder / "mosquitto.db").is_file(), self.log.read_text()
+
+    def restart(self) -> None:
+        """Stop, then start on the same port."""
+        self.stop()
+        self.start()
+
+    def kill(self) -> None:
+        """SIGKILL if running (teardown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 @pytest.fixture(scope="session")

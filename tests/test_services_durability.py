@@ -1,9 +1,10 @@
-"""Durability of the services as separate OS processes: kill -9 a service (or restart the broker)
-in the middle of a round and restart it; every accepted report is counted exactly once.
+"""Durability of the services as separate OS processes: kill -9 a service in the middle of a
+round and restart it; every accepted report is counted exactly once. (Restarting the broker
+instead: tests/test_services_broker_restart.py.)
 
-Each test has its own Mosquitto with persistence in the test's folder (the services' sessions
-and queued messages survive its restart). The kill point is chosen by watching mix 0's spool
-(half of the clients' reports spooled), never by a blind sleep.
+Each test has its own Mosquitto (`Broker`) with persistence in the test's folder. The kill
+point is chosen by watching mix 0's spool (half of the clients' reports spooled), never by a
+blind sleep.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,42 +20,13 @@ from typing import Any
 import pytest
 
 from accountant.ledger import Ledger
-from tests.conftest import _wait_port, free_port, mosquitto_binary
+from tests.conftest import Broker
 from tests.test_services import DEPLOYMENT, Procs, start_hops, write_deployment
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
 USERS = 2000
 MIXES = 3
-
-
-class Broker:
-    """A Mosquitto with persistence under `folder`, restartable on the same port."""
-
-    def __init__(self, folder: Path) -> None:
-        binary = mosquitto_binary()
-        if binary is None:
-            pytest.skip("mosquitto not installed")
-        self.binary = binary
-        self.port = free_port()
-        self.url = f"mqtt://127.0.0.1:{self.port}"
-        self.conf = folder / "mosquitto.conf"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-            f"persistence_location {folder}/\npersistence_file mosquitto.db\n"
-            "max_queued_messages 1000000\n"
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([self.binary, "-c", str(self.conf)], stderr=subprocess.DEVNULL)
-        _wait_port(self.port)
-
-    def stop(self) -> None:
-        """SIGTERM: Mosquitto writes its persistence file (sessions, queues, retained)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture
@@ -67,9 +38,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     try:
         yield b
     finally:
-        if b.proc is not None and b.proc.poll() is None:
-            b.proc.kill()
-            b.proc.wait(10)
+        b.kill()
 
 
 @pytest.fixture

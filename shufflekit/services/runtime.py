@@ -279,17 +279,23 @@ async def serve_coordinator(
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
 
+    coord: Coordinator | None = None
+
     async def body(transport: Transport) -> None:
-        nonlocal done
-        coord = Coordinator(
-            transport,
-            cfg.deployment,
-            ledger,
-            mix_keys,
-            analyzer_key,
-            batch_timeout=c.batch_timeout,
-            ready_timeout=c.ready_timeout,
-        )
+        nonlocal done, coord
+        if coord is None:
+            coord = Coordinator(
+                transport,
+                cfg.deployment,
+                ledger,
+                mix_keys,
+                analyzer_key,
+                batch_timeout=c.batch_timeout,
+                ready_timeout=c.ready_timeout,
+            )
+        # One Coordinator across reconnects: it remembers the round it was driving when the
+        # broker went away, and `recover` resumes that round on the new connection.
+        coord.transport = transport
         log.info(
             "coordinator: deployment %s, %d mixes, on %s", cfg.deployment, cfg.mixes, _redacted(cfg)
         )

@@ -220,7 +220,8 @@ class _ClosedBeforeConnack(aiomqtt.MqttError):
 class _Client(aiomqtt.Client):
     """aiomqtt.Client that reports the broker's PUBACK reason code (aiomqtt drops it), and
     fails at once when the broker hangs up before answering the login (aiomqtt waits for its
-    whole timeout: a plain connection to a TLS port would hang for 30 s).
+    whole timeout: a plain connection to a TLS port would hang for 30 s) or while publishes
+    wait for their PUBACK (a broker restart: the publisher should reconnect and resend).
 
     A QoS 1 publish that an ACL denies is acknowledged with "Not authorized" under MQTT 5;
     without this the publisher believes it delivered a message nobody will ever receive.
@@ -280,6 +281,13 @@ class _Client(aiomqtt.Client):
         connected: asyncio.Future[None] = self._connected
         if self._logging_in and not connected.done():  # __aenter__ awaits it
             connected.set_exception(_ClosedBeforeConnack(str(reason_code)))
+        # Publishes still waiting for their PUBACK will never get it on this connection (a
+        # new one is a new client): fail them now, not after the whole timeout, so a
+        # publisher reconnects and resends at once when the broker goes away.
+        acks, self._acks = self._acks, {}
+        for ack in acks.values():
+            if not ack.done():
+                ack.set_exception(aiomqtt.MqttError(f"connection lost ({reason_code})"))
         super()._on_disconnect(client, userdata, flags, reason_code, properties)
 
 
