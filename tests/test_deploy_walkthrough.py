@@ -1,0 +1,327 @@
+"""deploy/README.md's walkthrough ("Running the services"), run as documented.
+
+The commands come from the walkthrough's code blocks and the configuration is
+deploy/examples/shufflekit.toml as a user copies it (only its broker port replaced, as the
+walkthrough's `sed` does). The broker is deploy/mosquitto's TLS listener with the shipped ACL
+and one account per role (tests/broker_security.py); mix 0 checks client credentials. Every
+service is its own OS process under its own account; 1,000 simulated clients answer; the
+round must be released with exactly one histogram entry per client mix 0 accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from accountant.ledger import Ledger
+from shufflekit.cli import app
+from shufflekit.services.config import load_config
+from tests.broker_security import SecureBroker, mosquitto_passwd_binary, secure_broker
+from tests.conftest import mosquitto_binary
+
+pytestmark = [pytest.mark.services, pytest.mark.mqtt]
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "deploy" / "README.md"
+EXAMPLES = ROOT / "deploy" / "examples"
+DEPLOYMENT = "pilot"  # the walkthrough's deployment name
+USERS = 1000  # the walkthrough has 2,000 clients; half keeps the test well under a minute
+N_MIN = 500  # the walkthrough's --n-min 1000, lowered with the number of clients
+DEADLINE = "30"  # seconds (SHUFFLEKIT_COORDINATOR__DEADLINE); SIGTERM closes the round earlier
+
+
+# ---------------------------------------------------------------------- the walkthrough's text
+
+
+def walkthrough() -> str:
+    """The "Running the services" section of deploy/README.md."""
+    text = README.read_text()
+    start = text.index("## Running the services\n")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def code_lines(section: str) -> list[str]:
+    """The lines of the section's code blocks, with `\\` continuations joined."""
+    lines: list[str] = []
+    for block in re.findall(r"(?ms)^```[a-z]*\n(.*?)^```", section):
+        lines += block.replace("\\\n", " ").splitlines()
+    return lines
+
+
+VALUE = r"(?:\$\([^)]*\)|\$\w+|[^\s$])+"  # a shell word: text or $(command)
+
+
+def shufflekit_commands(section: str) -> list[tuple[dict[str, str], list[str]]]:
+    """Every `shufflekit ...` command of the section: (VAR=value prefixes, argv), with comments,
+    redirections and `&` left out. `$(...)` values are kept as text."""
+    commands = []
+    for line in code_lines(section):
+        m = re.match(rf"^\s*((?:[A-Z_]+={VALUE}\s+)*)shufflekit\s(.*)$", line)
+        if m is None:
+            continue
+        rest = re.split(r"\s(?:\d?>|&|;|\|)", " " + m[2])[0]  # cut at > 2> & ; |
+        env = dict(re.findall(rf"([A-Z_]+)=({VALUE})", m[1]))
+        commands.append((env, ["shufflekit", *shlex.split(rest, comments=True)]))
+    return commands
+
+
+def find(commands: list[tuple[dict[str, str], list[str]]], *prefix: str) -> list[Any]:
+    """The documented commands that start `shufflekit PREFIX...` (failing if there is none)."""
+    found = [(env, argv) for env, argv in commands if argv[1 : 1 + len(prefix)] == list(prefix)]
+    assert found, f"deploy/README.md's walkthrough no longer runs `shufflekit {' '.join(prefix)}`"
+    return found
+
+
+def replace_option(argv: list[str], option: str, value: str) -> list[str]:
+    """argv with the value of `option` replaced (the option must be there)."""
+    assert option in argv, f"{option} missing from the documented {shlex.join(argv)}"
+    i = argv.index(option)
+    return [*argv[: i + 1], value, *argv[i + 2 :]]
+
+
+def test_every_documented_command_and_option_exists() -> None:
+    """Each `shufflekit` command of the walkthrough answers --help and knows its options."""
+    runner = CliRunner()
+    commands = shufflekit_commands(walkthrough())
+    assert len(commands) >= 10, commands  # keys, budget, serve, clients: the parser still works
+    for _, argv in commands:
+        words = [w for w in argv[1:] if not w.startswith("-")]
+        path: list[str] = []
+        for w in words:  # the subcommand path: the words before the first option
+            if argv.index(w) > len(path) + 1:
+                break
+            path.append(w)
+        done = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, f"`shufflekit {' '.join(path)} --help`: {done.output}"
+        for opt in (a for a in argv if a.startswith("--")):
+            assert opt in done.output, f"`{shlex.join(argv)}`: no option {opt}"
+
+
+def test_example_configs_load() -> None:
+    """deploy/examples/*.toml are valid (no unknown or misspelled setting) and the shared file
+    is the one the walkthrough describes: TLS broker, mix 0 checking client credentials."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SHUFFLEKIT_")}
+    files = sorted(EXAMPLES.glob("*.toml"))
+    assert {f.name for f in files} >= {"shufflekit.toml", "mix.toml", "coordinator.toml"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k in set(os.environ) - set(clean):
+            mp.delenv(k)
+        configs = {f.name: load_config(f) for f in files}
+    shared = configs["shufflekit.toml"]
+    assert shared.broker == "mqtts://127.0.0.1:8883"  # the walkthrough's `sed` replaces the port
+    assert shared.deployment == DEPLOYMENT and shared.mixes == 2
+    assert shared.mix.enrollment_key == EXAMPLES / "keys" / "enrollment.pub"
+    assert shared.coordinator is not None
+    assert "s|127.0.0.1:8883|127.0.0.1:$PORT|" in walkthrough()
+
+
+# ---------------------------------------------------------------------- the deployment, run
+
+
+class Services:
+    """The walkthrough's processes, started in the deployment folder; stdout and stderr in
+    files. Every one still running is killed at teardown."""
+
+    def __init__(self, folder: Path, logs: Path, env: dict[str, str]) -> None:
+        self.folder, self.logs, self.env = folder, logs, env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], account: str, password: str) -> None:
+        env = {
+            **self.env,
+            "SHUFFLEKIT_MQTT_USERNAME": account,
+            "SHUFFLEKIT_MQTT_PASSWORD": password,
+        }
+        with (
+            (self.logs / f"{name}.out").open("wb") as out,
+            (self.logs / f"{name}.err").open("wb") as err,
+        ):
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "shufflekit", *argv[1:]],
+                stdout=out,
+                stderr=err,
+                cwd=self.folder,
+                env=env,
+            )
+
+    def stderr(self, name: str) -> str:
+        return (self.logs / f"{name}.err").read_text()
+
+    def lines(self, name: str) -> list[dict[str, Any]]:
+        text = (self.logs / f"{name}.out").read_text()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_log(self, name: str, text: str, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.procs[name].poll() is None:
+            if text in self.stderr(name):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{name} never logged {text!r}:\n{self.stderr(name)}")
+
+    def stop(self, name: str, timeout: float = 30.0) -> int:
+        """SIGTERM, as the walkthrough's last step; the exit code."""
+        p = self.procs[name]
+        p.send_signal(signal.SIGTERM)
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} ignored SIGTERM:\n{self.stderr(name)}") from None
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[SecureBroker]:
+    """deploy/mosquitto's configuration and ACL on a free loopback port, an account per role."""
+    missing = [
+        name
+        for name, path in (
+            ("mosquitto", mosquitto_binary()),
+            ("mosquitto_passwd", mosquitto_passwd_binary()),
+        )
+        if path is None
+    ]
+    if missing:
+        reason = f"{' and '.join(missing)} not installed (`apt-get install mosquitto`)"
+        if os.environ.get("SHUFFLEKIT_REQUIRE_MQTT"):
+            pytest.fail(f"SHUFFLEKIT_REQUIRE_MQTT is set but {reason}")
+        pytest.skip(reason)
+    (tmp_path / "broker").mkdir()
+    with secure_broker(tmp_path / "broker") as b:
+        yield b
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    pilot, logs = tmp_path / "pilot", tmp_path / "logs"
+    pilot.mkdir()
+    logs.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHUFFLEKIT_")}
+    s = Services(pilot, logs, env)
+    try:
+        yield s
+    finally:
+        s.kill_all()
+
+
+def run_in_process(argv: list[str], folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A documented command that needs no broker (keys, budget), run in `folder`."""
+    monkeypatch.chdir(folder)
+    done = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, f"`{shlex.join(argv)}` failed:\n{done.output}"
+    return done.output
+
+
+def test_the_walkthrough_releases_one_entry_per_accepted_client(
+    broker: SecureBroker, services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands = shufflekit_commands(walkthrough())
+    pilot = services.folder
+    for env_var in [k for k in os.environ if k.startswith("SHUFFLEKIT_")]:
+        monkeypatch.delenv(env_var)
+
+    # step 2: keys (the mixes', the analyzer's, the enrollment authority's) and the config
+    keys = find(commands, "keys", "new")
+    assert {argv[argv.index("--role") + 1] for _, argv in keys} == {"mix", "analyzer", "enrollment"}
+    for _, argv in keys:
+        run_in_process(argv, pilot, monkeypatch)
+    config = (EXAMPLES / "shufflekit.toml").read_text()
+    assert config.count("127.0.0.1:8883") == 1, "the walkthrough's sed expects one broker port"
+    (pilot / "shufflekit.toml").write_text(
+        config.replace("127.0.0.1:8883", f"127.0.0.1:{broker.port}")
+    )
+
+    # step 3: the budget
+    [(_, init)] = find(commands, "budget", "init")
+    run_in_process(replace_option(init, "--n-min", str(N_MIN)), pilot, monkeypatch)
+
+    # step 5: the hops, then the coordinator, each under its own account, trusting the CA
+    services.env["SHUFFLEKIT_MQTT_CA_FILE"] = str(broker.pki.ca.cert)
+    services.env["SHUFFLEKIT_COORDINATOR__DEADLINE"] = DEADLINE  # documented override
+    hops: dict[str, list[str]] = {}
+    for env, argv in find(commands, "serve"):
+        account = env.get("SHUFFLEKIT_MQTT_USERNAME")
+        assert account in broker.passwords, f"`{shlex.join(argv)}` logs in as {account!r}"
+        if argv[2] != "coordinator":
+            hops[account] = argv
+            services.start(account, argv, account, broker.passwords[account])
+    assert set(hops) == {"mix0", "mix1", "analyzer"}, hops
+    for name in hops:
+        services.wait_log(name, f"serving deployment {DEPLOYMENT} on mqtts://")
+    assert "credentials are NOT checked" not in services.stderr("mix0")
+    [(env, coordinator)] = find(commands, "serve", "coordinator")
+    services.start(
+        "coordinator",
+        [*coordinator, "--rounds", "1"],
+        "coordinator",
+        broker.passwords["coordinator"],
+    )
+
+    # step 6: clients, enrolled, on the shared client account
+    [(env, clients)] = find(commands, "clients")
+    assert env.get("SHUFFLEKIT_MQTT_USERNAME") == "client"
+    assert "--enrollment-key" in clients
+    argv = [a.replace("$PORT", str(broker.port)) for a in clients]
+    argv = replace_option(argv, "--users", str(USERS))
+    done = subprocess.run(
+        [sys.executable, "-m", "shufflekit", *argv[1:]],
+        cwd=pilot,
+        env={
+            **services.env,
+            "SHUFFLEKIT_MQTT_USERNAME": "client",
+            "SHUFFLEKIT_MQTT_PASSWORD": broker.passwords["client"],
+        },
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    sent = json.loads(done.stdout)
+    assert sent["enrolled"] and sent["sent"] == USERS and sent["seconds_left_at_end"] > 0
+    good = sent["good"]
+    assert good == USERS - sent["bad"] and sent["bad"] > 0  # --bad-fraction 0.01
+
+    # step 7: SIGTERM closes the round now (it reached n_min: released), then each exits 0
+    assert services.stop("coordinator") == 0, services.stderr("coordinator")
+    [line] = services.lines("coordinator")
+    assert line["released"], (line, services.stderr("mix0"))
+    result = line["result"]
+    assert result["round_id"] == sent["round_id"]
+    for name in hops:
+        assert services.stop(name) == 0, services.stderr(name)
+
+    # exactly one histogram entry per client mix 0 accepted; every bad report rejected
+    [mix0] = services.lines("mix0")
+    assert mix0["accepted"] == good and sum(mix0["rejected"].values()) == sent["bad"]
+    [mix1] = services.lines("mix1")
+    assert (mix1["accepted"], mix1["forwarded"], mix1["rejected"]) == (good, good, {})
+    [analyzer] = services.lines("analyzer")
+    assert analyzer["histogram"] == result["histogram"]
+    assert result["batch_size"] == good == sum(result["histogram"])
+
+    # and the ledger says so, through the documented `budget status`
+    [(_, status), *_] = find(commands, "budget", "status")
+    out = run_in_process([*status, "--json"], pilot, monkeypatch)
+    rounds = json.loads(out)["rounds"]
+    assert [(r["round_id"], r["status"], r["batch_size"]) for r in rounds] == [
+        (sent["round_id"], "committed", good)
+    ]
+    ledger = Ledger(f"sqlite:///{pilot / 'state' / 'ledger.db'}")
+    assert [r.status for r in ledger.status(DEPLOYMENT).rounds] == ["committed"]
