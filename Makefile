@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench clean
+.PHONY: install demo test lint bench clean
+.DEFAULT_GOAL := install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(TSTAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(STAMP)
+
+install: $(STAMP)  ## `make` alone: .venv with shufflekit installed (bin: .venv/bin/shufflekit)
 
 # The demo starts from a throwaway ledger each time so it can be run again and again;
 # a real pilot keeps its ledger (see `shufflekit budget --help`).

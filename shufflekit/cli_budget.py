@@ -119,7 +119,9 @@ def status(
         f"remaining {st.epsilon_remaining:.6g}"
     )
     t = Table()
-    for col in ("round", "status", "k", "eps0", "n accounted", "batch", "epsilon alone"):
+    t.add_column("round", no_wrap=True)  # ids are needed whole for `refund`
+    t.add_column("status", no_wrap=True)
+    for col in ("k", "eps0", "n", "batch", "epsilon alone"):
         t.add_column(col)
     for r in st.rounds:
         t.add_row(

@@ -539,6 +539,14 @@ class Coordinator:
             self.driving = ann  # from here on the hops may receive reports: resume, not abort
             try:
                 await coord.publish(t.announce, ann.to_bytes(), retain=True)
+                log.info(
+                    "round %s announced: k=%d, eps0=%g, n_min=%d, ingest closes in %.0fs",
+                    rid,
+                    ann.k,
+                    ann.eps0,
+                    ann.n_min,
+                    ann.seconds_left(),
+                )
                 outcome_task = asyncio.create_task(
                     _first_outcome(
                         result_sub,

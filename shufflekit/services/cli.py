@@ -51,7 +51,7 @@ def keys_new(
     """Write a role's key pair: ROLE.key (private, mode 0600) and ROLE.pub (public).
 
     The mix files are named mix0, mix1, ...; the coordinator's config points at the .pub files.
-    `enrollment` is the operator's credential authority: mix 0's `[mix] enrollment_key` is its
+    `enrollment` is the operator's credential authority: mix 0's `\\[mix] enrollment_key` is its
     .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
     """
     try:
@@ -145,7 +145,7 @@ def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> None:
 def serve_mix_cmd(
     config: ConfigOpt,
     index: Annotated[
-        int | None, typer.Option("--index", min=0, help="Which mix (default: [mix] index).")
+        int | None, typer.Option("--index", min=0, help="Which mix (default: \\[mix] index).")
     ] = None,
     log_level: LogOpt = "info",
 ) -> None:
@@ -190,7 +190,14 @@ def serve_coordinator_cmd(
 
 
 def clients(
-    broker: Annotated[str, typer.Option("--broker", help="mqtt://host:port of the deployment.")],
+    broker: Annotated[
+        str,
+        typer.Option(
+            "--broker",
+            help="mqtt://host:port or mqtts://user@host:port (password, CA and client "
+            "certificate from SHUFFLEKIT_MQTT_PASSWORD, _CA_FILE, _CERT_FILE, _KEY_FILE).",
+        ),
+    ],
     deployment: Annotated[str, typer.Option("--deployment", help="Deployment name.")],
     users: Annotated[int, typer.Option("--users", min=1, help="Simulated clients.")],
     bad_fraction: Annotated[
