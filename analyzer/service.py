@@ -194,6 +194,8 @@ class Analyzer:
             estimator=est.method,
             rejected=outcome.counters.as_dict(),
             privacy=privacy,
+            converged=est.details.get("converged"),
+            iterations=est.details.get("iterations"),
         )
         await self.transport.publish(self.topics.result(ann.round_id), result.to_bytes())
         self.spool.finish(ann.round_id, {"batch_size": n})

@@ -145,6 +145,12 @@ def _print_demo(out: dict[str, Any]) -> None:
             )
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
+        stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
+        if stuck:
+            err_console.print(
+                f"warning: the {out['estimator']} estimate did not converge in round(s) "
+                f"{', '.join(stuck)}: it is the last EM step (see docs/experiments.md)"
+            )
         if any(r["rejected"] for r in out["rounds"]):
             console.print(f"rejected: {[r['rejected'] for r in out['rounds']]}")
     p = out["privacy_spent"]

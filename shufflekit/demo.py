@@ -102,6 +102,8 @@ def round_summary(rep: RoundReport, true_hist: list[int]) -> dict[str, Any]:
             "estimate": rep.result.estimate,
             "stderr": rep.result.stderr,
             "estimator": rep.result.estimator,
+            "estimator_converged": rep.result.converged,
+            "estimator_iterations": rep.result.iterations,
             "batch_size": n,
             "tv_distance": float(total_variation(truth, est)),
             "privacy": rep.result.privacy,

@@ -93,6 +93,9 @@ class Result(_Control):
     estimator: str
     rejected: dict[str, int]
     privacy: dict[str, float | str | None] = Field(default_factory=dict)
+    # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
+    converged: bool | None = None
+    iterations: int | None = None
 
 
 class Ready(_Control):

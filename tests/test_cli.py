@@ -137,3 +137,43 @@ def test_ensure_budget_announces_only_what_it_creates(tmp_path: Path) -> None:
     assert "'pilot'" in lines[0] and "epsilon 3" in lines[0] and "delta 1e-07" in lines[0]
     ensure_budget(led, cfg, lines.append)
     assert len(lines) == 1
+
+
+def test_demo_reports_whether_the_iterative_estimate_converged(tmp_path: Path) -> None:
+    led = f"sqlite:///{tmp_path / 'c.db'}"
+    base = ["demo", "--users", "500", "--k", "4", "--ledger", led, "--cost-model", "ldp"]
+    out = json.loads(run([*base, "--estimator", "ibu", "--json"], tmp_path).stdout)
+    rnd = out["rounds"][0]
+    assert rnd["estimator_converged"] is True
+    assert isinstance(rnd["estimator_iterations"], int) and rnd["estimator_iterations"] >= 1
+    out = json.loads(run([*base, "--estimator", "inv", "--json"], tmp_path).stdout)
+    assert out["rounds"][0]["estimator_converged"] is None
+
+
+def test_demo_warns_when_the_estimate_did_not_converge(capsys: pytest.CaptureFixture[str]) -> None:
+    from shufflekit.cli import _print_demo
+
+    rnd = {
+        "round_id": "r1",
+        "released": True,
+        "batch_size": 2,
+        "estimator": "ibu",
+        "true_histogram": [1, 1],
+        "noisy_histogram": [1, 1],
+        "estimate": [1.0, 1.0],
+        "stderr": [0.5, 0.5],
+        "tv_distance": 0.0,
+        "rejected": {},
+        "estimator_converged": False,
+    }
+    privacy = {
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "rounds_committed": 1,
+        "cost_model": "ldp",
+        "epsilon_budget": 10.0,
+        "epsilon_remaining": 9.0,
+    }
+    _print_demo({"rounds": [rnd], "estimator": "ibu", "privacy_spent": privacy, "ledger": "x"})
+    err = capsys.readouterr().err
+    assert "did not converge" in err and "r1" in err
