@@ -92,3 +92,37 @@ def _drain(sub: Any) -> list[Any]:
     from shufflekit.transport import drain
 
     return drain(sub)
+
+
+@pytest.mark.parametrize("forgery", ["manifest", "chunk"])
+async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) -> None:
+    """Someone who can write to hop 1 (a forged manifest, or a chunk that wins the race):
+    hop 1 refuses the whole batch, the round aborts, nothing reaches the analyzer, refunded."""
+    from shufflekit.crypto import onion_size
+    from shufflekit.messages import Manifest
+    from shufflekit.topics import Topics
+    from shufflekit.wire import REPORT_SIZE, Chunk
+
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    dep, broker = deployment(led, 2)
+    topics = Topics("test")
+
+    async def forge(conn: Transport, ann: Announcement) -> None:
+        size = onion_size(REPORT_SIZE, ann.hops)  # what hop 1 receives: one layer peeled
+        rid = ann.round_id
+        if forgery == "manifest":  # count off by one: the batch does not match it
+            fake = Manifest(round_id=rid, hop=1, count=99, chunks=1, item_size=size, digest="0")
+            await conn.publish(topics.manifest(rid, 1), fake.to_bytes())
+        else:  # chunk 0 with junk items, first on the topic: the digest cannot match
+            await conn.publish(topics.data(rid, 1), Chunk(1, 0, [b"\x00" * size]).encode(size))
+
+    async with broker.connect() as spy, spy.subscribe("shufflekit/test/round/+/hop/2/+") as s:
+        pop, _ = population(100, k=4)
+        rep = await dep.run_round(RoundParams(k=4, eps0=1.0, n_min=10), pop, tamper=forge)
+        to_analyzer = _drain(s)
+    assert not rep.released and rep.result is None
+    assert rep.abort is not None and rep.abort.hop == 1, rep.abort
+    assert "count or digest does not match the manifest" in rep.abort.reason, rep.abort.reason
+    assert to_analyzer == []  # mix 1 forwarded nothing
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
