@@ -5,8 +5,10 @@ subscribes to its input and says it is ready -> announce -> clients answer -> cl
 deadline) -> the analyzer commits the cost and publishes, or a hop aborts and the reservation
 is refunded. The analyzer publishes only after its commit succeeded; a failed commit is an abort
 like any other (the refund then changes nothing if the round had expired, and is refused if the
-commit did land). A round that ends any other way stays reserved (pessimistic) until an
-operator looks at it.
+commit did land). A round with no result nor abort by its deadline plus the batch timeouts
+is aborted (published, so the hops stop) and refunded; a refunded round can no longer be
+committed, so nothing is released after. A coordinator killed mid-round leaves it reserved
+(pessimistic) until it restarts and settles it.
 
 Durability: each hop spools its input before acknowledging it and resumes its unfinished rounds
 when it (re)starts (`HopRunner.serve`); a coordinator that (re)starts settles the rounds its
@@ -394,7 +396,12 @@ class Coordinator:
             # the cost was reserved for the budget's n_min: never release a smaller batch
             params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
             ann = self.announcement(rid, params)
-            outcome = await self._drive(ann, report, answer, stop)
+            try:
+                outcome = await self._drive(ann, report, answer, stop)
+            except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
+                outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
+                with contextlib.suppress(TransportError):  # so that the hops stop too
+                    await self.transport.publish(self.topics.abort(rid), outcome.to_bytes())
         except BaseException:
             report.seconds = time.monotonic() - started
             raise
@@ -402,13 +409,7 @@ class Coordinator:
             report.released, report.result = True, outcome
         else:
             report.abort = outcome
-            await asyncio.to_thread(
-                self.ledger.refund,
-                self.deployment,
-                rid,
-                self.actor,
-                f"hop {outcome.hop} aborted: {outcome.reason}",
-            )
+            await self._refund(rid, report, f"hop {outcome.hop} aborted: {outcome.reason}")
         self.driving = None
         report.seconds = time.monotonic() - started
         return report
@@ -486,20 +487,8 @@ class Coordinator:
         if isinstance(outcome, Result):
             report.released, report.result = True, outcome
         else:
-            try:
-                await asyncio.to_thread(
-                    self.ledger.refund,
-                    self.deployment,
-                    rid,
-                    self.actor,
-                    f"hop {outcome.hop} aborted: {outcome.reason}",
-                )
-                report.abort = outcome
-            except AccountantError:
-                rec = [r for r in self.ledger.rounds_of(self.deployment) if r.round_id == rid]
-                if not rec or rec[0].status != "committed":
-                    raise
-                report.released = True  # the analyzer committed first: its result went out
+            report.abort = outcome
+            await self._refund(rid, report, f"hop {outcome.hop} aborted: {outcome.reason}")
         report.seconds = time.monotonic() - started
         log.info(
             "round %s: settled after a restart (%s)",
@@ -507,6 +496,18 @@ class Coordinator:
             "released" if report.released else "refunded",
         )
         return report
+
+    async def _refund(self, rid: str, report: RoundReport, reason: str) -> None:
+        """Refund a round that released nothing. If the ledger refuses because the analyzer
+        committed meanwhile (its result was published, or is on its way), the round counts as
+        released; a refunded round can no longer be committed, so nothing goes out after."""
+        try:
+            await asyncio.to_thread(self.ledger.refund, self.deployment, rid, self.actor, reason)
+        except AccountantError:
+            rounds = await asyncio.to_thread(self.ledger.rounds_of, self.deployment)
+            if not any(r.round_id == rid and r.status == "committed" for r in rounds):
+                raise
+            report.released, report.abort = True, None
 
     async def _drive(
         self,
@@ -791,8 +792,5 @@ async def _first_outcome(
         for w in watchers:
             w.cancel()
     if not done:
-        raise RoundAborted(
-            f"round {round_id}: no result or abort within {timeout:.0f}s; its "
-            "reservation stays counted until an operator refunds it"
-        )
+        raise RoundAborted(f"round {round_id}: no result or abort within {timeout:.0f}s")
     return next(iter(done)).result()

@@ -126,3 +126,48 @@ async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) 
     assert "count or digest does not match the manifest" in rep.abort.reason, rep.abort.reason
     assert to_analyzer == []  # mix 1 forwarded nothing
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
+
+
+async def test_a_round_without_outcome_is_aborted_and_refunded(tmp_path: Any) -> None:
+    """Every hop says ready, then nothing comes back (a hung hop, a lost result): after the
+    deadline plus the batch timeouts the coordinator publishes an abort and refunds, so the
+    budget is not held by a round that will never be released."""
+    import asyncio
+
+    from shufflekit.coordinator import Coordinator, RoundTopics
+    from shufflekit.crypto import KeyPair
+    from shufflekit.messages import Abort, Ready
+
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    broker = MemoryBroker()
+    keys = [KeyPair.generate().public_b64() for _ in range(2)]
+    topics = RoundTopics("test")
+    aborts: list[Abort] = []
+
+    async def hung_hops(conn: Transport) -> None:
+        async with (
+            conn.subscribe(topics.prepare) as prep,
+            conn.subscribe("shufflekit/test/round/+/abort") as ab,
+        ):
+            ann = Announcement.from_bytes((await prep.get()).payload)
+            assert isinstance(ann, Announcement)
+            for hop, key in enumerate(keys):
+                ready = Ready(round_id=ann.round_id, hop=hop, key=key)
+                await conn.publish(topics.ready(ann.round_id), ready.to_bytes())
+            msg = await ab.get()  # and never anything else: only the coordinator's abort
+            a = Abort.from_bytes(msg.payload)
+            assert isinstance(a, Abort)
+            aborts.append(a)
+
+    async with broker.connect() as hop_conn, broker.connect() as coord_conn:
+        hops = asyncio.create_task(hung_hops(hop_conn))
+        await asyncio.sleep(0)
+        coord = Coordinator(coord_conn, "test", led, keys[:1], keys[1], batch_timeout=0.1)
+        rep = await coord.run_round(RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=0.2))
+        await asyncio.wait_for(hops, 5)
+    assert not rep.released and rep.abort is not None
+    assert "no result or abort" in rep.abort.reason
+    assert [a.round_id for a in aborts] == [rep.round_id]  # published, so hops stop too
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+    assert led.status("test").epsilon_reserved == 0.0
