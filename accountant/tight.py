@@ -874,7 +874,8 @@ def tight_pld(
         raise InvalidParameters("log_tau must be < -5")
     _, _, g = _consts(mech)
     k = mech.k
-    grid = _blanket_grid(mech, log_tau, log_delta_hint)
+    # buckets as wide as before the single-round refinement: the PLD grid step dominates here
+    grid = _blanket_grid(mech, log_tau, log_delta_hint, bucket_scale=4.0)
     b1 = grid.b_rep + 1.0
     beta = g * b1 / ((1.0 - g) * k)
     alpha = (1.0 - g) * k / b1
