@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -39,6 +40,24 @@ def mosquitto_passwd_binary() -> str | None:
     return shutil.which("mosquitto_passwd") or (
         "/usr/bin/mosquitto_passwd" if os.path.exists("/usr/bin/mosquitto_passwd") else None
     )
+
+
+def require_secure_broker() -> None:
+    """Skip the test (fail it in CI, where SHUFFLEKIT_REQUIRE_MQTT is set) when mosquitto or
+    mosquitto_passwd is missing."""
+    missing = [
+        name
+        for name, path in (
+            ("mosquitto", mosquitto_binary()),
+            ("mosquitto_passwd", mosquitto_passwd_binary()),
+        )
+        if path is None
+    ]
+    if missing:
+        reason = f"{' and '.join(missing)} not installed (`apt-get install mosquitto`)"
+        if os.environ.get("SHUFFLEKIT_REQUIRE_MQTT"):
+            pytest.fail(f"SHUFFLEKIT_REQUIRE_MQTT is set but {reason}")
+        pytest.skip(reason)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from accountant.ledger import Budget, Ledger
+from tests.service_procs import Procs
 
 
 def free_port() -> int:
@@ -195,3 +196,14 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.db'}"
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """Child processes of the test (tests/service_procs.py), killed at teardown whatever the
+    test did."""
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.kill_all()

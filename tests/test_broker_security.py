@@ -10,7 +10,6 @@ before it (Mosquitto handles publishes in order and delivers to a connection in 
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
@@ -28,10 +27,9 @@ from shufflekit.transport.mqtt import BrokerAccessDenied, BrokerAuthError, Broke
 from tests.broker_security import (
     SecureBroker,
     make_pki,
-    mosquitto_passwd_binary,
+    require_secure_broker,
     secure_broker,
 )
-from tests.conftest import mosquitto_binary
 from tests.pipeline_helpers import population
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
@@ -42,19 +40,7 @@ WAIT = 5.0  # seconds a positive control may take; it normally takes millisecond
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     """Mosquitto with deploy/mosquitto's config and ACL, and an account per role."""
-    missing = [
-        name
-        for name, path in (
-            ("mosquitto", mosquitto_binary()),
-            ("mosquitto_passwd", mosquitto_passwd_binary()),
-        )
-        if path is None
-    ]
-    if missing:
-        reason = f"{' and '.join(missing)} not installed (`apt-get install mosquitto`)"
-        if os.environ.get("SHUFFLEKIT_REQUIRE_MQTT"):
-            pytest.fail(f"SHUFFLEKIT_REQUIRE_MQTT is set but {reason}")
-        pytest.skip(reason)
+    require_secure_broker()
     with secure_broker(tmp_path_factory.mktemp("secure-broker")) as b:
         yield b
 

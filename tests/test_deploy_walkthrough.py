@@ -14,10 +14,8 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,12 @@ from typer.testing import CliRunner
 from accountant.ledger import Ledger
 from shufflekit.cli import app
 from shufflekit.services.config import load_config
-from tests.broker_security import SecureBroker, mosquitto_passwd_binary, secure_broker
-from tests.conftest import mosquitto_binary
+from tests.broker_security import (
+    SecureBroker,
+    require_secure_broker,
+    secure_broker,
+)
+from tests.service_procs import Procs
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
@@ -131,79 +133,27 @@ def test_example_configs_load() -> None:
 # ---------------------------------------------------------------------- the deployment, run
 
 
-class Services:
-    """The walkthrough's processes, started in the deployment folder; stdout and stderr in
-    files. Every one still running is killed at teardown."""
+class Services(Procs):
+    """The walkthrough's processes: run in the deployment folder (`cwd`), each under its own
+    broker account; logs in their own folder."""
 
-    def __init__(self, folder: Path, logs: Path, env: dict[str, str]) -> None:
-        self.folder, self.logs, self.env = folder, logs, env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, argv: list[str], account: str, password: str) -> None:
-        env = {
+    def account_env(self, account: str, password: str) -> dict[str, str]:
+        assert self.env is not None
+        return {
             **self.env,
             "SHUFFLEKIT_MQTT_USERNAME": account,
             "SHUFFLEKIT_MQTT_PASSWORD": password,
         }
-        with (
-            (self.logs / f"{name}.out").open("wb") as out,
-            (self.logs / f"{name}.err").open("wb") as err,
-        ):
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "shufflekit", *argv[1:]],
-                stdout=out,
-                stderr=err,
-                cwd=self.folder,
-                env=env,
-            )
 
-    def stderr(self, name: str) -> str:
-        return (self.logs / f"{name}.err").read_text()
-
-    def lines(self, name: str) -> list[dict[str, Any]]:
-        text = (self.logs / f"{name}.out").read_text()
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-    def wait_log(self, name: str, text: str, timeout: float = 30.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and self.procs[name].poll() is None:
-            if text in self.stderr(name):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{name} never logged {text!r}:\n{self.stderr(name)}")
-
-    def stop(self, name: str, timeout: float = 30.0) -> int:
-        """SIGTERM, as the walkthrough's last step; the exit code."""
-        p = self.procs[name]
-        p.send_signal(signal.SIGTERM)
-        try:
-            return p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} ignored SIGTERM:\n{self.stderr(name)}") from None
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+    def start_as(self, name: str, argv: list[str], account: str, password: str) -> None:
+        """A documented `shufflekit ...` command line (argv[0] is `shufflekit`) as `account`."""
+        self.start(name, *argv[1:], env=self.account_env(account, password))
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[SecureBroker]:
     """deploy/mosquitto's configuration and ACL on a free loopback port, an account per role."""
-    missing = [
-        name
-        for name, path in (
-            ("mosquitto", mosquitto_binary()),
-            ("mosquitto_passwd", mosquitto_passwd_binary()),
-        )
-        if path is None
-    ]
-    if missing:
-        reason = f"{' and '.join(missing)} not installed (`apt-get install mosquitto`)"
-        if os.environ.get("SHUFFLEKIT_REQUIRE_MQTT"):
-            pytest.fail(f"SHUFFLEKIT_REQUIRE_MQTT is set but {reason}")
-        pytest.skip(reason)
+    require_secure_broker()
     (tmp_path / "broker").mkdir()
     with secure_broker(tmp_path / "broker") as b:
         yield b
@@ -215,7 +165,7 @@ def services(tmp_path: Path) -> Iterator[Services]:
     pilot.mkdir()
     logs.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHUFFLEKIT_")}
-    s = Services(pilot, logs, env)
+    s = Services(logs, cwd=pilot, env=env)
     try:
         yield s
     finally:
@@ -234,7 +184,7 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
     broker: SecureBroker, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     commands = shufflekit_commands(walkthrough())
-    pilot = services.folder
+    pilot = services.cwd
     for env_var in [k for k in os.environ if k.startswith("SHUFFLEKIT_")]:
         monkeypatch.delenv(env_var)
 
@@ -262,13 +212,13 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
         assert account in broker.passwords, f"`{shlex.join(argv)}` logs in as {account!r}"
         if argv[2] != "coordinator":
             hops[account] = argv
-            services.start(account, argv, account, broker.passwords[account])
+            services.start_as(account, argv, account, broker.passwords[account])
     assert set(hops) == {"mix0", "mix1", "analyzer"}, hops
     for name in hops:
-        services.wait_log(name, f"serving deployment {DEPLOYMENT} on mqtts://")
+        services.wait_log(name, f"serving deployment {DEPLOYMENT} on mqtts://", timeout=30)
     assert "credentials are NOT checked" not in services.stderr("mix0")
     [(env, coordinator)] = find(commands, "serve", "coordinator")
-    services.start(
+    services.start_as(
         "coordinator",
         [*coordinator, "--rounds", "1"],
         "coordinator",
@@ -284,11 +234,7 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
     done = subprocess.run(
         [sys.executable, "-m", "shufflekit", *argv[1:]],
         cwd=pilot,
-        env={
-            **services.env,
-            "SHUFFLEKIT_MQTT_USERNAME": "client",
-            "SHUFFLEKIT_MQTT_PASSWORD": broker.passwords["client"],
-        },
+        env=services.account_env("client", broker.passwords["client"]),
         capture_output=True,
         timeout=60,
     )
@@ -299,13 +245,13 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
     assert good == USERS - sent["bad"] and sent["bad"] > 0  # --bad-fraction 0.01
 
     # step 7: SIGTERM closes the round now (it reached n_min: released), then each exits 0
-    assert services.stop("coordinator") == 0, services.stderr("coordinator")
+    assert services.stop("coordinator", timeout=30) == 0, services.stderr("coordinator")
     [line] = services.lines("coordinator")
     assert line["released"], (line, services.stderr("mix0"))
     result = line["result"]
     assert result["round_id"] == sent["round_id"]
     for name in hops:
-        assert services.stop(name) == 0, services.stderr(name)
+        assert services.stop(name, timeout=30) == 0, services.stderr(name)
 
     # exactly one histogram entry per client mix 0 accepted; every bad report rejected
     [mix0] = services.lines("mix0")

@@ -4,11 +4,9 @@ and simulated clients each run as `python -m shufflekit ...`, exactly as deploye
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,74 +14,11 @@ import pytest
 
 from accountant.ledger import Budget, Ledger
 from shufflekit.services.keys import KeyFiles, write_key_pair
+from tests.service_procs import ROOT, Procs
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
 DEPLOYMENT = "svc"
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Procs:
-    """Child processes of one test; stdout and stderr go to files (no pipe can fill up)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        out = (self.folder / f"{name}.out").open("wb")
-        err = (self.folder / f"{name}.err").open("wb")
-        p = subprocess.Popen(
-            [sys.executable, "-m", "shufflekit", *args], stdout=out, stderr=err, cwd=ROOT
-        )
-        out.close()
-        err.close()
-        self.procs[name] = p
-        return p
-
-    def stderr(self, name: str) -> str:
-        return (self.folder / f"{name}.err").read_text()
-
-    def lines(self, name: str) -> list[dict[str, Any]]:
-        """The JSON objects a service printed on stdout, one per line."""
-        text = (self.folder / f"{name}.out").read_text()
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-    def wait_log(self, name: str, text: str, timeout: float = 60.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text in self.stderr(name):
-                return
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"{name} never logged {text!r}:\n{self.stderr(name)}")
-
-    def stop(self, name: str, timeout: float = 60.0) -> int:
-        """SIGTERM and the exit code (the test fails if it does not exit in time)."""
-        p = self.procs[name]
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-        try:
-            return p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} ignored SIGTERM:\n{self.stderr(name)}") from None
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    """Every child process is killed at teardown, whatever the test did."""
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def write_deployment(

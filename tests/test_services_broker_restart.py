@@ -22,7 +22,8 @@ import pytest
 
 from accountant.ledger import Ledger
 from tests.conftest import Broker
-from tests.test_services import DEPLOYMENT, Procs, start_hops, write_deployment
+from tests.service_procs import Procs
+from tests.test_services import DEPLOYMENT, start_hops, write_deployment
 from tests.test_services_durability import start_clients, wait_spooled
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
@@ -44,16 +45,6 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
         yield b
     finally:
         b.kill()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    """Every child process is killed at teardown, whatever the test did."""
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def wait_log_count(procs: Procs, name: str, text: str, n: int, timeout: float = 30.0) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 from accountant.ledger import Ledger
 from tests.conftest import Broker
-from tests.test_services import DEPLOYMENT, Procs, start_hops, write_deployment
+from tests.service_procs import Procs
+from tests.test_services import DEPLOYMENT, start_hops, write_deployment
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
@@ -39,15 +40,6 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         yield b
     finally:
         b.kill()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def spooled(tmp_path: Path, role: str) -> int:

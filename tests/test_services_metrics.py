@@ -6,27 +6,17 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
-from tests.test_services import Procs, start_hops
+from tests.service_procs import Procs
+from tests.test_services import start_hops
 from tests.test_services_rejections import enrolled_deployment, run_enrolled_clients
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    """Every child process is killed at teardown, whatever the test did."""
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def free_ports(n: int) -> int:

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,10 @@ from shufflekit.topics import Topics
 from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
 from shufflekit.wire import REPORT_SIZE
 from shuffler.credentials import EnrollmentKey
-from tests.test_services import DEPLOYMENT, ROOT, Procs, start_hops, write_deployment
+from tests.service_procs import ROOT, Procs
+from tests.test_services import DEPLOYMENT, start_hops, write_deployment
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    """Every child process is killed at teardown, whatever the test did."""
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def enrolled_deployment(tmp_path: Path, broker: str, extra: str = "") -> tuple[Path, Path, str]:
