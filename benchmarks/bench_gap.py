@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import multiprocessing as mp
-import os
 import platform
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _timing import load_line
 from scipy.stats import binom
 
 # Imported once in the parent, before any cell is forked: every cell runs the same code even if
@@ -333,8 +333,7 @@ def main(argv: list[str] | None = None) -> str:
         f"verdict in parentheses); timeout {args.timeout:g} s per cell",
         f"machine: {platform.machine()}, python {platform.python_version()}, numpy "
         f"{np.__version__}; {workers} worker processes, wall {wall:.1f} s",
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
-        "(a shared machine: the ratios are steadier than the seconds)",
+        load_line(),
         code_version(),
         "x ref = cell seconds / scipy binom.logpmf over n+1 points timed in this run ("
         + ", ".join(f"n={n:.0e}: {refs[n] * 1e3:.2f} ms" for n in sorted(refs))

@@ -11,12 +11,10 @@ Run: .venv/bin/python benchmarks/bench_simulate.py
 from __future__ import annotations
 
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from _timing import median_seconds
 
 from client.krr import KRR
 from shufflekit.datasets import normal_binned
@@ -26,17 +24,6 @@ USERS = 10_000_000
 K = 100
 EPS0 = 1.0
 RESULTS = Path(__file__).resolve().parent / "results" / "simulate.txt"
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall-clock seconds of `repeats` calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> str:

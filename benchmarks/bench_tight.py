@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import scipy
+from _timing import load_line, median_seconds
 from scipy.stats import binom
 
 from accountant import tight
@@ -35,17 +34,6 @@ K, EPS0, DELTA = 10, 4.0, 1e-6
 SIZES = (1_000_000, 10_000_000)
 TARGET_SECONDS = {1_000_000: 1.0, 10_000_000: 5.0}  # "about a second", "a few seconds"
 RESULTS = Path(__file__).resolve().parent / "results" / "tight.txt"
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall-clock seconds of `repeats` calls of fn (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def time_tight(mech: Mechanism, repeats: int) -> tuple[float, float, float, PrivacyResult]:
@@ -73,8 +61,7 @@ def main(argv: list[str] | None = None) -> str:
         f"(accountant.tight.tight_epsilon, median of {args.repeats})",
         f"machine: {platform.machine()}, python {platform.python_version()}, "
         f"numpy {np.__version__}, scipy {scipy.__version__}",
-        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
-        "(a shared machine: the ratios are steadier than the seconds)",
+        load_line(),
         f"accountant/tight.py sha256 {TIGHT_SHA}",
         "",
     ]
