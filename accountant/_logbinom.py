@@ -379,3 +379,34 @@ def tail_window(n: ArrayLike, p: float, log_tau: float) -> tuple[FloatArray, Flo
     hi = upper(p)
     lo = na - upper(1.0 - p)
     return np.maximum(lo, 0.0), hi
+
+
+def _kl(a: float, q: float) -> float:
+    """KL(Bern(a) || Bern(q)), the Chernoff exponent of a binomial tail at the fraction a."""
+    t1 = a * math.log(a / q) if a > 0 else 0.0
+    t2 = (1 - a) * math.log((1 - a) / (1 - q)) if a < 1 else 0.0
+    return t1 + t2
+
+
+def tail_window_int(n: int, p: float, log_tau: float) -> tuple[int, int]:
+    """`tail_window` for one n, in plain floats: the same (lo, hi), as ints, without numpy's
+    per-call overhead (it dominates when thousands of small windows are needed one by one)."""
+    target = -float(log_tau)
+
+    def upper(q: float) -> int:
+        if not n * _kl(1.0, q) > target:  # the whole range is within the window
+            return n
+        lo, hi = q, 1.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if n * _kl(mid, q) > target:
+                hi = mid
+            else:
+                lo = mid
+        return min(math.ceil(hi * n), n)
+
+    if p <= 0.0:
+        return 0, 0
+    if p >= 1.0:
+        return n, n
+    return max(n - upper(1.0 - p), 0), upper(p)

@@ -523,19 +523,18 @@ def _k2_epsilon(
     percent of it) and carries the branch-and-bound partition from one epsilon to the next.
     """
     cuts: list[int] | None = None
-    last: list[K2Bound] = []
+    bounds: dict[float, K2Bound] = {}  # by epsilon evaluated
 
     def fg(x: float) -> tuple[float, float | None]:
         nonlocal cuts
         # 1% in delta is ~0.05% in epsilon here; the root only needs the sign at each x
         res, cuts = k2_bounds(mech, min(x, hi), rtol=0.01, cuts=cuts, target=ld - _SAFETY)
-        last.append(res)
+        bounds[x] = res
         return res.log_upper + _SAFETY - ld, None
 
     x, evals = _find_root(fg, eps_l * (1 + 10 * rtol), slope, hi, rtol, "up")
-    final = last[-1]
-    details = _k2_details(mech, final) | {"k2_epsilon_evaluations": evals}
-    return x, details
+    at_x = bounds.get(x, list(bounds.values())[-1])  # the evaluation that certified x
+    return x, _k2_details(mech, at_x) | {"k2_epsilon_evaluations": evals}
 
 
 # ----------------------------------------------------------------------------- public API

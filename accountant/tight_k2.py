@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from accountant._logbinom import log_cdf, log_pmf, log_sf
+from accountant._logbinom import log_cdf, log_pmf, log_sf, tail_window_int
 from accountant.core import Mechanism
 from accountant.errors import InvalidParameters
 
@@ -68,39 +68,10 @@ class _Piece:
     log_out: float  # log of the exact mass outside the window
 
 
-def _kl(a: float, r: float) -> float:
-    """KL(Bern(a) || Bern(r)), the Chernoff exponent of a binomial tail at a fraction a."""
-    t1 = a * math.log(a / r) if a > 0 else 0.0
-    t2 = (1 - a) * math.log((1 - a) / (1 - r)) if a < 1 else 0.0
-    return t1 + t2
-
-
-def _window(n: int, r: float, log_tau: float) -> tuple[int, int]:
-    """[lo, hi] outside which each Chernoff tail of Bin(n, r) is below e^log_tau.
-
-    Only a choice of window: the mass actually left out is computed exactly by the caller.
-    """
-    target = -log_tau
-
-    def edge(rr: float) -> int:  # upper edge for success probability rr
-        if n * _kl(1.0, rr) <= target:
-            return n
-        lo, hi = rr, 1.0
-        for _ in range(50):
-            mid = 0.5 * (lo + hi)
-            if n * _kl(mid, rr) > target:
-                hi = mid
-            else:
-                lo = mid
-        return min(n, math.ceil(hi * n))
-
-    return max(0, n - edge(1.0 - r)), edge(r)
-
-
 def _piece(n: int, r: float, log_tau: float) -> _Piece:
     if n <= 0 or r <= 0.0:
         return _Piece(0, np.ones(1), 0.0, -math.inf)
-    lo, hi = _window(n, r, log_tau)
+    lo, hi = tail_window_int(n, r, log_tau)
     x = np.arange(lo, hi + 1, dtype=np.float64)
     lp = log_pmf(x, n, r)
     mx = float(np.max(lp))
@@ -159,7 +130,7 @@ class _Evaluator:
         pieces = [_piece(m1, self.p, self.log_tau), _piece(self.n1 - m2, self.q, self.log_tau)]
         extra = -math.inf
         if w > 0:
-            b_min = _window(w, self.gamma, self.log_b_tau)[0]
+            b_min = tail_window_int(w, self.gamma, self.log_b_tau)[0]
             if b_min > 0:
                 extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(
                     self.p - self.e * self.q

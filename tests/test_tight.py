@@ -297,3 +297,20 @@ def test_default_is_no_looser_than_the_unbucketed_blanket() -> None:
     w = get_method("blanket-weak").epsilon(mech, 1e-6)
     assert t.lower_epsilon is not None
     assert t.lower_epsilon <= t.epsilon <= w.epsilon
+
+
+def test_scalar_tail_window_is_the_vectorised_one() -> None:
+    from accountant._logbinom import tail_window_int
+
+    for n, p, log_tau in [
+        (0, 0.3, -40.0),
+        (1, 0.5, -10.0),
+        (37, 0.02, -60.0),
+        (1000, 0.98, -60.0),
+        (10**6, 0.27, -45.0),
+        (5000, 0.5, -700.0),
+        (10, 0.0, -30.0),
+        (10, 1.0, -30.0),
+    ]:
+        lo, hi = tail_window(n, p, log_tau)
+        assert tail_window_int(n, p, log_tau) == (int(lo[0]), int(hi[0]))
