@@ -14,7 +14,6 @@ commits and publishes it once in the ledger.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,14 @@ from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Abort, Announcement, Result
 from shufflekit.services.shutdown import unless_stopped
-from shufflekit.spool import Arrival, Inbox, Spool, classify_hop_input, hop_filters
+from shufflekit.spool import (
+    Arrival,
+    Inbox,
+    Spool,
+    classify_hop_input,
+    hop_filters,
+    running_inbox,
+)
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Message, Transport
 from shufflekit.wire import REPORT_SIZE, Report
@@ -135,20 +141,8 @@ class Analyzer:
         if ann.analyzer_key != self.key.public_b64():
             raise ValueError("the announcement names another analyzer key")
         if inbox is None:
-            own = self.inbox(ann.hops)
-            subscribed = asyncio.Event()
-            task = asyncio.create_task(own.run(subscribed))
-            try:
-                waiter = asyncio.create_task(subscribed.wait())
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if task.done():
-                    task.result()
+            async with running_inbox(None, lambda: self.inbox(ann.hops)) as own:
                 return await self.run_round(ann, ready, stop, own)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
         if ready is not None:
             ready.set()
         self.spool.begin(ann)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,3 +308,26 @@ def classify_hop_input(msg: Message) -> Arrival | None:
             if isinstance(c, Close) and c.round_id == round_id:
                 return Arrival(round_id, "close", CLOSE_KEY, b"")
     return None
+
+
+@contextlib.asynccontextmanager
+async def running_inbox(inbox: Inbox | None, make: Callable[[], Inbox]) -> AsyncIterator[Inbox]:
+    """`inbox` if a service already runs one, else `make()` running (and subscribed) for the
+    duration of the block: a hop used for a single round (tests, `LocalDeployment`)."""
+    if inbox is not None:
+        yield inbox
+        return
+    own = make()
+    subscribed = asyncio.Event()
+    task = asyncio.create_task(own.run(subscribed))
+    try:
+        waiter = asyncio.create_task(subscribed.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()
+        yield own
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -14,10 +14,8 @@ is forwarded, so a mix restarted mid-round resumes it and forwards the same batc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,7 +25,14 @@ from shufflekit.crypto import KeyPair, onion_size, peel
 from shufflekit.errors import InvalidReport, RoundAborted
 from shufflekit.messages import Abort, Announcement
 from shufflekit.services.shutdown import unless_stopped
-from shufflekit.spool import Arrival, Inbox, Spool, classify_hop_input, hop_filters
+from shufflekit.spool import (
+    Arrival,
+    Inbox,
+    Spool,
+    classify_hop_input,
+    hop_filters,
+    running_inbox,
+)
 from shufflekit.topics import Topics
 from shufflekit.transport.base import Message, Transport
 from shufflekit.wire import REPORT_SIZE, Envelope
@@ -119,7 +124,7 @@ class MixNode:
         """
         if ann.mix_keys[self.index] != self.key.public_b64():
             raise ValueError(f"mix {self.index}: the announcement names another public key")
-        async with self._input(inbox) as inbox:
+        async with running_inbox(inbox, self.inbox) as inbox:
             if ready is not None:
                 ready.set()
             if self.spool.begin(ann) == "output":
@@ -166,27 +171,6 @@ class MixNode:
         )
         self.spool.finish(ann.round_id, out.to_dict())
         return out
-
-    @contextlib.asynccontextmanager
-    async def _input(self, inbox: Inbox | None) -> AsyncIterator[Inbox]:
-        """The given inbox, or one running for the duration of the block."""
-        if inbox is not None:
-            yield inbox
-            return
-        own = self.inbox()
-        subscribed = asyncio.Event()
-        task = asyncio.create_task(own.run(subscribed))
-        try:
-            waiter = asyncio.create_task(subscribed.wait())
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if task.done():
-                task.result()
-            yield own
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _ingest(
         self,
