@@ -30,11 +30,13 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 

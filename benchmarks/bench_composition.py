@@ -32,10 +32,10 @@ import numpy as np
 import scipy.fft as sfft
 from scipy.stats import binom
 
-from accountant.compose_dpa import to_dp_accounting
-from accountant.composition import clear_caches, compose, compose_rounds, default_grid
-from accountant.core import Mechanism, PrivacyLossDistribution
-from accountant.pld_grid import discretise
+from shufflekit.accountant.compose_dpa import to_dp_accounting
+from shufflekit.accountant.composition import clear_caches, compose, compose_rounds, default_grid
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.pld_grid import discretise
 
 ROUNDS = 1000
 DELTA = 1e-6
@@ -135,7 +135,7 @@ def scenario_a(lines: list[str]) -> None:
 
 
 def scenario_b(lines: list[str]) -> None:
-    importlib.import_module("accountant.tight")  # ImportError: scenario skipped
+    importlib.import_module("shufflekit.accountant.tight")  # ImportError: scenario skipped
 
     rng = np.random.default_rng(1)
     distinct = [
@@ -157,7 +157,7 @@ def scenario_b(lines: list[str]) -> None:
         f"B. {ROUNDS} rounds drawn from {len(distinct)} distinct (n, k, eps0), tight_pld "
         f"(built and cached in {build:.1f} s, not counted)"
     )
-    from accountant.pld_grid import clear_cache
+    from shufflekit.accountant.pld_grid import clear_cache
 
     m_ref = 0
     for engine in ("fft", "dp_accounting"):

@@ -38,10 +38,10 @@ from scipy.stats import binom
 
 # Imported once in the parent, before any cell is forked: every cell runs the same code even if
 # accountant/tight.py is edited while the table runs (its hash goes in the report).
-from accountant import tight
-from accountant.core import Mechanism
-from accountant.registry import get_method
-from shufflekit.cli_privacy import epsilon_row
+from shufflekit.accountant import tight
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.registry import get_method
+from shufflekit.app.cli_privacy import epsilon_row
 
 TIGHT_SHA = hashlib.sha256(Path(tight.__file__).read_bytes()).hexdigest()[:12]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from _timing import median_seconds
 
-from client.krr import KRR
-from shufflekit.datasets import normal_binned
-from shufflekit.simulate import simulate_round
+from shufflekit.app.datasets import normal_binned
+from shufflekit.app.simulate import simulate_round
+from shufflekit.client.krr import KRR
 
 USERS = 10_000_000
 K = 100

@@ -25,8 +25,8 @@ import scipy
 from _timing import load_line, median_seconds
 from scipy.stats import binom
 
-from accountant import tight
-from accountant.core import Mechanism, PrivacyResult
+from shufflekit.accountant import tight
+from shufflekit.accountant.core import Mechanism, PrivacyResult
 
 TIGHT_SHA = hashlib.sha256(Path(tight.__file__).read_bytes()).hexdigest()[:12]
 

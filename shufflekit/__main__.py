@@ -1,5 +1,5 @@
-"""`python -m shufflekit` runs the command line."""
+"""`python -m shufflekit`: the command line."""
 
-from shufflekit.cli import main
+from shufflekit.app.cli import main
 
 main()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accountant.ledger import Budget, Ledger
+from shufflekit.accountant.ledger import Budget, Ledger
 from tests.service_procs import Procs
 
 

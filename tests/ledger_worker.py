@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from accountant.errors import BudgetExceeded
-from accountant.ledger import Ledger
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.base.errors import BudgetExceeded
 
 
 def _wait_for(path: Path, timeout: float = 120.0) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from client.agent import build_envelope
-from client.population import Population
-from shufflekit.crypto import LAYER_OVERHEAD
-from shufflekit.messages import Announcement
-from shufflekit.topics import Topics
-from shufflekit.transport.base import Transport
-from shufflekit.wire import Envelope
+from shufflekit.client.agent import build_envelope
+from shufflekit.client.population import Population
+from shufflekit.core.crypto import LAYER_OVERHEAD
+from shufflekit.core.messages import Announcement
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Transport
+from shufflekit.core.wire import Envelope
 
 
 def population(n: int, k: int, seed: int = 1) -> tuple[Population, list[int]]:

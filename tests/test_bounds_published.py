@@ -14,10 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from accountant import biswas, blanket, clones, closed_forms, ldp
-from accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
-from accountant.errors import InvalidParameters, NotApplicable
-from accountant.registry import (
+from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.registry import (
     PRIMARY_NAMES,
     VARIANT_NAMES,
     Method,
@@ -25,6 +24,7 @@ from accountant.registry import (
     get_method,
     method_names,
 )
+from shufflekit.base.errors import InvalidParameters, NotApplicable
 
 LN13 = math.log(13.0)  # Koskela et al. Fig. 1: gamma = 0.25, k = 4  <=>  eps0 = log 13
 
@@ -419,7 +419,10 @@ def test_get_method_unknown_lists_valid_names() -> None:
 
 
 def test_registry_does_not_import_tight_eagerly() -> None:
-    code = "import sys, accountant.registry; print('accountant.tight' in sys.modules)"
+    code = (
+        "import sys, shufflekit.accountant.registry; "
+        "print('shufflekit.accountant.tight' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -19,12 +19,12 @@ from bruteforce_oracle import _add_user, exact_delta_curve, exact_epsilon, histo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accountant import blanket, clones
-from accountant._numerics import clone_pair_log_delta
-from accountant.biswas import biswas_delta
-from accountant.core import Mechanism, Soundness
-from accountant.errors import NotApplicable
-from accountant.registry import all_methods, get_method
+from shufflekit.accountant import blanket, clones
+from shufflekit.accountant._numerics import clone_pair_log_delta
+from shufflekit.accountant.biswas import biswas_delta
+from shufflekit.accountant.core import Mechanism, Soundness
+from shufflekit.accountant.registry import all_methods, get_method
+from shufflekit.base.errors import NotApplicable
 
 # (n, k) x eps0 grid; every (n, k) with n <= 10, k <= 4 is cheap for the oracle
 SHAPES = [(1, 2), (2, 2), (2, 3), (3, 3), (4, 4), (5, 2), (6, 3), (8, 2), (10, 2), (10, 3), (10, 4)]
@@ -97,7 +97,7 @@ def test_tight_method_is_sound(n: int, k: int, eps0: float) -> None:
         try:
             r = m.delta(mech, eps)
         except NotApplicable:
-            pytest.skip("accountant.tight not available")
+            pytest.skip("shufflekit.accountant.tight not available")
         assert r.delta >= ex * (1 - REL) - ABS
         if r.lower_log_delta is not None:
             assert math.exp(r.lower_log_delta) <= ex * (1 + REL) + ABS

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from accountant.ledger import Budget, Ledger
-from shufflekit.coordinator import LocalDeployment, RoundParams
-from shufflekit.errors import TransportError
-from shufflekit.topics import Topics
-from shufflekit.transport import BrokerAddress, MqttTransport, Subscription, drain
-from shufflekit.transport.mqtt import BrokerAccessDenied, BrokerAuthError, BrokerTLSError
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.base.errors import TransportError
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport import BrokerAddress, MqttTransport, Subscription, drain
+from shufflekit.core.transport.mqtt import BrokerAccessDenied, BrokerAuthError, BrokerTLSError
 from tests.broker_security import (
     SecureBroker,
     make_pki,

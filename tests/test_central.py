@@ -9,7 +9,7 @@ import pytest
 from scipy.integrate import quad
 from scipy.stats import norm
 
-from analyzer.central import (
+from shufflekit.analyzer.central import (
     REPLACE_ONE_SENSITIVITY,
     CalibrationError,
     add_gaussian_noise,

@@ -99,7 +99,7 @@ def test_clear_errors_and_nothing_written(tmp_path: Path) -> None:
 
 
 def test_demo_estimator_option_and_created_budget_notice(tmp_path: Path) -> None:
-    from analyzer.estimators import inv_frequencies, project_simplex
+    from shufflekit.analyzer.estimators import inv_frequencies, project_simplex
 
     led = f"sqlite:///{tmp_path / 'l.db'}"
     # 20 Zipf categories, 300 users, eps0 0.5: INV is far outside the simplex (sd ~0.4 each)
@@ -125,8 +125,8 @@ def test_demo_estimator_option_and_created_budget_notice(tmp_path: Path) -> None
 
 
 def test_ensure_budget_announces_only_what_it_creates(tmp_path: Path) -> None:
-    from accountant.ledger import Ledger
-    from shufflekit.demo import DemoConfig, ensure_budget
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.app.demo import DemoConfig, ensure_budget
 
     led = Ledger(f"sqlite:///{tmp_path / 'e.db'}")
     lines: list[str] = []
@@ -151,7 +151,7 @@ def test_demo_reports_whether_the_iterative_estimate_converged(tmp_path: Path) -
 
 
 def test_demo_warns_when_the_estimate_did_not_converge(capsys: pytest.CaptureFixture[str]) -> None:
-    from shufflekit.cli import _print_demo
+    from shufflekit.app.cli import _print_demo
 
     rnd = {
         "round_id": "r1",

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from accountant.core import Mechanism
-from accountant.ledger import Budget, Ledger
-from accountant.policy import TightCost
-from accountant.registry import get_method
-from shufflekit.cli import app
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.registry import get_method
+from shufflekit.app.cli import app
 
 runner = CliRunner()
 
@@ -211,7 +211,7 @@ def test_compare_lists_every_method_with_label(tmp_path: Path) -> None:
 def test_compare_table_shows_every_method_within_100_columns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shufflekit import render
+    from shufflekit.app import render
 
     monkeypatch.setattr(render.console, "width", 100)
     args = ["--n", "100000", "--k", "10", "--eps0", "4", "--delta", "1e-6"]

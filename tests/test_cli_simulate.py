@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from shufflekit.cli import app
+from shufflekit.app.cli import app
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "160"}

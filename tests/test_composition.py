@@ -22,9 +22,9 @@ from scipy.optimize import brentq
 from scipy.special import gammaln, log_ndtr
 from scipy.stats import binom
 
-from accountant.compose_dpa import compose_dpa, to_dp_accounting
-from accountant.compose_fft import compose_fft
-from accountant.composition import (
+from shufflekit.accountant.compose_dpa import compose_dpa, to_dp_accounting
+from shufflekit.accountant.compose_fft import compose_fft
+from shufflekit.accountant.composition import (
     ComposedPLD,
     PldCost,
     compose,
@@ -35,9 +35,9 @@ from accountant.composition import (
     delta_for_epsilon,
     epsilon_for_delta,
 )
-from accountant.core import Mechanism, PrivacyLossDistribution, Soundness
-from accountant.errors import AccuracyError, InvalidParameters
-from accountant.pld_grid import clear_cache, discretise
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, Soundness
+from shufflekit.accountant.pld_grid import clear_cache, discretise
+from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ENGINES = ["dp_accounting", "fft"]
 
@@ -400,7 +400,7 @@ def test_reproduces_the_seed_fourier_accountant_numbers(engine: str) -> None:
     eps = 0.78426 (one round) and, for 16 rounds, the rigorous bracket [3.381897, 3.381961] of
     the reference FFT accountant at L=20, m=1e7. Our upper bound must not be below the bracket's
     lower end, and our split rounding is tighter than its upper end."""
-    blanket = pytest.importorskip("accountant.blanket")
+    blanket = pytest.importorskip("shufflekit.accountant.blanket")
     pld = blanket.strong_pld(Mechanism(1000, 4, math.log(13.0)))  # gamma = 4/(13+3) = 0.25
     one = compose([pld], engine=engine, grid=1e-4).epsilon(1e-6)
     assert 0.78425 <= one <= 0.78427

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shufflekit.cli import app
-from shufflekit.errors import ConfigError, InvalidReport
-from shufflekit.services.config import load_config
-from shufflekit.services.keys import (
+from shufflekit.app.cli import app
+from shufflekit.app.services.config import load_config
+from shufflekit.app.services.keys import (
     KeyFiles,
     load_credential_verifier,
     load_enrollment_key,
     write_enrollment_key,
 )
-from shufflekit.services.metrics import MetricsSettings
-from shufflekit.wire import Envelope
-from shuffler.credentials import CREDENTIAL_SIZE, CredentialVerifier, EnrollmentKey, admit
+from shufflekit.app.services.metrics import MetricsSettings
+from shufflekit.base.errors import ConfigError, InvalidReport
+from shufflekit.core.credentials import CREDENTIAL_SIZE, CredentialVerifier, EnrollmentKey, admit
+from shufflekit.core.wire import Envelope
 
 ONION = bytes(range(102))
 

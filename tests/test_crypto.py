@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shufflekit.crypto import KeyPair, onion_size, peel, public_from_b64, seal_onion
-from shufflekit.errors import InvalidReport
+from shufflekit.base.errors import InvalidReport
+from shufflekit.core.crypto import KeyPair, onion_size, peel, public_from_b64, seal_onion
 
 
 def _onion(keys: list[KeyPair], plaintext: bytes = b"report") -> bytes:

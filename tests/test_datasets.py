@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare, norm
 
-from shufflekit.datasets import (
+from shufflekit.app.datasets import (
     DATASETS,
     PROBS_SUM_TOLERANCE,
     DatasetError,

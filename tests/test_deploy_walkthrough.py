@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from accountant.ledger import Ledger
-from shufflekit.cli import app
-from shufflekit.services.config import load_config
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.app.cli import app
+from shufflekit.app.services.config import load_config
 from tests.broker_security import (
     SecureBroker,
     require_secure_broker,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from analyzer.estimators import (
+from shufflekit.analyzer.estimators import (
     ESTIMATORS,
     EstimatorInputError,
     clip_renormalise,
@@ -25,7 +25,7 @@ from analyzer.estimators import (
     mle_frequencies,
     project_simplex,
 )
-from analyzer.metrics import (
+from shufflekit.analyzer.metrics import (
     MetricInputError,
     all_metrics,
     l1_distance,
@@ -33,8 +33,8 @@ from analyzer.metrics import (
     max_error,
     total_variation,
 )
-from client.krr import KRR
-from shufflekit.simulate import simulate_rounds
+from shufflekit.app.simulate import simulate_rounds
+from shufflekit.client.krr import KRR
 
 TRUE_COUNTS = np.array([4000, 3000, 2000, 1500, 1000, 800, 700, 500, 300, 200])
 K = 10
@@ -262,7 +262,7 @@ def test_bad_method_confidence_and_target_are_refused() -> None:
 
 
 def test_analyzer_modules_do_not_import_the_client() -> None:
-    root = Path(__file__).resolve().parents[1] / "analyzer"
+    root = Path(__file__).resolve().parents[1] / "shufflekit" / "analyzer"
     for name in ("estimators.py", "metrics.py", "central.py"):
         tree = ast.parse((root / name).read_text())
         for node in ast.walk(tree):
@@ -272,7 +272,8 @@ def test_analyzer_modules_do_not_import_the_client() -> None:
                 mods = [node.module or ""]
             else:
                 continue
-            assert not any(m.split(".")[0] in {"client", "shuffler"} for m in mods), (name, mods)
+            roles = ("shufflekit.client", "shufflekit.shuffler")
+            assert not any(m.startswith(roles) for m in mods), (name, mods)
 
 
 def test_metrics_between_distributions() -> None:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accountant.core import Mechanism
-from accountant.tight import upper_log_delta
-from analyzer.central import analytic_gaussian_sigma
-from shufflekit.cli import app
-from shufflekit.cli_simulate import utility_table
-from shufflekit.experiment import (
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.tight import upper_log_delta
+from shufflekit.analyzer.central import analytic_gaussian_sigma
+from shufflekit.app.cli import app
+from shufflekit.app.cli_simulate import utility_table
+from shufflekit.app.experiment import (
     JSON_FIELDS,
     ROW_FIELDS,
     ExperimentError,
@@ -114,7 +114,7 @@ def test_same_seed_same_rows() -> None:
 
 
 def test_csv_and_png_are_written(small: list[dict[str, Any]], tmp_path: Path) -> None:
-    from shufflekit.experiment import UtilityResult
+    from shufflekit.app.experiment import UtilityResult
 
     files = write_outputs(UtilityResult(SMALL, small), tmp_path / "out")
     with open(files["csv"], newline="") as fh:
@@ -162,7 +162,7 @@ def test_target_no_eps0_can_meet_is_a_row_not_a_crash() -> None:
 
 
 def test_points_given_by_eps0_use_the_accountants_epsilon() -> None:
-    from accountant.tight import tight_epsilon
+    from shufflekit.accountant.tight import tight_epsilon
 
     cfg = UtilityConfig(
         epsilons=(), eps0_values=(2.0,), ns=(500,), ks=(4,), repetitions=3, estimators=("inv",)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from accountant.errors import BudgetExceeded, InvalidParameters, LedgerError
-from accountant.ledger import Budget, Ledger, LedgerNotFound, budgets
+from shufflekit.accountant.ledger import Budget, Ledger, budgets
+from shufflekit.base.errors import BudgetExceeded, InvalidParameters, LedgerError, LedgerNotFound
 
 
 def test_reserve_commit_refund_lifecycle(ledger: Ledger) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from shufflekit.cli import app
+from shufflekit.app.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 INIT = ["init", "--epsilon", "5", "--delta", "1e-6", "--n-min", "10", "--cost-model", "ldp"]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from accountant.core import Mechanism
-from accountant.ledger import Budget, Ledger
-from accountant.policy import cost_model
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.policy import cost_model
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 8

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from accountant.ledger import Budget, Ledger
-from analyzer.service import Analyzer
-from shufflekit.coordinator import LocalDeployment, RoundParams
-from shufflekit.crypto import KeyPair
-from shufflekit.messages import Announcement
-from shufflekit.transport import MemoryBroker, drain
-from shufflekit.transport.base import Transport
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.messages import Announcement
+from shufflekit.core.transport import MemoryBroker, drain
+from shufflekit.core.transport.base import Transport
 from tests.pipeline_helpers import population
 
 

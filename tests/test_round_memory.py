@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from accountant.errors import BudgetExceeded
-from accountant.ledger import Budget, Ledger
-from shufflekit.coordinator import LocalDeployment, RoundParams
-from shufflekit.messages import Announcement
-from shufflekit.transport import MemoryBroker
-from shufflekit.transport.base import Transport
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.base.errors import BudgetExceeded
+from shufflekit.core.messages import Announcement
+from shufflekit.core.transport import MemoryBroker
+from shufflekit.core.transport.base import Transport
 from tests.pipeline_helpers import hostile_traffic, population
 
 
@@ -89,7 +89,7 @@ async def test_budget_refusal_contacts_no_client(tmp_path: Any) -> None:
 
 
 def _drain(sub: Any) -> list[Any]:
-    from shufflekit.transport import drain
+    from shufflekit.core.transport import drain
 
     return drain(sub)
 
@@ -98,10 +98,10 @@ def _drain(sub: Any) -> list[Any]:
 async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) -> None:
     """Someone who can write to hop 1 (a forged manifest, or a chunk that wins the race):
     hop 1 refuses the whole batch, the round aborts, nothing reaches the analyzer, refunded."""
-    from shufflekit.crypto import onion_size
-    from shufflekit.messages import Manifest
-    from shufflekit.topics import Topics
-    from shufflekit.wire import REPORT_SIZE, Chunk
+    from shufflekit.core.crypto import onion_size
+    from shufflekit.core.messages import Manifest
+    from shufflekit.core.topics import Topics
+    from shufflekit.core.wire import REPORT_SIZE, Chunk
 
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
@@ -134,9 +134,9 @@ async def test_a_round_without_outcome_is_aborted_and_refunded(tmp_path: Any) ->
     budget is not held by a round that will never be released."""
     import asyncio
 
-    from shufflekit.coordinator import Coordinator, RoundTopics
-    from shufflekit.crypto import KeyPair
-    from shufflekit.messages import Abort, Ready
+    from shufflekit.app.coordinator import Coordinator, RoundTopics
+    from shufflekit.core.crypto import KeyPair
+    from shufflekit.core.messages import Abort, Ready
 
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))

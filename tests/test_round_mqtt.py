@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from accountant.ledger import Ledger
-from shufflekit.coordinator import LocalDeployment, RoundParams
-from shufflekit.messages import Announcement
-from shufflekit.transport import BrokerAddress, MqttTransport
-from shufflekit.transport.base import Transport
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.core.messages import Announcement
+from shufflekit.core.transport import BrokerAddress, MqttTransport
+from shufflekit.core.transport.base import Transport
 from tests.pipeline_helpers import hostile_traffic, population
 
 pytestmark = pytest.mark.mqtt
@@ -61,7 +61,7 @@ def test_broker_url_parsing() -> None:
         True,
     )
     assert BrokerAddress.parse("mqtt://127.0.0.1").port == 1883
-    from shufflekit.errors import ConfigError
+    from shufflekit.base.errors import ConfigError
 
     for bad in ("http://x", "mqtt://", "mqtt://h:notaport"):
         with pytest.raises(ConfigError):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from accountant.ledger import Budget, Ledger
-from shufflekit.services.keys import KeyFiles, write_key_pair
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from tests.service_procs import ROOT, Procs
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from accountant.ledger import Ledger
+from shufflekit.accountant.ledger import Ledger
 from tests.conftest import Broker
 from tests.service_procs import Procs
 from tests.test_services import DEPLOYMENT, start_hops, write_deployment

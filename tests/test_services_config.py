@@ -11,22 +11,22 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from accountant.ledger import Budget, Ledger
-from analyzer.service import Analyzer
-from shufflekit.cli import app
-from shufflekit.coordinator import (
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.app.cli import app
+from shufflekit.app.coordinator import (
     COORDINATOR_HOP,
     Coordinator,
     HopRunner,
     RoundParams,
     ledger_release_hook,
 )
-from shufflekit.crypto import KeyPair
-from shufflekit.errors import ConfigError
-from shufflekit.services.config import load_config
-from shufflekit.services.keys import load_private_key, load_public_key
-from shufflekit.transport import MemoryBroker
-from shuffler.mix import MixNode
+from shufflekit.app.services.config import load_config
+from shufflekit.app.services.keys import load_private_key, load_public_key
+from shufflekit.base.errors import ConfigError
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.transport import MemoryBroker
+from shufflekit.shuffler.mix import MixNode
 
 runner = CliRunner()
 

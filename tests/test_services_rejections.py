@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from client.agent import build_envelope, current_announcement, wrap_envelope
-from shufflekit.crypto import SUITE, layer_info, onion_size, public_from_b64, seal_onion
-from shufflekit.messages import Announcement
-from shufflekit.services.keys import KeyFiles, write_enrollment_key
-from shufflekit.topics import Topics
-from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
-from shufflekit.wire import REPORT_SIZE
-from shuffler.credentials import EnrollmentKey
+from shufflekit.app.services.keys import KeyFiles, write_enrollment_key
+from shufflekit.client.agent import build_envelope, current_announcement, wrap_envelope
+from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.crypto import SUITE, layer_info, onion_size, public_from_b64, seal_onion
+from shufflekit.core.messages import Announcement
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.core.wire import REPORT_SIZE
 from tests.service_procs import ROOT, Procs
 from tests.test_services import DEPLOYMENT, start_hops, write_deployment
 
@@ -110,7 +110,7 @@ async def send_hostile(broker: str, key: EnrollmentKey) -> tuple[Announcement, C
 def test_hostile_reports_are_rejected_by_reason_and_the_round_counts_the_rest(
     mosquitto: str, procs: Procs, tmp_path: Path
 ) -> None:
-    from shufflekit.services.keys import load_enrollment_key
+    from shufflekit.app.services.keys import load_enrollment_key
 
     cfg, key_file, _ = enrolled_deployment(tmp_path, mosquitto)
     hops = start_hops(procs, cfg, 1)

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from scipy.stats import chi2, chi2_contingency, chisquare, multinomial
 
-from client.krr import KRR
-from shufflekit import simulate
-from shufflekit.datasets import DatasetError, from_csv, zipf
-from shufflekit.simulate import (
+from shufflekit.app import simulate
+from shufflekit.app.datasets import DatasetError, from_csv, zipf
+from shufflekit.app.simulate import (
     krr_rows,
     per_user_round,
     run_simulation,
     simulate_round,
     simulate_rounds,
 )
+from shufflekit.client.krr import KRR
 
 
 def per_user_rounds(

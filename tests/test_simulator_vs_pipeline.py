@@ -3,7 +3,7 @@
 The pipeline is everything a deployment runs: the coordinator reserves the round in a ledger,
 client agents randomise with k-RR and seal HPKE onions, the mix peels, de-duplicates and
 permutes, the analyzer decrypts, validates and counts. Its per-category report counts over many
-rounds are compared with the law the simulator (`shufflekit.simulate.simulate_rounds`) draws
+rounds are compared with the law the simulator (`shufflekit.app.simulate.simulate_rounds`) draws
 from, by two tests at a fixed significance ALPHA:
 
 * mean: Hotelling-type statistic of the difference between the pipeline's mean histogram and the
@@ -31,12 +31,12 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-import client.agent
-from accountant.ledger import Budget, Ledger
-from client.population import Population
-from shufflekit.coordinator import LocalDeployment, RoundParams
-from shufflekit.simulate import simulate_rounds
-from shufflekit.transport import MemoryBroker
+import shufflekit.client.agent as agent_mod
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.simulate import simulate_rounds
+from shufflekit.client.population import Population
+from shufflekit.core.transport import MemoryBroker
 
 K = 3
 EPS0 = 1.0
@@ -77,8 +77,8 @@ def pipeline_hists(tmp_path_factory: pytest.TempPathFactory) -> npt.NDArray[np.i
     dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1)
     values = np.repeat(np.arange(K), TRUE_COUNTS).tolist()
     pop = Population(values)
-    saved = client.agent._RNG
-    client.agent._RNG = random.Random(20240611)  # type: ignore[assignment]
+    saved = agent_mod._RNG
+    agent_mod._RNG = random.Random(20240611)  # type: ignore[assignment]
     try:
 
         async def run_all() -> list[list[int]]:
@@ -92,7 +92,7 @@ def pipeline_hists(tmp_path_factory: pytest.TempPathFactory) -> npt.NDArray[np.i
 
         hists = asyncio.run(run_all())
     finally:
-        client.agent._RNG = saved
+        agent_mod._RNG = saved
     arr = np.asarray(hists, dtype=np.int64)
     assert arr.shape == (ROUNDS, K)
     assert (arr.sum(axis=1) == TRUE_COUNTS.sum()).all()  # one report per user, every round

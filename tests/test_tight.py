@@ -8,10 +8,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from accountant import tight
-from accountant._logbinom import log_interval, log_pmf, log_pos_part, log_sf, tail_window
-from accountant.core import Mechanism, Soundness
-from accountant.errors import AccuracyError, InvalidParameters
+from shufflekit.accountant import tight
+from shufflekit.accountant._logbinom import log_interval, log_pmf, log_pos_part, log_sf, tail_window
+from shufflekit.accountant.core import Mechanism, Soundness
+from shufflekit.base.errors import AccuracyError, InvalidParameters
 from tests.bruteforce_oracle import dataset_delta, exact_delta_curve
 
 # ----------------------------------------------------------------------------- oracle sandwich
@@ -290,7 +290,7 @@ def test_tail_window_is_rigorous() -> None:
 def test_default_is_no_looser_than_the_unbucketed_blanket() -> None:
     """`tight` buckets the blanket count; its buckets must be fine enough that it is never
     looser than `blanket-weak` (the same adversary, evaluated without buckets)."""
-    from accountant.registry import get_method
+    from shufflekit.accountant.registry import get_method
 
     mech = Mechanism(100_000, 10, 4.0)
     t = tight.tight_epsilon(mech, 1e-6)
@@ -300,7 +300,7 @@ def test_default_is_no_looser_than_the_unbucketed_blanket() -> None:
 
 
 def test_scalar_tail_window_is_the_vectorised_one() -> None:
-    from accountant._logbinom import tail_window_int
+    from shufflekit.accountant._logbinom import tail_window_int
 
     for n, p, log_tau in [
         (0, 0.3, -40.0),

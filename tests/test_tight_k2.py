@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from accountant import tight, tight_k2
-from accountant.core import Mechanism
-from accountant.errors import InvalidParameters
+from shufflekit.accountant import tight, tight_k2
+from shufflekit.accountant.core import Mechanism
+from shufflekit.base.errors import InvalidParameters
 from tests.bruteforce_oracle import dataset_delta, exact_tight_delta
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shufflekit.errors import TransportError
-from shufflekit.transport import MemoryBroker, drain, topic_matches
+from shufflekit.base.errors import TransportError
+from shufflekit.core.transport import MemoryBroker, drain, topic_matches
 
 
 @pytest.mark.parametrize(

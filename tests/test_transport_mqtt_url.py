@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shufflekit.errors import ConfigError
-from shufflekit.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.base.errors import ConfigError
+from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
 from tests.broker_security import make_pki
 
 SECRET = "s3cret-p@ss"

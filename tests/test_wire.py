@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shufflekit.errors import InvalidReport
-from shufflekit.wire import (
+from shufflekit.base.errors import InvalidReport
+from shufflekit.core.wire import (
     REPORT_SIZE,
     Chunk,
     Envelope,

@@ -1,5 +1,0 @@
-"""The analyzer: decrypt the shuffled batch, validate, aggregate, denoise, release."""
-
-from analyzer.service import Analyzer, AnalyzerOutcome
-
-__all__ = ["Analyzer", "AnalyzerOutcome"]

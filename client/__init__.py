@@ -1,7 +1,0 @@
-"""Client side of the shuffle model: k-RR, report encoding, onion encryption, agents."""
-
-from client.agent import ClientAgent, build_envelope, current_announcement
-from client.krr import KRR
-from client.population import Population
-
-__all__ = ["KRR", "ClientAgent", "Population", "build_envelope", "current_announcement"]

@@ -1,0 +1,227 @@
+"""`clones`: Feldman, McMillan, Talwar, "Hiding among the clones" (FOCS 2021), any eps0-LDP.
+
+Their theorem: shuffling n reports of ANY eps0-LDP randomizer is (eps, delta)-DP whenever the
+pair below is (eps, delta)-indistinguishable:
+
+    C ~ Bin(n-1, e^-eps0),  A | C ~ Bin(C, 1/2),  D ~ Bern(q),  q = e^eps0 / (e^eps0 + 1),
+    P = (A + D, C - A + 1 - D),   Q = (A + 1 - D, C - A + D).
+
+This is the pair of the official implementation (apple/ml-shuffling-amplification, `onestep`
+and `deltacomp`; Koskela et al. call it the "lemma pair"). C is visible in both coordinates'
+sum, so given C = c it is the one-parameter clone pair of `_numerics.clone_pair_log_delta`:
+P_c = q (B+1) + (1-q) B, Q_c = (1-q) (B+1) + q B, B ~ Bin(c, 1/2). We compute its hockey-stick
+EXACTLY (closed form per c, log space, rigorous bounds for the truncated c-tails), which is
+never above the official code's stepped numerical upper bound (that code brackets the same
+quantity). The pair is symmetric (swap the coordinates), so one direction suffices.
+
+delta_c is non-increasing in c (B ~ Bin(c+1, 1/2) = Bin(c, 1/2) + Bern(1/2) is a common
+post-processing of both sides), which bounds the truncated tails.
+
+Not used here: the pair (5.1) of Koskela et al. (P = (A+D, C-A), Q = (A, C-A+D)), which is
+looser and not eps0-bounded (see seed-002 note 2.4.4).
+
+Closed form (option `closed_form=True`): the formula of the official code `closedformanalysis`
+(valid only when eps0 <= log(n / (16 log(4/delta))); NotApplicable outside),
+    a = 8 sqrt(e^eps0 log(4/delta) / n),  c = 8 e^eps0 / n,  e = log(1 + a + c),
+    eps = log(1 + (1 - e^-eps0) / (1 + e^(-eps0 - e)) * (a + c)).
+Its prefactor is slightly more conservative than the paper's (e^eps0-1)/(e^eps0+1). It gives
+0.5378 at n = 1e5, eps0 = 4, delta = 1e-6 (the README value).
+
+Soundness: `Soundness.SOUND_UPPER` (published theorem for every eps0-LDP randomizer, k-RR
+included; checked here against the brute-force tight delta of shuffled k-RR for n <= 10). It
+ignores k, so for k-RR at large eps0 it is much looser than the blanket bounds. All results are
+capped by the LDP bound (`accountant.ldp`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from shufflekit.accountant._numerics import (
+    NEG_INF,
+    Bounds,
+    IntArray,
+    MixtureResult,
+    PLDAccumulator,
+    add_clone_mixture_atoms,
+    binom_window,
+    check_delta,
+    check_epsilon,
+    clone_pair_log_delta,
+    log_binom_cdf,
+    log_binom_pmf,
+    log_binom_sf,
+    mixture_log_delta,
+)
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.ldp import cap_delta, cap_epsilon, epsilon_with_cap
+from shufflekit.base.errors import NotApplicable
+
+METHOD = "clones"
+SUMMARY = "Feldman-McMillan-Talwar clones pair (any eps0-LDP randomizer), exact hockey-stick"
+SUMMARY_CLOSED = "Feldman-McMillan-Talwar closed form (official code's formula), validity-checked"
+
+
+def _q(eps0: float) -> float:
+    return 1.0 / (1.0 + math.exp(-eps0))
+
+
+def clones_log_delta(
+    n: int, eps0: float, epsilon: float, *, stop_below: float = NEG_INF
+) -> MixtureResult:
+    """log delta(epsilon) of the clones pair: rigorous upper bound and a lower estimate."""
+    q = _q(eps0)
+
+    def component(cs: IntArray) -> Bounds:
+        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon)
+
+    return mixture_log_delta(n - 1, math.exp(-eps0), component, stop_below=stop_below)
+
+
+def fmt_closed_form_epsilon_log(n: int, eps0: float, log_delta: float) -> float:
+    """epsilon of the closed form at delta = e^log_delta; NotApplicable outside its validity."""
+    log4d = math.log(4.0) - log_delta  # log(4/delta)
+    if log4d <= 0 or eps0 > math.log(n / (16.0 * log4d)):
+        raise NotApplicable(
+            "Feldman-McMillan-Talwar closed form needs eps0 <= log(n / (16 log(4/delta))): "
+            f"eps0 = {eps0:g}, n = {n}, delta = e^{log_delta:.4g}"
+        )
+    a = 8.0 * math.sqrt(math.exp(eps0) * log4d / n)
+    c = 8.0 * math.exp(eps0) / n
+    e = math.log1p(a + c)
+    b = -math.expm1(-eps0)
+    d = 1.0 + math.exp(-eps0 - e)
+    return math.log1p(b / d * (a + c))
+
+
+def _closed_form_log_delta(n: int, eps0: float, epsilon: float) -> float:
+    """Smallest delta (as a log) for which the closed form certifies epsilon."""
+    # validity: delta >= 4 exp(-n e^-eps0 / 16); eps_cf(delta) decreases in delta
+    log_dmin = math.log(4.0) - n * math.exp(-eps0) / 16.0
+    if log_dmin >= 0:
+        raise NotApplicable(
+            f"Feldman-McMillan-Talwar closed form is not valid for any delta < 1 at n = {n}, "
+            f"eps0 = {eps0:g} (needs n > 16 e^eps0 log 4)"
+        )
+    hi_ld = math.log1p(-1e-12)  # delta just below 1
+    if fmt_closed_form_epsilon_log(n, eps0, hi_ld) > epsilon:
+        raise NotApplicable(
+            f"Feldman-McMillan-Talwar closed form gives no delta < 1 at epsilon = {epsilon:g}"
+        )
+    lo_ld = max(log_dmin + 1e-12, -1e6)
+    if fmt_closed_form_epsilon_log(n, eps0, lo_ld) <= epsilon:
+        return lo_ld
+    a, b = lo_ld, hi_ld  # eps_cf(a) > epsilon >= eps_cf(b)
+    while b - a > 1e-10 * max(1.0, abs(b)):
+        m = 0.5 * (a + b)
+        if fmt_closed_form_epsilon_log(n, eps0, m) > epsilon:
+            a = m
+        else:
+            b = m
+    return b
+
+
+def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) -> PrivacyResult:
+    """delta(epsilon) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
+    t0 = time.perf_counter()
+    check_epsilon(epsilon)
+    if closed_form:
+        ld = _closed_form_log_delta(mech.n, mech.eps0, epsilon)
+        res = PrivacyResult(
+            method=METHOD,
+            epsilon=float(epsilon),
+            log_delta=ld,
+            soundness=Soundness.SOUND_UPPER,
+            note="Feldman-McMillan-Talwar closed form (official code's formula)",
+            seconds=time.perf_counter() - t0,
+            details={"variant": "closed_form"},
+        )
+        return cap_delta(res, mech)
+    mr = clones_log_delta(mech.n, mech.eps0, epsilon)
+    res = PrivacyResult(
+        method=METHOD,
+        epsilon=float(epsilon),
+        log_delta=mr.upper,
+        soundness=Soundness.SOUND_UPPER,
+        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)",
+        seconds=time.perf_counter() - t0,
+        details={
+            "variant": "numerical",
+            "lower_log_delta_of_pair": mr.lower,
+            "log_truncated_tail_bound": mr.log_tail_mass,
+            "c_window": mr.window,
+        },
+    )
+    return cap_delta(res, mech)
+
+
+def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
+    """epsilon(delta) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
+    t0 = time.perf_counter()
+    check_delta(delta)
+    log_t = math.log(delta) if delta > 0 else NEG_INF
+    if closed_form:
+        if delta <= 0:
+            raise NotApplicable("the closed form needs delta > 0")
+        eps = fmt_closed_form_epsilon_log(mech.n, mech.eps0, log_t)
+        res = PrivacyResult(
+            method=METHOD,
+            epsilon=eps,
+            log_delta=log_t,
+            soundness=Soundness.SOUND_UPPER,
+            note="Feldman-McMillan-Talwar closed form (official code's formula)",
+            seconds=time.perf_counter() - t0,
+            details={"variant": "closed_form"},
+        )
+        return cap_epsilon(res, mech, delta)
+
+    def curve(e: float) -> float:
+        return clones_log_delta(mech.n, mech.eps0, e, stop_below=log_t - 5.0).upper
+
+    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
+    res = PrivacyResult(
+        method=METHOD,
+        epsilon=eps,
+        log_delta=log_t,
+        soundness=Soundness.SOUND_UPPER,
+        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)"
+        + ("; capped by the LDP bound (k-RR profile, (eps0, 0))" if capped else ""),
+        seconds=time.perf_counter() - t0,
+        details={"variant": "numerical", "ldp_cap_applied": capped},
+    )
+    return res
+
+
+def clones_pld(
+    mech: Mechanism, *, tau: float = 1e-15, grid: float | None = None
+) -> PrivacyLossDistribution:
+    """PLD of the clones pair (dominating pair of any eps0-LDP shuffle; NOT LDP-capped).
+
+    Truncated mass (C outside a window, B outside its window per c) is counted as infinite
+    loss. With `grid`, losses are rounded up to multiples of it and merged (pessimistic).
+    """
+    n, eps0 = mech.n, mech.eps0
+    p = math.exp(-eps0)
+    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
+    lo, hi = binom_window(n - 1, p, k_sd) if n > 2000 else (0, n - 1)
+    cs = np.arange(lo, hi + 1, dtype=np.int64)
+    if grid is None and _atoms_estimate(cs, k_sd) > 3_000_000:
+        grid = 1e-5
+    acc = PLDAccumulator(grid)
+    if lo > 0:
+        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, p)))
+    if hi < n - 1:
+        acc.add_inf(float(log_binom_sf(n - 1, hi + 1, p)))
+    add_clone_mixture_atoms(acc, cs, log_binom_pmf(n - 1, cs, p), np.full(cs.shape, _q(eps0)))
+    return acc.build(
+        f"Feldman-McMillan-Talwar clones pair, n={n}, eps0={eps0:g}"
+        + (f", losses rounded up to a {grid:g} grid" if grid else "")
+        + "; truncated mass counted as infinite loss"
+    )
+
+
+def _atoms_estimate(cs: IntArray, k_sd: float) -> int:
+    return int(np.sum(k_sd * np.sqrt(cs) + 5))

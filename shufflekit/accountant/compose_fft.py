@@ -1,0 +1,250 @@
+"""Fourier accountant: composition of gridded PLDs by multiplying characteristic functions.
+
+Own implementation of the FFT accountant of Koskela et al. (seed 002, section 1.5), generalised
+to heterogeneous rounds and to a window that need not be centred at 0:
+
+1. Every round is a `GridPLD` on the common grid {i*step}. The composed loss S = sum of the
+   rounds' losses is represented on a window of m consecutive grid points [o, o+m) (the seed's
+   [-L, L) is the case o = -m/2). Each round's vector is placed at its indices modulo m
+   (circular), so loss index s lands at position s mod m.
+2. One real FFT per distinct round, the product of the transforms raised to the round counts,
+   one inverse FFT: the circular convolution of all rounds. Identical rounds cost nothing extra
+   (the transform is raised to the count), so R identical rounds are a self-composition.
+3. Wrap-around (aliasing): mass of S outside the window lands inside it. For every eps the
+   error of delta is at most P(S >= (o+m)*step) + P(S <= (o-1)*step), bounded by Chernoff with
+   the exact log moment generating functions of the gridded rounds,
+   P(S >= h) <= exp(sum_r c_r alpha_r^+(lambda) - lambda h) for every lambda > 0 (seed 1.6,
+   Thm 7 of Koskela & Honkela without the wrap factor, which this argument does not need),
+   minimised over a lambda grid. The window is chosen from these bounds so that the aliasing
+   error is below `alias_target`; when the rounds' supports are bounded and fit, it is 0.
+4. Round-off: an FFT computes the convolution with an absolute error of about u*log2(m)
+   relative to the vector norms; `fp_error` is a documented estimate (`fp_error_estimate`),
+   not a proof. The raw output may hold tiny negative entries.
+
+The infinite-loss masses compose exactly: 1 - prod_r (1 - d_r)^{c_r} (log space).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.fft as sfft
+
+from shufflekit.accountant.pld_grid import (
+    LAMBDAS,
+    ComposedGrid,
+    FloatArray,
+    GridPLD,
+    compose_inf_mass,
+)
+from shufflekit.base.errors import AccuracyError, InvalidParameters
+
+#: Default bound on the aliasing error (delta units) that the window is sized for.
+DEFAULT_ALIAS_TARGET = 1e-18
+#: Largest window (grid points) the engine accepts; beyond it AccuracyError (coarser grid).
+MAX_FFT_POINTS = 1 << 25
+
+_U = 2.0**-53
+
+
+def compose_fft(
+    grids: Sequence[GridPLD],
+    counts: Sequence[int],
+    *,
+    alias_target: float = DEFAULT_ALIAS_TARGET,
+    max_points: int = MAX_FFT_POINTS,
+    window: tuple[int, int] | None = None,
+) -> ComposedGrid:
+    """Compose `counts[i]` copies of `grids[i]` (all on the same step and side) by FFT.
+
+    window: optional (first grid index o, number of points m) to force the window (tests,
+    reproductions of the seed's [-L, L) grid); the aliasing bound is then computed for it.
+    """
+    t0 = time.perf_counter()
+    grids = list(grids)
+    counts = [int(c) for c in counts]
+    _check_inputs(grids, counts)
+    step = grids[0].step
+    upper = grids[0].upper
+    total = sum(counts)
+    inf_mass, log_inf = compose_inf_mass(grids, counts, upper)
+    trunc = float(sum(c * g.truncated_mass for g, c in zip(grids, counts, strict=True)))
+
+    if total == 1 and window is None:
+        g = grids[counts.index(1)]
+        return ComposedGrid(
+            step=step,
+            offset=g.offset,
+            probs=g.probs.copy(),
+            inf_mass=inf_mass,
+            log_inf_mass=log_inf,
+            upper=upper,
+            rounds=1,
+            truncation_slack=trunc,
+            details={"engine": "fft", "m": g.size, "fft": False, "seconds": 0.0},
+        )
+
+    # deterministic support of the composition (grid indices, inclusive)
+    det_lo = sum(c * g.offset for g, c in zip(grids, counts, strict=True))
+    det_hi = sum(c * (g.offset + g.size - 1) for g, c in zip(grids, counts, strict=True))
+    a_plus = np.zeros(LAMBDAS.size)
+    a_minus = np.zeros(LAMBDAS.size)
+    for g, c in zip(grids, counts, strict=True):
+        ap, am = g.log_mgf()
+        a_plus += c * ap
+        a_minus += c * am
+
+    if window is None:
+        o, m = _choose_window(a_plus, a_minus, step, det_lo, det_hi, alias_target)
+    else:
+        o, m = int(window[0]), int(window[1])
+        if m < 2:
+            raise InvalidParameters(f"window must have at least 2 points, got {m}")
+    if m > max_points:
+        raise AccuracyError(
+            f"the composed PLD needs a window of {m} grid points at step {step:g} (limit "
+            f"{max_points}) for an aliasing error below {alias_target:g}; use a coarser grid"
+        )
+
+    alias = _alias_error(a_plus, a_minus, step, o, m, det_lo, det_hi)
+
+    # characteristic functions: product over distinct rounds
+    prod: np.ndarray | None = None
+    for g, c in zip(grids, counts, strict=True):
+        if c == 0:
+            continue
+        x = sfft.rfft(_circular(g, m))
+        if c > 1:
+            x = x**c
+        prod = x if prod is None else prod * x
+    assert prod is not None
+    b = sfft.irfft(prod, n=m)
+    probs = np.roll(b, -(o % m))
+
+    fp = _fp_error(grids, counts, m, b)
+    return ComposedGrid(
+        step=step,
+        offset=o,
+        probs=np.asarray(probs, dtype=np.float64),
+        inf_mass=inf_mass,
+        log_inf_mass=log_inf,
+        upper=upper,
+        rounds=total,
+        alias_error=alias,
+        truncation_slack=trunc,
+        fp_error=fp,
+        details={
+            "engine": "fft",
+            "m": m,
+            "window_first_index": o,
+            "window_losses": (o * step, (o + m - 1) * step),
+            "L_equivalent": m * step / 2.0,
+            "fft": True,
+            "distinct_rounds": sum(1 for c in counts if c > 0),
+            "seconds": time.perf_counter() - t0,
+        },
+    )
+
+
+def _check_inputs(grids: list[GridPLD], counts: list[int]) -> None:
+    if not grids:
+        raise InvalidParameters("nothing to compose: the list of PLDs is empty")
+    if len(grids) != len(counts):
+        raise InvalidParameters(f"{len(grids)} PLDs but {len(counts)} counts")
+    if any(c < 0 for c in counts) or sum(counts) < 1:
+        raise InvalidParameters("counts must be >= 0 with at least one round")
+    step = grids[0].step
+    if any(g.step != step for g in grids):
+        raise InvalidParameters("all gridded PLDs must share one grid step")
+    if any(g.upper != grids[0].upper for g in grids):
+        raise InvalidParameters("cannot mix upper-bound and lower-bound PLDs in one composition")
+
+
+def _choose_window(
+    a_plus: FloatArray,
+    a_minus: FloatArray,
+    step: float,
+    det_lo: int,
+    det_hi: int,
+    target: float,
+) -> tuple[int, int]:
+    """Smallest window (o, m) with Chernoff mass outside <= target (or the whole support)."""
+    lt = math.log(target / 2.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi_loss = np.min((a_plus - lt) / LAMBDAS)  # P(S >= hi_loss) <= target/2
+        lo_loss = np.max((lt - a_minus) / LAMBDAS)  # P(S <= lo_loss) <= target/2
+    i_hi = det_hi if not math.isfinite(hi_loss) else min(det_hi, math.ceil(hi_loss / step))
+    i_lo = det_lo if not math.isfinite(lo_loss) else max(det_lo, math.floor(lo_loss / step) + 1)
+    if i_hi < i_lo:  # degenerate (all mass in one cell)
+        i_lo = i_hi = max(min(i_lo, det_hi), det_lo)
+    span = i_hi - i_lo + 1
+    m = int(sfft.next_fast_len(max(span, 16), real=True))
+    o = i_lo - (m - span) // 2
+    # when the whole deterministic support fits, cover it: no aliasing at all
+    det_span = det_hi - det_lo + 1
+    if det_span <= m:
+        o = det_lo - (m - det_span) // 2
+    return o, m
+
+
+def _alias_error(
+    a_plus: FloatArray,
+    a_minus: FloatArray,
+    step: float,
+    o: int,
+    m: int,
+    det_lo: int,
+    det_hi: int,
+) -> float:
+    """Chernoff bound on P(S >= (o+m) step) + P(S <= (o-1) step) (0 if support fits)."""
+    err = 0.0
+    top = (o + m) * step
+    bottom = (o - 1) * step
+    with np.errstate(over="ignore", invalid="ignore"):
+        if det_hi >= o + m:
+            log_up = float(np.min(a_plus - LAMBDAS * top))
+            err += math.exp(min(log_up, 0.0))
+        if det_lo <= o - 1:
+            log_dn = float(np.min(a_minus + LAMBDAS * bottom))
+            err += math.exp(min(log_dn, 0.0))
+    return min(err, 2.0)
+
+
+def _circular(g: GridPLD, m: int) -> FloatArray:
+    """The round's vector with loss index s at position s mod m."""
+    if g.size <= m:
+        v = np.zeros(m)
+        start = g.offset % m
+        first = min(g.size, m - start)
+        v[start : start + first] = g.probs[:first]
+        if first < g.size:
+            v[: g.size - first] = g.probs[first:]
+        return v
+    idx = (g.offset + np.arange(g.size)) % m
+    return np.asarray(np.bincount(idx, weights=g.probs, minlength=m), dtype=np.float64)
+
+
+def fp_error_estimate(vector_l2: float, output_l2: float, ops: float, m: int) -> float:
+    """Round-off estimate, in delta units, of FFT-based convolution (both engines use it).
+
+    With kappa = 8 u log2(m) (Higham, Accuracy and Stability, Thm 24.2: the 2-norm relative
+    error of a computed FFT is about log2(m) * 7u), the output vector of a product-of-transforms
+    convolution has a 2-norm error of about
+        kappa * (sum of the 2-norms of the transformed vectors, with multiplicity)
+        + u * (number of multiplications per frequency) + kappa * ||output||_2.
+    A delta is a weighted sum of the output with weights in [0, 1]; under the usual model of
+    independent round-off its error is of the order of that 2-norm. We return 4x it. This is an
+    ESTIMATE, not a proof (the worst case is sqrt(m) times larger); in the tests the measured
+    error of every delta was 50-1000x below it.
+    """
+    lg = max(1.0, math.log2(max(m, 2)))
+    kappa = 8.0 * _U * lg
+    return 4.0 * (kappa * (vector_l2 + output_l2) + _U * (ops + 1.0))
+
+
+def _fp_error(grids: list[GridPLD], counts: list[int], m: int, out: FloatArray) -> float:
+    l2 = sum(c * g.l2_norm() for g, c in zip(grids, counts, strict=True))
+    return fp_error_estimate(l2, float(np.linalg.norm(out)), float(sum(counts)), m)

@@ -1,0 +1,117 @@
+"""Shared value types of the accountant: one round's mechanism, privacy results, soundness labels.
+
+Every method (tight, blanket, clones, closed forms, Biswas et al.) takes a `Mechanism` and answers
+with a `PrivacyResult`; composition works on `PrivacyLossDistribution`s. These types are the
+contract between the method modules, the composition engines, the ledger and the CLI.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shufflekit.base.errors import InvalidParameters
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One round: n users, each applying k-RR(eps0) over k values, then a uniform shuffle."""
+
+    n: int
+    k: int
+    eps0: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int | np.integer) or self.n < 1:
+            raise InvalidParameters(f"n (number of users) must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.k, int | np.integer) or self.k < 2:
+            raise InvalidParameters(
+                f"k (number of categories) must be an integer >= 2, got {self.k!r}"
+            )
+        if not (isinstance(self.eps0, float | int) and math.isfinite(self.eps0) and self.eps0 > 0):
+            raise InvalidParameters(f"eps0 must be a finite number > 0, got {self.eps0!r}")
+
+    @property
+    def p_keep(self) -> float:
+        """Probability that k-RR reports the true value."""
+        return 1.0 / (1.0 + (self.k - 1) * math.exp(-self.eps0))
+
+    @property
+    def gamma(self) -> float:
+        """Blanket probability: k-RR = (1-gamma) * truth + gamma * uniform over all k values."""
+        return self.k / (math.exp(self.eps0) + self.k - 1)
+
+
+class Soundness(enum.Enum):
+    """What a number may be used for. Only SOUND_UPPER may enforce a budget."""
+
+    SOUND_UPPER = "sound upper bound"
+    LOWER_BOUND = "lower bound (an attack or a post-processing of one dataset's view)"
+    NOT_A_GUARANTEE = "not a differential privacy guarantee (formula as printed)"
+
+
+@dataclass(frozen=True)
+class PrivacyResult:
+    """An (epsilon, delta) point of one method, with how it was obtained.
+
+    `log_delta` is always given because delta may underflow a float. For `tight`,
+    `lower_epsilon` / `lower_log_delta` is the matching lower bound from an explicit worst-case
+    dataset, so the gap is stated with every answer.
+    """
+
+    method: str
+    epsilon: float
+    log_delta: float
+    soundness: Soundness
+    lower_epsilon: float | None = None
+    lower_log_delta: float | None = None
+    note: str = ""
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> float:
+        """delta as a float (0.0 when it underflows; see log_delta)."""
+        return math.exp(self.log_delta) if self.log_delta > -745 else 0.0
+
+
+@dataclass(frozen=True)
+class PrivacyLossDistribution:
+    """Discrete privacy loss distribution of a pair (P, Q): the law of log(P(o)/Q(o)), o ~ P.
+
+    `losses` are the finite loss atoms, `log_probs` their log masses under P; `log_inf_mass` is
+    the log of P(loss = +inf) (outputs impossible under Q), plus any truncated mass that an upper
+    bound must count as infinite loss. delta(eps) = P(inf) + sum_i p_i (1 - e^(eps - l_i))^+ .
+    """
+
+    losses: npt.NDArray[np.float64]
+    log_probs: npt.NDArray[np.float64]
+    log_inf_mass: float = -math.inf
+    description: str = ""
+
+    def log_delta(self, epsilon: float) -> float:
+        """Natural log of the hockey-stick divergence at e^epsilon, computed in log space."""
+        sel = self.losses > epsilon
+        terms = [self.log_inf_mass]
+        if np.any(sel):
+            loss = self.losses[sel]
+            lp = self.log_probs[sel]
+            # log(p * (1 - e^(eps - l))) = log p + log1p(-e^(eps - l))
+            t = lp + np.log1p(-np.exp(epsilon - loss))
+            terms.append(float(_logsumexp(t)))
+        return float(_logsumexp(np.asarray(terms)))
+
+
+def _logsumexp(x: npt.NDArray[np.float64]) -> float:
+    """log(sum(exp(x))) that returns -inf for an empty or all -inf input."""
+    if x.size == 0:
+        return -math.inf
+    m = float(np.max(x))
+    if m == -math.inf:
+        return -math.inf
+    return m + math.log(float(np.sum(np.exp(x - m))))

@@ -1,0 +1,231 @@
+"""Registry of every per-round bound for shuffled k-RR, each with its soundness label.
+
+    from shufflekit.accountant.registry import get_method, all_methods
+    m = get_method("blanket-weak")
+    m.epsilon(Mechanism(n=100_000, k=10, eps0=4.0), 1e-6)   # -> PrivacyResult
+    m.delta(mech, 0.5)                                     # -> PrivacyResult (log_delta set)
+    m.pld(mech) if m.pld else None                         # dominating pair for composition
+
+Primary methods (`all_methods()`, in this order):
+
+| name             | soundness       | what                                                        |
+|------------------|-----------------|-------------------------------------------------------------|
+| tight            | SOUND_UPPER     | exact worst case (accountant.tight, loaded lazily)          |
+| blanket-strong   | SOUND_UPPER     | Koskela et al. Thm 8 pair, hockey-stick                     |
+| blanket-weak     | SOUND_UPPER     | Koskela et al. Thm 10 pair (others' blanket bits known)     |
+| clones           | SOUND_UPPER     | Feldman-McMillan-Talwar pair, exact hockey-stick            |
+| erlingsson       | SOUND_UPPER     | Erlingsson et al. 2019 closed form, NotApplicable outside   |
+| balle-closed     | SOUND_UPPER     | Balle et al. 2019 Thm 3.1 closed form (eps <= 1 only)       |
+| biswas           | NOT_A_GUARANTEE | Biswas et al. Thm 4.1 as printed, n_x0 = 0.8 n              |
+| biswas-corrected | LOWER_BOUND     | x0-count marginal, corrected, max over n_x0 in {0, n-1}     |
+| ldp              | SOUND_UPPER     | one k-RR report: (eps0, 0) and its profile (the cap)        |
+
+Variants (choice documented here): the registry's callables take no options, so each variant of
+a published bound is a SEPARATE NAME, reachable with `get_method` and listed by
+`all_methods(include_variants=True)`; the module functions take the same choices as keyword
+arguments (`form=`, `beta_mixture=`, `closed_form=`, `n_x0=`, `histogram=`):
+
+| name                 | soundness   | module call                                           |
+|----------------------|-------------|-------------------------------------------------------|
+| blanket-strong-tail  | SOUND_UPPER | blanket.strong_*(form="tail"): Thm 8 as printed, eq. 2.4 |
+| blanket-strong-exact | SOUND_UPPER | blanket.strong_*(beta_mixture=True): exact A_s view     |
+| blanket-weak-tail    | SOUND_UPPER | blanket.weak_*(form="tail"): Thm 10/11 as printed       |
+| clones-closed        | SOUND_UPPER | clones.clones_*(closed_form=True): official closed form |
+
+Every result is capped by the LDP bound (`ldp`): the cap is stated in `note` and in
+`details["ldp_cap_applied"]`. PLDs are the methods' own pairs, NOT capped (a pointwise minimum
+of two privacy curves is not a pair); `pld` is None for closed forms, lower bounds and
+non-guarantees. Methods that are not defined for the parameters raise `NotApplicable`.
+Only SOUND_UPPER results may enforce a budget.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.base.errors import InvalidParameters, NotApplicable
+
+
+@dataclass(frozen=True)
+class Method:
+    """One bound: its name, what it may be used for, and how to evaluate it."""
+
+    name: str
+    soundness: Soundness
+    summary: str  # one line, shown in CLI output
+    delta: Callable[[Mechanism, float], PrivacyResult]  # epsilon -> result (log_delta set)
+    epsilon: Callable[[Mechanism, float], PrivacyResult]  # target delta -> result (epsilon set)
+    pld: Callable[[Mechanism], PrivacyLossDistribution] | None  # dominating pair, if any
+
+
+# ----------------------------------------------------------------------------- tight (lazy)
+
+
+def _tight_module() -> ModuleType:
+    try:
+        return importlib.import_module("shufflekit.accountant.tight")
+    except ImportError as exc:  # the module is written concurrently; say so plainly
+        raise NotApplicable(f"the 'tight' method is not available: {exc}") from exc
+
+
+def _tight_attr(name: str) -> Callable[..., object]:
+    fn = getattr(_tight_module(), name, None)
+    if fn is None:
+        raise NotApplicable(f"the 'tight' method is not available: accountant.tight.{name} missing")
+    return fn  # type: ignore[no-any-return]
+
+
+def _tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
+    res = _tight_attr("tight_delta")(mech, epsilon)
+    assert isinstance(res, PrivacyResult)
+    return ldp.cap_delta(res, mech)
+
+
+def _tight_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
+    res = _tight_attr("tight_epsilon")(mech, delta)
+    assert isinstance(res, PrivacyResult)
+    return ldp.cap_epsilon(res, mech, delta)
+
+
+def _tight_pld(mech: Mechanism) -> PrivacyLossDistribution:
+    res = _tight_attr("tight_pld")(mech)
+    assert isinstance(res, PrivacyLossDistribution)
+    return res
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
+    up = Soundness.SOUND_UPPER
+    primary = [
+        Method(
+            "tight",
+            up,
+            "exact worst-case delta of shuffled k-RR (upper bound, with the matching attack)",
+            _tight_delta,
+            _tight_epsilon,
+            _tight_pld,
+        ),
+        Method(
+            blanket.STRONG,
+            up,
+            blanket.SUMMARY_STRONG,
+            blanket.strong_delta,
+            blanket.strong_epsilon,
+            blanket.strong_pld,
+        ),
+        Method(
+            blanket.WEAK,
+            up,
+            blanket.SUMMARY_WEAK,
+            blanket.weak_delta,
+            blanket.weak_epsilon,
+            blanket.weak_pld,
+        ),
+        Method(
+            clones.METHOD,
+            up,
+            clones.SUMMARY,
+            clones.clones_delta,
+            clones.clones_epsilon,
+            clones.clones_pld,
+        ),
+        Method(
+            closed_forms.ERLINGSSON,
+            up,
+            closed_forms.SUMMARY_ERLINGSSON,
+            closed_forms.erlingsson_delta,
+            closed_forms.erlingsson_epsilon,
+            None,
+        ),
+        Method(
+            closed_forms.BALLE,
+            up,
+            closed_forms.SUMMARY_BALLE,
+            closed_forms.balle_delta,
+            closed_forms.balle_epsilon,
+            None,
+        ),
+        Method(
+            biswas.PRINTED,
+            Soundness.NOT_A_GUARANTEE,
+            biswas.SUMMARY_PRINTED,
+            biswas.biswas_delta,
+            biswas.biswas_epsilon,
+            None,
+        ),
+        Method(
+            biswas.CORRECTED,
+            Soundness.LOWER_BOUND,
+            biswas.SUMMARY_CORRECTED,
+            biswas.corrected_delta,
+            biswas.corrected_epsilon,
+            None,
+        ),
+        Method(ldp.METHOD, up, ldp.SUMMARY, ldp.ldp_delta, ldp.ldp_epsilon, ldp.ldp_pld),
+    ]
+    variants = [
+        Method(
+            "blanket-strong-tail",
+            up,
+            "Koskela et al. Thm 8 literally: tail P(L >= eps) of the A_s pair (looser)",
+            lambda m, e: blanket.strong_delta(m, e, form="tail"),
+            lambda m, d: blanket.strong_epsilon(m, d, form="tail"),
+            blanket.strong_pld,
+        ),
+        Method(
+            "blanket-strong-exact",
+            up,
+            "Koskela et al. A_s with the target's blanket bit (exact A_s view), hockey-stick",
+            lambda m, e: blanket.strong_delta(m, e, beta_mixture=True),
+            lambda m, d: blanket.strong_epsilon(m, d, beta_mixture=True),
+            lambda m: blanket.strong_pld(m, beta_mixture=True),
+        ),
+        Method(
+            "blanket-weak-tail",
+            up,
+            "Koskela et al. Thm 10/11 literally: tail P(L >= eps) of the A_w pair (looser, slow)",
+            lambda m, e: blanket.weak_delta(m, e, form="tail"),
+            lambda m, d: blanket.weak_epsilon(m, d, form="tail"),
+            blanket.weak_pld,
+        ),
+        Method(
+            "clones-closed",
+            up,
+            clones.SUMMARY_CLOSED,
+            lambda m, e: clones.clones_delta(m, e, closed_form=True),
+            lambda m, d: clones.clones_epsilon(m, d, closed_form=True),
+            None,
+        ),
+    ]
+    table = {m.name: m for m in primary + variants}
+    return table, tuple(m.name for m in primary), tuple(m.name for m in variants)
+
+
+_TABLE, PRIMARY_NAMES, VARIANT_NAMES = _build()
+
+
+def get_method(name: str) -> Method:
+    """The method called `name`; InvalidParameters (listing the valid names) otherwise."""
+    try:
+        return _TABLE[name]
+    except (KeyError, TypeError):
+        valid = ", ".join(PRIMARY_NAMES + VARIANT_NAMES)
+        raise InvalidParameters(f"unknown method {name!r}; valid names: {valid}") from None
+
+
+def all_methods(include_variants: bool = False) -> list[Method]:
+    """The primary methods in display order (plus the variants when asked)."""
+    names = PRIMARY_NAMES + (VARIANT_NAMES if include_variants else ())
+    return [_TABLE[n] for n in names]
+
+
+def method_names(include_variants: bool = False) -> list[str]:
+    """Names of `all_methods(include_variants)`."""
+    return list(PRIMARY_NAMES + (VARIANT_NAMES if include_variants else ()))

@@ -1,0 +1,269 @@
+"""k = 2: the exact tight delta(epsilon), certified from above and below by branch and bound.
+
+For k = 2 every dataset of the other n-1 users is "m of them at x0, the rest at x1" for some
+m in 0..n-1, and swapping the labels x0 <-> x1 maps the order (x1 | x0) at m to (x0 | x1) at
+n-1-m. So the tight delta is  max_m H_m  with  H_m = H_{e^eps}(S | x0 || S | x1)  for
+S = A + B + target, A ~ Bin(m, p) (others at x0 who report x0), B ~ Bin(n-1-m, q), and the
+target's report Bern(p) under x0, Bern(q) under x1:
+    H_m = sum_s ( (p - e q) C(s-1) - (e p - q) C(s) )^+ ,   C = law of A + B.
+
+Scanning all n values of m costs n convolutions, so intervals of m are bounded at once. For m
+in [m1, m2], the w = m2 - m1 "middle" users are at x0 or x1 in unknown proportion. k-RR with
+k = 2 reports the true value with probability 1 - gamma and a uniform bit with probability
+gamma = 2q. Reveal to the adversary which middle users took the uniform branch: the others'
+reports are then known (the adversary knows their values), so, up to a known shift, the count
+is A1 + B1 + Bin(b, 1/2) + target with A1 ~ Bin(m1, p), B1 ~ Bin(n-1-m2, q) and b ~ Bin(w,
+gamma): the same for every m in the interval. The histogram alone is a post-processing of that
+view, so for every such m
+    H_m <= E_b[G_b] <= G_{b_min} + P(b < b_min) (p - e q),
+where G_b is the hockey-stick with Bin(b, 1/2) added; G_b falls with b (adding independent
+noise is a post-processing). An interval with w = 0 is evaluated exactly. Branch and bound
+splits the interval with the largest bound until it is within `rtol` of the best exact H_m.
+
+Numerics: pmfs come from log-space binomials, scaled by their maxima and convolved directly
+(sums of non-negative products: relative error of each entry <= ~len * 2^-52, unlike an FFT).
+Windows cut at tail level e^log_tau; the mass left out (exact binomial tails) is added to every
+upper bound and subtracted from every lower bound, with a relative float margin of 1e-9.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from shufflekit.accountant._logbinom import log_cdf, log_pmf, log_sf, tail_window_int
+from shufflekit.accountant.core import Mechanism
+from shufflekit.base.errors import InvalidParameters
+
+FloatArray = npt.NDArray[np.float64]
+
+_FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
+_UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
+
+
+@dataclass(frozen=True)
+class K2Bound:
+    """Tight delta(eps) of shuffled binary RR: certified log upper and log lower bounds."""
+
+    log_upper: float  # sound: >= log max_m H_m
+    log_lower: float  # exact H_m of `worst_m`, minus truncation and float allowances
+    worst_m: int  # others at x0 in the worst dataset found (order x0 | x1)
+    converged: bool  # upper within rtol of lower (else the evaluation budget ran out)
+    evaluations: int  # convolutions evaluated
+    log_dropped: float  # largest mass cut off by the windows (added to an interval's bound)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A binomial pmf on its window: values scaled by exp(-log_scale), window start, tails."""
+
+    lo: int
+    vals: FloatArray
+    log_scale: float
+    log_out: float  # log of the exact mass outside the window
+
+
+def _piece(n: int, r: float, log_tau: float) -> _Piece:
+    if n <= 0 or r <= 0.0:
+        return _Piece(0, np.ones(1), 0.0, -math.inf)
+    lo, hi = tail_window_int(n, r, log_tau)
+    x = np.arange(lo, hi + 1, dtype=np.float64)
+    lp = log_pmf(x, n, r)
+    mx = float(np.max(lp))
+    out_lo = float(log_cdf(lo - 1, n, r, "upper")) if lo > 0 else -math.inf
+    out_hi = float(log_sf(hi + 1, n, r, "upper")) if hi < n else -math.inf
+    return _Piece(lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi)))
+
+
+def _hockey(pieces: list[_Piece], p: float, q: float, e: float) -> tuple[float, float, float]:
+    """(log upper, log lower, log dropped) of H for C = sum of the pieces (+ target bit)."""
+    c = pieces[0].vals
+    for pc in pieces[1:]:
+        c = np.convolve(c, pc.vals) if pc.vals.size > 1 else c * pc.vals[0]
+    log_scale = sum(pc.log_scale for pc in pieces)
+    dropped = float(np.logaddexp.reduce([pc.log_out for pc in pieces]))
+    cm1 = np.concatenate(([0.0], c))  # C(s-1) for s = lo .. hi+1
+    c0 = np.concatenate((c, [0.0]))  # C(s)
+    a, b = p - e * q, e * p - q
+    lin = a * cm1 - b * c0
+    gross = a * cm1 + b * c0
+    body = float(np.sum(lin[lin > 0]))
+    near = lin > -2 * _FLOAT_REL * gross
+    margin = 2 * _FLOAT_REL * float(np.sum(gross[near]))
+    log_body = math.log(body) + log_scale if body > 0 else -math.inf
+    log_margin = math.log(margin) + log_scale if margin > 0 else -math.inf
+    log_under = math.log(_UNDERFLOW * c.size)
+    slack_up = float(np.logaddexp.reduce([log_margin, log_under, math.log(a) + dropped]))
+    upper = float(np.logaddexp(log_body, slack_up))
+    slack_low = float(np.logaddexp.reduce([log_margin, log_under, math.log(b) + dropped]))
+    lower = (
+        log_body + math.log1p(-math.exp(slack_low - log_body))
+        if log_body > slack_low
+        else (-math.inf)
+    )
+    return upper, lower, dropped
+
+
+class _Evaluator:
+    """Bounds of H over intervals of m for one (mech, eps), caching the binomial windows."""
+
+    def __init__(self, mech: Mechanism, eps: float, log_tau: float) -> None:
+        e0 = math.exp(mech.eps0)
+        self.q = 1.0 / (e0 + 1.0)
+        self.p = e0 * self.q
+        self.gamma = 2.0 * self.q
+        self.e = math.exp(eps)
+        self.n1 = mech.n - 1
+        self.log_tau = log_tau
+        self.log_b_tau = log_tau  # level below which small blanket counts are paid for in full
+        self.evaluations = 0
+        self.max_dropped = -math.inf
+
+    def interval(self, m1: int, m2: int) -> tuple[float, float]:
+        """(log upper bound over m in [m1, m2], log lower bound of H_{m1} or -inf)."""
+        w = m2 - m1
+        pieces = [_piece(m1, self.p, self.log_tau), _piece(self.n1 - m2, self.q, self.log_tau)]
+        extra = -math.inf
+        if w > 0:
+            b_min = tail_window_int(w, self.gamma, self.log_b_tau)[0]
+            if b_min > 0:
+                extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(
+                    self.p - self.e * self.q
+                )
+                pieces.append(_piece(b_min, 0.5, self.log_tau))
+        pieces.sort(key=lambda pc: pc.vals.size)  # cheapest order for direct convolutions
+        up, low, dropped = _hockey(pieces, self.p, self.q, self.e)
+        self.evaluations += 1
+        self.max_dropped = max(self.max_dropped, dropped)
+        return float(np.logaddexp(up, extra)), (low if w == 0 else -math.inf)
+
+
+def default_cuts(n: int) -> list[int]:
+    """Initial partition of m in 0..n-1 (sorted cut points, 0 first, n last).
+
+    Singletons at both ends (the extreme datasets, usually the worst), intervals growing
+    geometrically away from them (x1.5 from the top end, x4 from the bottom), because H_m
+    changes fastest near the ends. Only a starting point: branch and bound refines it.
+    """
+    n1 = n - 1
+    cuts = {0, n, 1, max(n1, 0)}
+    d = 1.0
+    while d < n:
+        cuts.add(max(0, n1 - int(d)))
+        d *= 1.5
+    d = 1.0
+    while d < n:
+        cuts.add(min(n, 1 + int(d)))
+        d *= 4.0
+    return sorted(c for c in cuts if 0 <= c <= n)
+
+
+def k2_bounds(
+    mech: Mechanism,
+    eps: float,
+    *,
+    log_tau: float | None = None,
+    rtol: float = 0.02,
+    max_evaluations: int = 4000,
+    cuts: list[int] | None = None,
+    target: float | None = None,
+) -> tuple[K2Bound, list[int]]:
+    """Certified bounds on the tight delta(eps) for k = 2 (see the module docstring).
+
+    rtol: stop when upper <= (1 + rtol) lower (in delta). If `max_evaluations` convolutions do
+    not get there, the upper bound returned is still sound, only looser (`converged` False).
+    `cuts`: a starting partition (e.g. the one returned for a nearby epsilon); the partition
+    reached is returned with the bound. log_tau: truncation level of the windows (default:
+    chosen from the answer, deepened until the truncated mass is negligible). `target`: a log
+    delta that only needs to be decided: stop as soon as the upper bound is below it or an
+    exact value above it (the bound returned is then sound but may be loose).
+    """
+    if mech.k != 2:
+        raise InvalidParameters(f"k2_bounds needs k = 2, got k = {mech.k}")
+    if not (0 <= eps < mech.eps0):
+        raise InvalidParameters(f"k2_bounds needs 0 <= eps < eps0, got {eps!r}")
+    n = mech.n
+    start = default_cuts(n) if cuts is None else sorted(set(cuts) | {0, n})
+    if start[0] != 0 or start[-1] != n:
+        raise InvalidParameters("cuts must lie in 0..n")
+    tau = -60.0 if log_tau is None else log_tau
+    for _ in range(6):  # tau: -60, -120, -240, -480, -700 at most
+        res, leaves = _branch_and_bound(mech, eps, tau, rtol, max_evaluations, start, target)
+        floor = res.log_lower if res.log_lower > -math.inf else res.log_upper
+        if log_tau is not None or res.log_dropped <= floor - 20.0 or tau <= -700.0:
+            return res, leaves
+        tau = max(-700.0, min(2.0 * tau, floor - 30.0))
+        start = leaves
+    return res, leaves
+
+
+def _branch_and_bound(
+    mech: Mechanism,
+    eps: float,
+    log_tau: float,
+    rtol: float,
+    max_evaluations: int,
+    cuts: list[int],
+    target: float | None,
+) -> tuple[K2Bound, list[int]]:
+    ev = _Evaluator(mech, eps, log_tau)
+    best_low, best_m = -math.inf, ev.n1
+    heap: list[tuple[float, int, int]] = []  # (-log upper, m1, m2)
+
+    def push(m1: int, m2: int) -> None:
+        nonlocal best_low, best_m
+        up, low = ev.interval(m1, m2)
+        if low > best_low:
+            best_low, best_m = low, m1
+            # P(b < b_min) is paid in full: keep it ~rtol/20 of delta, no smaller than needed
+            ev.log_b_tau = max(log_tau, min(-10.0, low + log_rtol - 3.0))
+        heapq.heappush(heap, (-up, m1, m2))
+
+    log_rtol = math.log1p(rtol)
+    pairs = list(itertools.pairwise(cuts))  # singletons first: their exact values set log_b_tau
+    for a, b in [pr for pr in pairs if pr[1] == pr[0] + 1] + [
+        pr for pr in pairs if pr[1] > pr[0] + 1
+    ]:
+        push(a, b - 1)
+    while True:
+        neg_up, m1, m2 = heap[0]
+        top = -neg_up
+        if top <= best_low + log_rtol or top == -math.inf:
+            converged = True
+            break
+        if target is not None and (top <= target or best_low > target):
+            converged = False  # decided, not converged
+            break
+        if m1 == m2 or ev.evaluations >= max_evaluations:
+            converged = False  # allowances exceed rtol at an exact value, or out of budget
+            break
+        heapq.heappop(heap)
+        mid = (m1 + m2) // 2
+        push(m1, mid)
+        push(mid + 1, m2)
+    leaves = sorted({m1 for _, m1, _ in heap} | {ev.n1 + 1})
+    bound = K2Bound(
+        log_upper=-heap[0][0],
+        log_lower=best_low,
+        worst_m=best_m,
+        converged=converged,
+        evaluations=ev.evaluations,
+        log_dropped=ev.max_dropped,
+    )
+    return bound, leaves
+
+
+def k2_log_delta_m(
+    mech: Mechanism, m: int, eps: float, log_tau: float = -60.0
+) -> tuple[float, float]:
+    """(log upper, log lower) of H_m for the single dataset "m others at x0, rest at x1"."""
+    if mech.k != 2 or not (0 <= m <= mech.n - 1):
+        raise InvalidParameters(f"k2_log_delta_m needs k = 2 and 0 <= m <= n-1, got m = {m}")
+    if not (0 <= eps < mech.eps0):
+        raise InvalidParameters(f"k2_log_delta_m needs 0 <= eps < eps0, got {eps!r}")
+    return _Evaluator(mech, eps, log_tau).interval(m, m)

@@ -1,0 +1,197 @@
+"""The analyzer: decrypt the final batch, validate, count, denoise, and release the result.
+
+It sees reports in shuffled order and no sender identity. Malformed or undecryptable reports
+are rejected and counted by reason; they never change the histogram. The round's privacy cost
+is committed (through the required `on_release` hook the operator wires to the ledger) before
+the result is published; if the commit fails the round is aborted and nothing is published, so
+no released result is ever uncharged.
+
+The final batch is spooled before it is acknowledged (shufflekit.core.spool); the commit is
+idempotent, so an analyzer restarted at any point of a round counts the same batch again and
+commits and publishes it once in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shufflekit.analyzer.estimators import estimate
+from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.core.batch import await_batch
+from shufflekit.core.counters import RejectionCounter
+from shufflekit.core.crypto import KeyPair, onion_size, peel
+from shufflekit.core.messages import Abort, Announcement, Result
+from shufflekit.core.shutdown import unless_stopped
+from shufflekit.core.spool import (
+    Arrival,
+    Inbox,
+    Spool,
+    classify_hop_input,
+    hop_filters,
+    running_inbox,
+)
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Message, Transport
+from shufflekit.core.wire import REPORT_SIZE, Report
+
+# (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
+# raise if the commit did not succeed: the result is published only after it returns.
+ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class AnalyzerOutcome:
+    """What the analyzer did in one round."""
+
+    round_id: str
+    result: Result | None
+    counters: RejectionCounter = field(default_factory=RejectionCounter)
+    abort_reason: str | None = None
+
+
+class Analyzer:
+    """The analyzer role (hop L of a cascade of L mixes).
+
+    `on_release` is required: there is no way to build an analyzer that releases results
+    without first committing their cost.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        deployment: str,
+        key: KeyPair,
+        *,
+        on_release: ReleaseHook,
+        estimator: str = "inv",
+        batch_timeout: float = 60.0,
+        spool: Spool | None = None,
+        hops: int | None = None,
+    ) -> None:
+        """`hops` (the cascade length, this analyzer's hop) names its input topics for a
+        service's inbox; `spool` (default: in memory) keeps what it received."""
+        if not callable(on_release):
+            raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
+        self.transport = transport
+        self.deployment = deployment
+        self.topics = Topics(deployment)
+        self.key = key
+        self.estimator = estimator
+        self.on_release = on_release
+        self.batch_timeout = batch_timeout
+        self.spool = spool if spool is not None else Spool()
+        self.hops = hops
+
+    def inbox(self, hop: int | None = None) -> Inbox:
+        """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
+        h = hop if hop is not None else self.hops
+        if h is None:
+            raise ValueError("the analyzer's hop (the cascade length) is not known")
+        return Inbox(
+            self.transport, self.spool, hop_filters(self.deployment, h, close=False), self.classify
+        )
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """How the inbox keys an input message (see `classify_hop_input`)."""
+        return classify_hop_input(msg)
+
+    def histogram(
+        self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
+    ) -> list[int]:
+        """Decrypt and validate each report; count the valid ones per category."""
+        hop = ann.hops
+        hist = [0] * ann.k
+        seen: set[bytes] = set()
+        for ct in batch:
+            digest = hashlib.sha256(ct).digest()
+            if digest in seen:
+                counters.reject("replayed")
+                continue
+            seen.add(digest)
+            try:
+                plain = peel(ct, self.key.private, self.deployment, ann.round_id, hop)
+                report = Report.decode(plain, ann.k)
+            except InvalidReport as exc:
+                counters.reject(exc.reason)
+                continue
+            hist[report.value] += 1
+            counters.accept()
+        return hist
+
+    async def run_round(
+        self,
+        ann: Announcement,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+        inbox: Inbox | None = None,
+    ) -> AnalyzerOutcome:
+        """Receive, decrypt and count one round; commit its cost, then publish the result.
+
+        `inbox` is the analyzer's running inbox (None: one runs for this round); `ready` is set
+        once it is subscribed. If the commit fails (refused, expired, ledger unreachable) the
+        round is aborted and nothing is published. `stop` set while the batch is still awaited
+        aborts the round (service shutdown).
+        """
+        if ann.analyzer_key != self.key.public_b64():
+            raise ValueError("the announcement names another analyzer key")
+        if inbox is None:
+            async with running_inbox(None, lambda: self.inbox(ann.hops)) as own:
+                return await self.run_round(ann, ready, stop, own)
+        if ready is not None:
+            ready.set()
+        self.spool.begin(ann)
+        outcome = AnalyzerOutcome(ann.round_id, result=None)
+        try:
+            batch = await unless_stopped(
+                await_batch(
+                    self.spool,
+                    inbox,
+                    ann.round_id,
+                    ann.hops,
+                    onion_size(REPORT_SIZE, 1),
+                    max(ann.seconds_left(), 0.0) + self.batch_timeout,
+                ),
+                stop,
+                "the analyzer",
+            )
+            hist = self.histogram(batch, ann, outcome.counters)
+            n = sum(hist)
+            if n < ann.n_min:
+                raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
+            try:
+                privacy = await self.on_release(ann.round_id, n)
+            except Exception as exc:  # any failure: the cost is not known to be committed
+                raise RoundAborted(
+                    f"the round's cost was not committed, nothing is released: {exc}"
+                ) from exc
+        except RoundAborted as exc:
+            outcome.abort_reason = str(exc)
+            abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
+            await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
+            self.spool.finish(ann.round_id, {"abort_reason": str(exc)})
+            return outcome
+        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+        result = Result(
+            round_id=ann.round_id,
+            k=ann.k,
+            eps0=ann.eps0,
+            batch_size=n,
+            histogram=hist,
+            estimate=[float(x) for x in est.counts],
+            stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
+            estimator=est.method,
+            rejected=outcome.counters.as_dict(),
+            privacy=privacy,
+            converged=est.details.get("converged"),
+            iterations=est.details.get("iterations"),
+        )
+        await self.transport.publish(self.topics.result(ann.round_id), result.to_bytes())
+        self.spool.finish(ann.round_id, {"batch_size": n})
+        outcome.result = result
+        return outcome

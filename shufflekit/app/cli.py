@@ -1,0 +1,166 @@
+"""The `shufflekit` command line: demo, budget, privacy, simulate, keys, serve, clients."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.app.cli_budget import app as budget_app
+from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_simulate import experiment_app, simulate
+from shufflekit.app.demo import DemoConfig, run_demo
+from shufflekit.app.render import console, err_console, fail, print_json
+from shufflekit.app.services.cli import clients, keys_app, serve_app
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
+from shufflekit.base.errors import AccountantError, ShufflekitError
+
+app = typer.Typer(
+    help="shufflekit: the shuffle model of differential privacy, end to end.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(budget_app, name="budget")
+app.command()(simulate)
+app.add_typer(experiment_app, name="experiment")
+app.add_typer(privacy_app, name="privacy")
+app.add_typer(keys_app, name="keys")
+app.add_typer(serve_app, name="serve")
+app.command()(clients)
+
+LedgerOpt = Annotated[
+    str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")
+]
+DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+@app.command()
+def demo(
+    users: Annotated[int, typer.Option(min=1, help="Simulated users.")] = 10_000,
+    k: Annotated[int, typer.Option(min=2, max=65535, help="Categories.")] = 10,
+    eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
+    mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds to run.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic population.")] = 0,
+    ledger: LedgerOpt = None,
+    deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
+    budget_epsilon: Annotated[
+        float, typer.Option(help="Total epsilon if the deployment has no budget yet.")
+    ] = 10.0,
+    budget_delta: Annotated[
+        float, typer.Option(help="Total delta if the deployment has no budget yet.")
+    ] = 1e-6,
+    cost_model: Annotated[
+        str, typer.Option(help="Cost model if the deployment has no budget yet: tight or ldp.")
+    ] = "tight",
+    estimator: Annotated[
+        str, typer.Option(help=f"How the analyzer denoises: one of {', '.join(ESTIMATORS)}.")
+    ] = "inv",
+    json_out: JsonOpt = False,
+) -> None:
+    """Run shuffle-model rounds end to end on the embedded default (in-memory, SQLite).
+
+    If the deployment has no budget yet, one is created from --budget-* (a notice on stderr
+    says so).
+    """
+    if eps0 <= 0:
+        fail("--eps0 must be > 0")
+    if estimator not in ESTIMATORS:
+        fail(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    cfg = DemoConfig(
+        users=users,
+        k=k,
+        eps0=eps0,
+        mixes=mixes,
+        rounds=rounds,
+        seed=seed,
+        deployment=deployment,
+        budget_epsilon=budget_epsilon,
+        budget_delta=budget_delta,
+        cost_model=cost_model,
+        estimator=estimator,
+    )
+    try:
+        led = Ledger(ledger or default_ledger_url())
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+            disable=json_out or not err_console.is_terminal,
+        ) as bar:
+            task = bar.add_task("clients answering", total=users * rounds)
+            out = asyncio.run(
+                run_demo(
+                    cfg,
+                    led,
+                    progress=lambda i, _t: bar.update(task, completed=i),
+                    notice=lambda line: err_console.print(
+                        line, soft_wrap=True, highlight=False, markup=False
+                    ),
+                )
+            )
+    except (AccountantError, ShufflekitError) as exc:
+        fail(str(exc))
+    if json_out:
+        print_json(out)
+    else:
+        _print_demo(out)
+    if out["refused"]:
+        fail(f"round refused: {out['refused']}")
+
+
+def _print_demo(out: dict[str, Any]) -> None:
+    if out.get("rounds"):
+        last = out["rounds"][-1]
+        if last["released"]:
+            t = Table(
+                title=f"round {last['round_id']}: {last['batch_size']} reports, "
+                f"estimator {last['estimator']}"
+            )
+            for col in ("category", "true", "shuffled (noisy)", "estimate", "± 1 s.e."):
+                t.add_column(col, justify="right")
+            for i, (a, b, c, s) in enumerate(
+                zip(
+                    last["true_histogram"],
+                    last["noisy_histogram"],
+                    last["estimate"],
+                    last["stderr"],
+                    strict=True,
+                )
+            ):
+                t.add_row(str(i), str(a), str(b), f"{c:.1f}", f"{s:.1f}")
+            console.print(t)
+            console.print(
+                f"total variation distance (truth vs estimate): [bold]{last['tv_distance']:.4f}[/]"
+            )
+        else:
+            console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
+        stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
+        if stuck:
+            err_console.print(
+                f"warning: the {out['estimator']} estimate did not converge in round(s) "
+                f"{', '.join(stuck)}: it is the last EM step (see docs/experiments.md)"
+            )
+        if any(r["rejected"] for r in out["rounds"]):
+            console.print(f"rejected: {[r['rejected'] for r in out['rounds']]}")
+    p = out["privacy_spent"]
+    console.print(
+        f"privacy spent: epsilon = [bold]{p['epsilon']:.4g}[/] at delta = {p['delta']:.3g} "
+        f"over {p['rounds_committed']} committed round(s) (cost model: {p['cost_model']}); "
+        f"budget {p['epsilon_budget']:.4g}, remaining {p['epsilon_remaining']:.4g}"
+    )
+    console.print(f"ledger: {out['ledger']}", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

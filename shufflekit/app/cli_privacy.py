@@ -1,0 +1,422 @@
+"""`shufflekit privacy ...`: per-round and composed privacy of shuffled k-RR, every method.
+
+Each answer states its method, its soundness label (only sound upper bounds may enforce a
+budget), the matching lower bound where the method has one, and the time it took. delta may
+underflow a float, so `log_delta` is always given too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from shufflekit.accountant import biswas, calibrate, composition, tight
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
+from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
+from shufflekit.app.render import console, fail, print_json
+from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
+
+app = typer.Typer(
+    help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
+)
+
+N = Annotated[int, typer.Option("--n", min=1, help="Users per round.")]
+K = Annotated[int, typer.Option("--k", min=2, help="Categories.")]
+EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
+ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
+METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(method_names(True)))]
+JSON = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+def _mech(n: int, k: int, eps0: float) -> Mechanism:
+    try:
+        return Mechanism(n=n, k=k, eps0=eps0)
+    except AccountantError as exc:
+        fail(str(exc))
+        raise
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+ROW_KEYS = (
+    "method",
+    "soundness",
+    "summary",
+    "status",
+    "epsilon",
+    "lower_bound",
+    "delta",
+    "log_delta",
+    "rounds",
+    "note",
+    "seconds",
+)
+"""Keys of every epsilon row (`privacy epsilon`, each row of `privacy compare`): a fixed set, with
+null where a value does not apply, so that scripts can index rows without checking."""
+
+
+def _blank_row(m: Method, delta: float, rounds: int) -> dict[str, Any]:
+    """An epsilon row of method `m` with every key of ROW_KEYS present and nothing computed."""
+    return {
+        "method": m.name,
+        "soundness": m.soundness.value,
+        "summary": m.summary,
+        "status": "ok",
+        "epsilon": None,
+        "lower_bound": None,
+        "delta": delta,
+        "log_delta": _log(delta),
+        "rounds": rounds,
+        "note": "",
+        "seconds": 0.0,
+    }
+
+
+def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
+    """epsilon of `rounds` rounds of tight's worst-case dataset (the attack) at `delta`:
+    a lower bound on the true epsilon, so the gap of an upper bound can be stated."""
+    if rounds == 1:
+        low = tight.tight_epsilon(mech, delta).lower_epsilon
+        return float(low) if low is not None else 0.0
+    attack = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
+    return float(attack.epsilon(delta))
+
+
+def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
+    """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row.
+
+    The row has exactly the keys of ROW_KEYS; raises AccountantError (NotApplicable, ...) when
+    the method cannot answer.
+    """
+    t0 = time.perf_counter()
+    row = _blank_row(m, delta, rounds)
+    if m.name == "tight" and rounds == 1:
+        # One evaluation gives both numbers. The registry's `tight` (m.epsilon) caps the answer
+        # by the k-RR profile's epsilon at delta (a hair below eps0); the ledger's TightCost
+        # caps the same tight_epsilon by eps0 itself. Both caps are sound, and they differ only
+        # when tight finds no amplification, where TightCost's is the larger. We report the
+        # ledger's value (min(tight, eps0), TightCost's formula) so that `privacy epsilon` and
+        # the budget checks agree exactly on the same round.
+        res = tight.tight_epsilon(mech, delta)
+        ldp_only = res.epsilon >= mech.eps0
+        row |= {
+            "epsilon": min(float(res.epsilon), mech.eps0),
+            "lower_bound": res.lower_epsilon,
+            "note": res.note + ("; no amplification at this delta: (eps0, 0)" if ldp_only else ""),
+        }
+    elif rounds == 1:
+        res = m.epsilon(mech, delta)
+        row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
+    elif m.name == "tight":
+        row |= {
+            "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
+            "lower_bound": tight_lower_epsilon(mech, delta, rounds),
+            "note": "dominating pairs composed (PLD, pessimistic grid), capped by the LDP "
+            "sum; lower bound: the worst-case dataset's attack composed",
+        }
+    elif m.name == "ldp":
+        row |= {"epsilon": rounds * mech.eps0, "note": "pure DP composes by summation"}
+    elif m.pld is not None:
+        composed = composition.compose([m.pld(mech)], counts=[rounds]).epsilon(delta)
+        cap = rounds * mech.eps0 if m.soundness is Soundness.SOUND_UPPER else math.inf
+        row |= {"epsilon": min(composed, cap), "note": "the method's pair composed (PLD)"}
+    else:
+        raise NotApplicable(
+            f"{m.name} is a per-round formula with no privacy loss "
+            "distribution: it cannot be composed over rounds"
+        )
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def delta_row(
+    m: Method, mech: Mechanism, epsilon: float, rounds: int, nx0: int | None
+) -> dict[str, Any]:
+    """delta of `rounds` identical rounds at `epsilon` by method `m`."""
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {
+        "method": m.name,
+        "soundness": m.soundness.value,
+        "epsilon": epsilon,
+        "rounds": rounds,
+        "lower_bound": None,
+        "lower_bound_log_delta": None,
+        "note": "",
+    }
+    if nx0 is not None and not m.name.startswith("biswas"):
+        raise InvalidParameters("--nx0 applies to the biswas methods only")
+    if rounds == 1:
+        res: PrivacyResult
+        if m.name == "biswas" and nx0 is not None:
+            res = biswas.biswas_delta(mech, epsilon, n_x0=nx0)
+        elif m.name == "biswas-corrected" and nx0 is not None:
+            res = biswas.corrected_delta(mech, epsilon, n_x0=nx0)
+        else:
+            res = m.delta(mech, epsilon)
+        row |= {"log_delta": res.log_delta, "note": res.note}
+        if res.lower_log_delta is not None:
+            row["lower_bound_log_delta"] = res.lower_log_delta
+            row["lower_bound"] = _exp(res.lower_log_delta)
+    elif m.name == "ldp":
+        row |= {
+            "log_delta": 0.0 if epsilon < rounds * mech.eps0 else -math.inf,
+            "note": "pure DP: delta is 0 from R * eps0 on (and not bounded below it)",
+        }
+    elif m.pld is not None:
+        row["log_delta"] = composition.compose([m.pld(mech)], counts=[rounds]).log_delta(epsilon)
+        if m.name == "tight":
+            low = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
+            row["lower_bound_log_delta"] = low.log_delta(epsilon)
+            row["lower_bound"] = _exp(row["lower_bound_log_delta"])
+    else:
+        raise NotApplicable(f"{m.name} cannot be composed over rounds (no PLD)")
+    row["delta"] = _exp(row["log_delta"])
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def _exp(log_x: float) -> float:
+    """exp that gives 0.0 instead of a denormal or underflow (log_delta carries the value)."""
+    return math.exp(log_x) if log_x > -745 else 0.0
+
+
+def _label(soundness: str) -> str:
+    if soundness == Soundness.SOUND_UPPER.value:
+        return "[green]sound upper bound[/]"
+    if soundness == Soundness.LOWER_BOUND.value:
+        return "[yellow]lower bound[/]"
+    return "[red]NOT a DP guarantee[/]"
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6g}"
+
+
+@app.command()
+def epsilon(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    rounds: ROUNDS = 1,
+    method: METHOD = "tight",
+    json_out: JSON = False,
+) -> None:
+    """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
+    mech = _mech(n, k, eps0)
+    try:
+        row = epsilon_row(get_method(method), mech, delta, rounds)
+    except AccountantError as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        print_json(row)
+        return
+    console.print(
+        f"{row['method']} ({_label(row['soundness'])}): epsilon = "
+        f"[bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
+        f"of n={n}, k={k}, eps0={eps0:g}"
+    )
+    if row["lower_bound"] is not None:
+        gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
+        console.print(f"lower bound (explicit attack): {row['lower_bound']:.6g}; gap {gap:.3g}%")
+    if row["note"]:
+        console.print(f"note: {row['note']}", highlight=False)
+    console.print(f"({row['seconds']:.3g} s)")
+
+
+@app.command()
+def delta(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    epsilon: Annotated[float, typer.Option(help="Target epsilon.")],
+    rounds: ROUNDS = 1,
+    method: METHOD = "tight",
+    nx0: Annotated[int | None, typer.Option("--nx0", help="biswas: users holding x0.")] = None,
+    json_out: JSON = False,
+) -> None:
+    """delta at a given epsilon (natural log given too: it may underflow)."""
+    mech = _mech(n, k, eps0)
+    try:
+        row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
+    except AccountantError as exc:
+        fail(str(exc))
+        return
+    if json_out:
+        print_json(row)
+        return
+    console.print(
+        f"{row['method']} ({_label(row['soundness'])}): delta = "
+        f"[bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
+        f"epsilon = {epsilon:g} for {rounds} round(s)"
+    )
+    if row.get("lower_bound_log_delta") is not None:
+        console.print(
+            f"lower bound (explicit attack): log delta = {row['lower_bound_log_delta']:.6g}"
+        )
+    if row.get("note"):
+        console.print(f"note: {row['note']}", highlight=False)
+    console.print(f"({row['seconds']:.3g} s)")
+
+
+@app.command(name="calibrate")
+def calibrate_cmd(
+    k: K,
+    rounds: ROUNDS,
+    epsilon: Annotated[float, typer.Option(help="Target total epsilon.")],
+    delta: Annotated[float, typer.Option(help="Target total delta.")],
+    n: Annotated[
+        int | None, typer.Option("--n", help="Users per round: find the largest eps0.")
+    ] = None,
+    eps0: Annotated[
+        float | None, typer.Option("--eps0", help="Local epsilon: find the smallest n.")
+    ] = None,
+    json_out: JSON = False,
+) -> None:
+    """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
+    if (n is None) == (eps0 is None):
+        fail("give exactly one of --n (to find eps0) or --eps0 (to find n)")
+    t0 = time.perf_counter()
+    try:
+        if n is not None:
+            cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
+        else:
+            assert eps0 is not None
+            cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
+    except AccountantError as exc:
+        fail(str(exc))
+        return
+    found = Mechanism(
+        n=n if n is not None else int(cal.value),
+        k=k,
+        eps0=cal.value if eps0 is None else eps0,
+    )
+    try:
+        lower: float | None = tight_lower_epsilon(found, delta, rounds)
+    except AccountantError:  # the lower bound is extra information: never fail the answer on it
+        lower = None
+    out = calibrate_json(cal, found, lower, time.perf_counter() - t0)
+    if json_out:
+        print_json(out)
+        return
+    what = "largest eps0" if cal.parameter == "eps0" else "smallest n"
+    console.print(
+        f"{what}: [bold]{cal.value:.6g}[/] -> {rounds} round(s) spend epsilon "
+        f"{cal.achieved_epsilon:.6g} <= {epsilon:g} at delta {delta:g} "
+        f"(tight, composed; {cal.evaluations} evaluations)"
+    )
+    if lower is not None:
+        console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
+    console.print(f"({out['seconds']:.3g} s)")
+
+
+def calibrate_json(
+    cal: calibrate.Calibration, found: Mechanism, lower: float | None, seconds: float
+) -> dict[str, Any]:
+    """The calibration's own summary plus the fields every privacy command gives (`epsilon` is
+    the upper bound the found parameter spends, `lower_bound` the attack's epsilon for it)."""
+    return cal.summary() | {
+        "method": "tight",
+        "soundness": Soundness.SOUND_UPPER.value,
+        "epsilon": cal.achieved_epsilon,
+        "delta": cal.delta,
+        "log_delta": _log(cal.delta),
+        "lower_bound": lower,
+        "n": found.n,
+        "k": found.k,
+        "eps0": found.eps0,
+        "search_seconds": cal.seconds,
+        "seconds": seconds,
+    }
+
+
+@app.command()
+def compare(
+    n: N,
+    k: K,
+    eps0: EPS0,
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    rounds: ROUNDS = 1,
+    plot: Annotated[str | None, typer.Option(help="Draw delta(epsilon) to FILE.png.")] = None,
+    variants: Annotated[
+        bool,
+        typer.Option(help="Also the printed variants (tail forms, closed forms); some are slow."),
+    ] = False,
+    json_out: JSON = False,
+) -> None:
+    """Every method side by side: epsilon, soundness label, lower bound, time."""
+    mech = _mech(n, k, eps0)
+    rows = compare_rows(mech, delta, rounds, variants)
+    plotted: list[str] | None = None
+    if plot:
+        from shufflekit.app.plots import plot_privacy_curves
+
+        # epsilon 0 is an answer (biswas often gives it), None is not: test identity, not truth
+        usable = [r["method"] for r in rows if r["epsilon"] is not None]
+        plotted = plot_privacy_curves(plot, mech, rounds, usable)
+    if json_out:
+        print_json(
+            {
+                "n": n,
+                "k": k,
+                "eps0": eps0,
+                "delta": delta,
+                "log_delta": _log(delta),
+                "rounds": rounds,
+                "plot": None if plot is None else {"path": plot, "methods": plotted},
+                "rows": rows,
+            }
+        )
+        return
+    console.print(compare_table(rows, f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, R={rounds}"))
+    for r in rows:
+        if r["note"]:
+            console.print(f"[bold]{r['method']}[/]: {r['note']}", highlight=False)
+    if plot:
+        console.print(f"plot: {plot} ({', '.join(plotted or [])})", highlight=False)
+
+
+def compare_rows(
+    mech: Mechanism, delta: float, rounds: int, variants: bool = False
+) -> list[dict[str, Any]]:
+    """One row per method, all with the keys of ROW_KEYS; a method that cannot answer gets
+    status "not applicable" or "error", epsilon null, and the reason in `note`."""
+    rows: list[dict[str, Any]] = []
+    for m in all_methods(include_variants=variants):
+        t0 = time.perf_counter()
+        try:
+            rows.append(epsilon_row(m, mech, delta, rounds))
+            continue
+        except NotApplicable as exc:
+            status, note = "not applicable", f"not applicable: {exc}"
+        except AccountantError as exc:
+            status, note = "error", f"error: {exc}"
+        row = _blank_row(m, delta, rounds)
+        row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
+        rows.append(row)
+    return rows
+
+
+def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The human table of `compare`: every method with epsilon, lower bound, label and time."""
+    t = Table(title=title)
+    for col in ("method", "epsilon", "lower bound", "label", "seconds"):
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        eps = _fmt(r["epsilon"]) if r["status"] == "ok" else f"[dim]{r['status']}[/]"
+        t.add_row(
+            r["method"],
+            eps,
+            _fmt(r["lower_bound"]),
+            _label(r["soundness"]),
+            f"{r['seconds']:.3g}",
+        )
+    return t

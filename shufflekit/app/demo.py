@@ -1,0 +1,185 @@
+"""The demo job: simulated users answer rounds through the full in-process pipeline.
+
+Values -> k-RR -> onion -> mix cascade -> analyzer -> denoised estimate, with the ledger
+enforcing the budget. The same code path the integration tests drive over a real broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
+from shufflekit.analyzer.metrics import total_variation
+from shufflekit.app.coordinator import LocalDeployment, RoundParams, RoundReport, TransportFactory
+from shufflekit.app.datasets import values_from_histogram, zipf
+from shufflekit.base.errors import BudgetExceeded
+from shufflekit.client.population import Population
+from shufflekit.core.transport.memory import MemoryBroker
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Flags of `shufflekit demo`."""
+
+    users: int = 10_000
+    k: int = 10
+    eps0: float = 2.0
+    mixes: int = 1
+    rounds: int = 1
+    seed: int = 0
+    deployment: str = "default"
+    budget_epsilon: float = 10.0
+    budget_delta: float = 1e-6
+    n_min: int | None = None
+    max_corrupt: int = 0
+    deadline: float = 120.0
+    cost_model: str = "tight"
+    estimator: str = "inv"
+
+
+def demo_values(users: int, k: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The skewed synthetic population: exact Zipf(s=1.1) proportions over k categories."""
+    values = values_from_histogram(zipf(k, 1.1).exact_histogram(users))
+    np.random.default_rng(seed).shuffle(values)
+    return values
+
+
+def budget_created_notice(budget: Budget, ledger_url: str) -> str:
+    """The one line that tells an operator the demo created a budget, with its totals."""
+    return (
+        f"notice: deployment {budget.deployment!r} had no budget, so the demo created one: "
+        f"epsilon {budget.epsilon_total:g}, delta {budget.delta_total:g}, "
+        f"n_min {budget.n_min}, cost model {budget.cost_model} (ledger {ledger_url}); "
+        "`shufflekit budget status` shows it"
+    )
+
+
+def ensure_budget(
+    ledger: Ledger, cfg: DemoConfig, notice: Callable[[str], None] | None = None
+) -> Budget:
+    """Use the deployment's budget, creating the demo's default one if there is none.
+
+    A created budget is announced through `notice` (one line), so that spending from a
+    budget nobody set up explicitly never goes unnoticed.
+    """
+    if not ledger.has_budget(cfg.deployment):
+        n_min = cfg.n_min if cfg.n_min is not None else max(1, cfg.users // 2)
+        created = Budget(
+            cfg.deployment,
+            cfg.budget_epsilon,
+            cfg.budget_delta,
+            n_min,
+            cfg.max_corrupt,
+            cost_model=cfg.cost_model,
+        )
+        ledger.init_budget(created, actor="demo")
+        if notice is not None:
+            notice(budget_created_notice(created, ledger.url))
+    return ledger.budget(cfg.deployment)
+
+
+def round_summary(rep: RoundReport, true_hist: list[int]) -> dict[str, Any]:
+    """The JSON-able facts of one round."""
+    out: dict[str, Any] = {
+        "round_id": rep.round_id,
+        "released": rep.released,
+        "sent": rep.sent,
+        "rejected": rep.rejected(),
+        "seconds": round(rep.seconds, 3),
+        "true_histogram": true_hist,
+    }
+    if rep.result is not None:
+        n = rep.result.batch_size
+        truth = np.asarray(true_hist, dtype=float) / max(1, sum(true_hist))
+        est = np.asarray(rep.result.estimate) / max(1, n)
+        out |= {
+            "noisy_histogram": rep.result.histogram,
+            "estimate": rep.result.estimate,
+            "stderr": rep.result.stderr,
+            "estimator": rep.result.estimator,
+            "estimator_converged": rep.result.converged,
+            "estimator_iterations": rep.result.iterations,
+            "batch_size": n,
+            "tv_distance": float(total_variation(truth, est)),
+            "privacy": rep.result.privacy,
+        }
+    elif rep.abort is not None:
+        out["abort"] = {"hop": rep.abort.hop, "reason": rep.abort.reason}
+    return out
+
+
+def _offset_progress(
+    progress: Callable[[int, int], None], offset: int, total: int
+) -> Callable[[int], None]:
+    return lambda i: progress(offset + i, total)
+
+
+async def run_demo(
+    cfg: DemoConfig,
+    ledger: Ledger,
+    connect: TransportFactory | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run `cfg.rounds` rounds; returns the last round's facts plus every round and the totals.
+
+    A round refused by the budget stops the demo: `refused` says why and what is left.
+    `notice` receives one line if the deployment had no budget and the demo created one
+    (`budget_created` in the result is then true). The analyzer denoises with `cfg.estimator`.
+    """
+    if cfg.estimator not in ESTIMATORS:
+        raise EstimatorInputError(
+            f"unknown estimator {cfg.estimator!r}; choose one of {', '.join(ESTIMATORS)}"
+        )
+    created: list[str] = []
+
+    def _notice(line: str) -> None:
+        created.append(line)
+        if notice is not None:
+            notice(line)
+
+    budget = ensure_budget(ledger, cfg, _notice)
+    if connect is None:
+        broker = MemoryBroker()
+        connect = lambda _name: broker.connect()  # noqa: E731
+    dep = LocalDeployment(connect, cfg.deployment, ledger, cfg.mixes, estimator=cfg.estimator)
+    values = demo_values(cfg.users, cfg.k, cfg.seed)
+    true_hist = np.bincount(values, minlength=cfg.k).astype(int).tolist()
+    population = Population(values.tolist())
+    params = RoundParams(k=cfg.k, eps0=cfg.eps0, n_min=budget.n_min, deadline_seconds=cfg.deadline)
+    rounds: list[dict[str, Any]] = []
+    refused: str | None = None
+    for r in range(cfg.rounds):
+        cb = None
+        if progress is not None:
+            cb = _offset_progress(progress, r * cfg.users, cfg.rounds * cfg.users)
+        try:
+            rep = await dep.run_round(params, population, progress=cb)
+        except BudgetExceeded as exc:
+            refused = str(exc)
+            break
+        rounds.append(round_summary(rep, true_hist))
+    status = ledger.status(cfg.deployment)
+    return {
+        **(rounds[-1] if rounds else {"true_histogram": true_hist}),
+        "rounds": rounds,
+        "refused": refused,
+        "estimator": cfg.estimator,
+        "budget_created": bool(created),
+        "config": cfg.__dict__,
+        "privacy_spent": {
+            "epsilon": status.epsilon_spent,
+            "delta": status.budget.delta_total,
+            "epsilon_reserved": status.epsilon_reserved,
+            "epsilon_budget": status.budget.epsilon_total,
+            "epsilon_remaining": status.epsilon_remaining,
+            "cost_model": status.cost_model,
+            "rounds_committed": sum(1 for x in status.rounds if x.status == "committed"),
+        },
+        "ledger": ledger.url,
+    }

@@ -1,0 +1,766 @@
+"""Privacy-utility experiments: shuffle model vs central and local models at equal (epsilon, delta).
+
+`utility_experiment` sweeps a grid of points (target epsilon, n, k). At every point:
+
+* **shuffle**: the largest eps0 whose ONE shuffled round meets (epsilon, delta) by the
+  accountant's sound upper bound (`calibrate_one_round`), then `repetitions` rounds drawn with the
+  fast statistical simulator (`shufflekit.app.simulate.simulate_rounds`, the exact law of the
+  shuffled histogram) and denoised by each requested estimator (`analyzer.estimators`, batch form).
+* **central**: the analytic Gaussian mechanism (Balle and Wang 2018, `analyzer.central`) at the
+  same (epsilon, delta), replace-one L2 sensitivity sqrt(2), added to the TRUE histogram. Two
+  read-outs: ``raw`` = noisy counts / n, no post-processing (the seed paper's choice: "our best
+  guess ... is the noisy histogram itself"; entries may be negative and need not sum to 1), and
+  ``project`` = the Euclidean projection of noisy counts / n onto the probability simplex (a
+  post-processing, so it is still (epsilon, delta)-DP). n is public (replace-one adjacency).
+* **local**: k-RR with eps0 = epsilon and no shuffle, INV estimator. The analyzer then sees every
+  report, but INV only uses the report counts, whose law is that of the shuffled histogram at
+  eps0 = epsilon, so it is drawn with the same simulator.
+
+The users' true histogram is the dataset's exact histogram for n users (largest-remainder
+rounding; deterministic, the same for every model at a point); errors are distances between
+estimated and true frequency vectors (TV, L1, L2, max; `analyzer.metrics`), averaged over the
+repetitions (mean and sample standard deviation). All estimators of a point share the same
+simulated histograms (common random numbers). Every random stream derives from `seed`.
+EM (``ibu``) stops after `ibu_max_iter` steps; a row's ``nonconverged`` counts the repetitions
+that hit that cap (their estimate is EM's last step), and its note says so.
+
+Calibration. One round only, so no composition is needed: eps0 is found by bisection on
+log(eps0) of the feasibility test `accountant.tight.upper_log_delta(Mechanism(n, k, eps0),
+epsilon) <= log(delta)` (the tight accountant's sound upper bound; feasibility is monotone in
+eps0, and eps0 = epsilon is always feasible because every bound is capped by the LDP bound).
+The returned eps0 was checked feasible and is within relative `rtol` of the largest feasible
+one. ``calibration="composed"`` instead calls `accountant.calibrate.calibrate_eps0` with
+rounds = 1 (PLD composition path, what a multi-round budget uses): same answer up to the PLD
+discretisation, but 10-100 times slower (about 1.5 minutes per point at n = 100,000).
+
+A point can also be given by eps0 (`eps0_values`): its epsilon is then the tight accountant's
+sound epsilon at delta for one round (`accountant.tight.tight_epsilon`), and the central and
+local models are run at that epsilon. With delta = 0 the shuffle model certifies nothing
+better than epsilon = eps0 (the LDP bound) and the central Gaussian does not exist (sigma would
+be infinite); such rows carry ``status = "infeasible"`` and a note instead of numbers.
+
+`individual_utility` is the seed paper's "individual specific utility" (Table 4):
+|pi_hat_x0 - pi_x0| for chosen categories x0, for shuffle+INV and the central Gaussian.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shufflekit.accountant.core import Mechanism
+from shufflekit.analyzer.central import (
+    REPLACE_ONE_SENSITIVITY,
+    CalibrationError,
+    analytic_gaussian_sigma,
+)
+from shufflekit.analyzer.estimators import (
+    ESTIMATORS,
+    EstimatorInputError,
+    clip_renormalise,
+    ibu_frequencies,
+    inv_frequencies,
+    mle_frequencies,
+    project_simplex,
+)
+from shufflekit.analyzer.metrics import METRICS
+from shufflekit.app.datasets import DatasetError, make_dataset
+from shufflekit.app.simulate import simulate_rounds
+from shufflekit.base.errors import AccountantError, NotApplicable
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+DEFAULT_REPETITIONS = 100
+CENTRAL_READOUTS: tuple[str, ...] = ("raw", "project")
+CALIBRATIONS: tuple[str, ...] = ("tight", "composed")
+MODELS: tuple[str, ...] = ("shuffle", "central", "local")
+METRIC_NAMES: tuple[str, ...] = ("tv", "l1", "l2", "max")
+#: Row fields in CSV column order (the first 15 are the documented JSON fields).
+ROW_FIELDS: tuple[str, ...] = (
+    "epsilon",
+    "model",
+    "estimator",
+    "eps0",
+    "n",
+    "k",
+    "delta",
+    *(f"{m}_{s}" for m in METRIC_NAMES for s in ("mean", "std")),
+    "status",
+    "note",
+    "nonconverged",
+    "sigma",
+    "repetitions",
+    "dataset",
+    "point",
+    "calibration",
+    "calibration_seconds",
+)
+#: The documented fields of every row (JSON); the other columns are details.
+JSON_FIELDS: tuple[str, ...] = ROW_FIELDS[:15]
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+class ExperimentError(ValueError):
+    """An experiment was configured with invalid parameters; the message says which."""
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class ShuffleCalibration:
+    """eps0 of one round that meets (epsilon, delta); `capped` if eps0_max still met it."""
+
+    eps0: float
+    epsilon: float
+    delta: float
+    evaluations: int
+    seconds: float
+    method: str
+    capped: bool = False
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def calibrate_one_round(
+    n: int,
+    k: int,
+    epsilon: float,
+    delta: float,
+    *,
+    method: str = "tight",
+    rtol: float = 1e-3,
+    eps0_max: float = 30.0,
+) -> ShuffleCalibration:
+    """Largest eps0 (within relative rtol) such that one shuffled round meets (epsilon, delta).
+
+    method "tight": bisection on log(eps0) of `accountant.tight.upper_log_delta <= log(delta)`
+    (delta = 0 allowed: only eps0 <= epsilon then qualifies). method "composed":
+    `accountant.calibrate.calibrate_eps0(n, k, 1, epsilon, delta)`. Raises AccountantError
+    subclasses when the accountant cannot answer (NotApplicable if no eps0 qualifies).
+    """
+    t0 = time.perf_counter()
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise NotApplicable(f"target epsilon must be a finite number > 0, got {epsilon!r}")
+    if not (0 <= delta < 1):
+        raise NotApplicable(f"delta must be in [0, 1), got {delta!r}")
+    if method == "composed":
+        from shufflekit.accountant.calibrate import calibrate_eps0_detailed
+
+        c = calibrate_eps0_detailed(n, k, 1, epsilon, delta, rtol=rtol, eps0_max=eps0_max)
+        return ShuffleCalibration(
+            c.value,
+            epsilon,
+            delta,
+            c.evaluations,
+            time.perf_counter() - t0,
+            "composed",
+            capped=not math.isfinite(c.bracket[1]),
+        )
+    if method != "tight":
+        raise ExperimentError(f"unknown calibration {method!r}; choose one of {CALIBRATIONS}")
+    from shufflekit.accountant.tight import upper_log_delta
+
+    target = _log(delta)
+    evals = [0]
+
+    def feasible(e0: float) -> bool:
+        evals[0] += 1
+        return upper_log_delta(Mechanism(n, k, float(e0)), epsilon) <= target
+
+    lo = min(epsilon, eps0_max)
+    if not feasible(lo):  # cannot happen while bounds are capped by the LDP bound
+        raise NotApplicable(
+            f"even eps0 = {lo:g} does not meet epsilon={epsilon:g}, delta={delta:g}"
+        )
+    if delta == 0 and lo < eps0_max and not feasible(lo * (1.0 + rtol)):
+        # delta = 0: the upper bound is positive for every eps0 > epsilon, so the search would
+        # only chase ever deeper tails; one check above epsilon settles it
+        return ShuffleCalibration(lo, epsilon, delta, evals[0], time.perf_counter() - t0, "tight")
+    hi = lo
+    while True:
+        nxt = min(2.0 * hi, eps0_max)
+        if nxt <= hi:
+            return ShuffleCalibration(
+                hi, epsilon, delta, evals[0], time.perf_counter() - t0, "tight", capped=True
+            )
+        if not feasible(nxt):
+            lo, hi = hi, nxt
+            break
+        hi = nxt
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return ShuffleCalibration(lo, epsilon, delta, evals[0], time.perf_counter() - t0, "tight")
+
+
+def shuffle_epsilon(n: int, k: int, eps0: float, delta: float) -> float:
+    """The tight accountant's sound epsilon at delta for one shuffled round of k-RR(eps0).
+
+    delta = 0: eps0 (the LDP bound; the accountant's upper bound on delta is positive below it).
+    """
+    mech = Mechanism(n, k, float(eps0))
+    if delta == 0:
+        return float(eps0)
+    from shufflekit.accountant.tight import tight_epsilon
+
+    return float(tight_epsilon(mech, delta).epsilon)
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+@dataclass(frozen=True, eq=False)
+class BatchFit:
+    """Point estimates of a batch (shape (R, k)) and how many rows an iterative fit left short.
+
+    `nonconverged` counts the repetitions whose EM (``ibu``) hit `max_iter` before a step moved
+    them by <= tol; it is 0 for the closed-form estimators.
+    """
+
+    frequencies: FloatArray
+    nonconverged: int = 0
+
+
+def batch_fit(
+    hists: IntArray,
+    k: int,
+    eps0: float,
+    method: str,
+    *,
+    tol: float = 1e-10,
+    max_iter: int = 20_000,
+) -> BatchFit:
+    """Point estimates for a batch of histograms with the named estimator, plus EM's shortfall.
+
+    The same point estimators as `analyzer.estimators.estimate` (no bootstrap): ``ibu`` runs EM
+    with the stopping rule (tol, max_iter) on the whole batch and counts the rows that did not
+    converge, so a capped EM is reported rather than silently averaged in.
+    """
+    if method == "inv":
+        return BatchFit(inv_frequencies(hists, k, eps0))
+    if method == "clip":
+        return BatchFit(clip_renormalise(inv_frequencies(hists, k, eps0)))
+    if method == "project":
+        return BatchFit(project_simplex(inv_frequencies(hists, k, eps0)))
+    if method == "ibu":
+        fit = ibu_frequencies(hists, k, eps0, tol=tol, max_iter=max_iter)
+        return BatchFit(fit.frequencies, fit.nonconverged)
+    if method == "mle":
+        return BatchFit(mle_frequencies(hists, k, eps0))
+    raise ExperimentError(f"unknown estimator {method!r}; choose one of {ESTIMATORS}")
+
+
+def batch_estimates(hists: IntArray, k: int, eps0: float, method: str) -> FloatArray:
+    """Point estimates only (`batch_fit` with EM's default stopping rule: tol 1e-10, 20,000)."""
+    return batch_fit(hists, k, eps0, method).frequencies
+
+
+def error_summary(freqs: FloatArray, truth: FloatArray) -> dict[str, float]:
+    """Mean and sample std (ddof=1; 0 for one repetition) of every metric over the rows."""
+    out: dict[str, float] = {}
+    t = np.broadcast_to(truth, freqs.shape)
+    for name in METRIC_NAMES:
+        vals = np.asarray(METRICS[name](freqs, t), dtype=np.float64)
+        out[f"{name}_mean"] = float(np.mean(vals))
+        out[f"{name}_std"] = float(np.std(vals, ddof=1)) if vals.size > 1 else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+@dataclass(frozen=True)
+class UtilityConfig:
+    """Parameters of `utility_experiment` (see the module docstring)."""
+
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    eps0_values: tuple[float, ...] = ()
+    ns: tuple[int, ...] = (100_000,)
+    ks: tuple[int, ...] = (10,)
+    delta: float = 1e-6
+    repetitions: int = DEFAULT_REPETITIONS
+    dataset: str = "normal"
+    estimators: tuple[str, ...] = ESTIMATORS
+    central: tuple[str, ...] = CENTRAL_READOUTS
+    seed: int = 0
+    calibration: str = "tight"
+    rtol: float = 1e-3
+    ibu_tol: float = 1e-10
+    ibu_max_iter: int = 20_000
+
+    def validate(self) -> None:
+        """Raise ExperimentError on an invalid parameter."""
+        if not self.epsilons and not self.eps0_values:
+            raise ExperimentError("nothing to sweep: give at least one epsilon or eps0 value")
+        for e in self.epsilons:
+            if not (math.isfinite(e) and e > 0):
+                raise ExperimentError(f"epsilon values must be finite and > 0, got {e!r}")
+        for e in self.eps0_values:
+            if not (math.isfinite(e) and e > 0):
+                raise ExperimentError(f"eps0 values must be finite and > 0, got {e!r}")
+        if not self.ns or any(isinstance(n, bool) or n < 1 for n in self.ns):
+            raise ExperimentError(f"n values must be integers >= 1, got {list(self.ns)}")
+        if not self.ks or any(isinstance(k, bool) or k < 2 for k in self.ks):
+            raise ExperimentError(f"k values must be integers >= 2, got {list(self.ks)}")
+        if not (math.isfinite(self.delta) and 0 <= self.delta < 1):
+            raise ExperimentError(f"delta must be in [0, 1), got {self.delta!r}")
+        if self.repetitions < 1:
+            raise ExperimentError(f"repetitions must be >= 1, got {self.repetitions}")
+        for k in self.ks:
+            try:
+                make_dataset(self.dataset, k)
+            except DatasetError as exc:
+                raise ExperimentError(str(exc)) from None
+        bad = [e for e in self.estimators if e not in ESTIMATORS]
+        if bad:
+            raise ExperimentError(f"unknown estimator(s) {bad}; choose from {ESTIMATORS}")
+        bad = [c for c in self.central if c not in CENTRAL_READOUTS]
+        if bad:
+            raise ExperimentError(f"unknown central read-out(s) {bad}; choose {CENTRAL_READOUTS}")
+        if self.calibration not in CALIBRATIONS:
+            raise ExperimentError(
+                f"unknown calibration {self.calibration!r}; choose one of {CALIBRATIONS}"
+            )
+        if not 0 < self.rtol < 0.5:
+            raise ExperimentError(f"rtol must be in (0, 0.5), got {self.rtol!r}")
+        if not (math.isfinite(self.ibu_tol) and self.ibu_tol > 0):
+            raise ExperimentError(f"ibu_tol must be a finite number > 0, got {self.ibu_tol!r}")
+        if isinstance(self.ibu_max_iter, bool) or self.ibu_max_iter < 1:
+            raise ExperimentError(f"ibu_max_iter must be an integer >= 1, got {self.ibu_max_iter}")
+
+    def points(self) -> list[tuple[int, int, str, float]]:
+        """(n, k, kind, value) for every point; kind is "epsilon" or "eps0"."""
+        return [
+            (n, k, kind, v)
+            for n in self.ns
+            for k in self.ks
+            for kind, vals in (("epsilon", self.epsilons), ("eps0", self.eps0_values))
+            for v in vals
+        ]
+
+
+@dataclass
+class UtilityResult:
+    """Rows of `utility_experiment` (dicts with `ROW_FIELDS`) and how long it took."""
+
+    config: UtilityConfig
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-Python summary for JSON."""
+        cfg = asdict(self.config)
+        return {"rows": self.rows, "seconds": self.seconds, "config": cfg}
+
+
+def _row(
+    epsilon: float | None,
+    model: str,
+    estimator: str,
+    eps0: float | None,
+    n: int,
+    k: int,
+    cfg: UtilityConfig,
+    point: str,
+    errors: dict[str, float] | None = None,
+    note: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One output row; metrics None (and status "infeasible") when `errors` is None."""
+    row: dict[str, Any] = {
+        "epsilon": epsilon,
+        "model": model,
+        "estimator": estimator,
+        "eps0": eps0,
+        "n": n,
+        "k": k,
+        "delta": cfg.delta,
+    }
+    for m in METRIC_NAMES:
+        for s in ("mean", "std"):
+            row[f"{m}_{s}"] = None if errors is None else errors[f"{m}_{s}"]
+    row["status"] = "ok" if errors is not None else "infeasible"
+    row["note"] = note
+    row["nonconverged"] = 0 if errors is not None else None
+    row["sigma"] = None
+    row["repetitions"] = cfg.repetitions
+    row["dataset"] = cfg.dataset
+    row["point"] = point
+    row["calibration"] = None
+    row["calibration_seconds"] = None
+    row.update(extra)
+    return row
+
+
+_ERRORS = (AccountantError, CalibrationError, EstimatorInputError)
+
+
+def _point_rows(
+    n: int,
+    k: int,
+    kind: str,
+    value: float,
+    cfg: UtilityConfig,
+    seeds: np.random.SeedSequence,
+) -> list[dict[str, Any]]:
+    """All rows (shuffle x estimators, central x read-outs, local) of one point."""
+    truth_counts = make_dataset(cfg.dataset, k).exact_histogram(n)
+    truth = truth_counts / n
+    s_shuffle, s_central, s_local = seeds.spawn(3)
+    rows: list[dict[str, Any]] = []
+    point = f"{kind}={value:g}"
+
+    # ---- privacy: the (epsilon, eps0) pair of the point
+    epsilon: float | None
+    eps0: float | None
+    cal_note = ""
+    cal_extra: dict[str, Any] = {}
+    if kind == "epsilon":
+        epsilon = value
+        try:
+            cal = calibrate_one_round(n, k, value, cfg.delta, method=cfg.calibration, rtol=cfg.rtol)
+            eps0 = cal.eps0
+            cal_extra = {"calibration": cal.method, "calibration_seconds": cal.seconds}
+            if cal.capped:
+                cal_note = f"eps0 capped at {cal.eps0:g} (still meets the target)"
+            elif cal.eps0 <= value * (1.0 + cfg.rtol):
+                cal_note = "no amplification certified at this delta: eps0 = epsilon (LDP bound)"
+        except AccountantError as exc:
+            eps0, cal_note = None, f"no eps0 meets the target: {exc}"
+    else:
+        eps0 = value
+        try:
+            epsilon = shuffle_epsilon(n, k, value, cfg.delta)
+            cal_extra = {"calibration": "tight_epsilon"}
+        except AccountantError as exc:
+            epsilon, cal_note = None, f"the accountant cannot bound epsilon: {exc}"
+
+    # ---- shuffle
+    if eps0 is None:
+        rows += [
+            _row(epsilon, "shuffle", m, None, n, k, cfg, point, None, cal_note, **cal_extra)
+            for m in cfg.estimators
+        ]
+    else:
+        hists = simulate_rounds(
+            truth_counts, k, eps0, np.random.default_rng(s_shuffle), cfg.repetitions
+        )
+        for m in cfg.estimators:
+            fit = batch_fit(hists, k, eps0, m, tol=cfg.ibu_tol, max_iter=cfg.ibu_max_iter)
+            note = cal_note
+            if fit.nonconverged:
+                em = (
+                    f"EM did not converge in {fit.nonconverged} of {cfg.repetitions} "
+                    f"repetitions (cap {cfg.ibu_max_iter} steps, tol {cfg.ibu_tol:g}); "
+                    "their estimates are the last EM step"
+                )
+                note = f"{note}; {em}" if note else em
+            errs = error_summary(fit.frequencies, truth)
+            rows.append(_row(epsilon, "shuffle", m, eps0, n, k, cfg, point, errs, note))
+            rows[-1]["nonconverged"] = fit.nonconverged
+            rows[-1].update(cal_extra)
+
+    # ---- central (analytic Gaussian on the true histogram)
+    try:
+        if epsilon is None:
+            raise CalibrationError(cal_note)
+        sigma = analytic_gaussian_sigma(epsilon, cfg.delta, sensitivity=REPLACE_ONE_SENSITIVITY)
+        noise = np.random.default_rng(s_central).normal(0.0, sigma, size=(cfg.repetitions, k))
+        raw = (truth_counts + noise) / n
+        for ro in cfg.central:
+            f = raw if ro == "raw" else project_simplex(raw)
+            rows.append(
+                _row(
+                    epsilon,
+                    "central",
+                    ro,
+                    None,
+                    n,
+                    k,
+                    cfg,
+                    point,
+                    error_summary(f, truth),
+                    sigma=sigma,
+                )
+            )
+    except CalibrationError as exc:
+        rows += [
+            _row(
+                epsilon,
+                "central",
+                ro,
+                None,
+                n,
+                k,
+                cfg,
+                point,
+                None,
+                f"no Gaussian baseline: {exc}",
+            )
+            for ro in cfg.central
+        ]
+
+    # ---- local (k-RR at eps0 = epsilon, no shuffle, INV)
+    if epsilon is None or epsilon <= 0:
+        rows.append(
+            _row(
+                epsilon,
+                "local",
+                "inv",
+                None,
+                n,
+                k,
+                cfg,
+                point,
+                None,
+                cal_note or "epsilon = 0: k-RR needs eps0 > 0",
+            )
+        )
+    else:
+        hl = simulate_rounds(
+            truth_counts, k, epsilon, np.random.default_rng(s_local), cfg.repetitions
+        )
+        errs = error_summary(inv_frequencies(hl, k, epsilon), truth)
+        rows.append(_row(epsilon, "local", "inv", epsilon, n, k, cfg, point, errs))
+    return rows
+
+
+def utility_experiment(cfg: UtilityConfig, progress: ProgressFn | None = None) -> UtilityResult:
+    """Run the sweep of `cfg`; `progress(done, total, description)` after each point."""
+    cfg.validate()
+    t0 = time.perf_counter()
+    pts = cfg.points()
+    root = np.random.SeedSequence(cfg.seed)
+    # one child per point of the full grid, so a point's numbers do not depend on the others
+    children = root.spawn(len(pts))
+    result = UtilityResult(cfg)
+    for i, ((n, k, kind, v), ss) in enumerate(zip(pts, children, strict=True)):
+        if progress is not None:
+            progress(i, len(pts), f"n={n} k={k} {kind}={v:g}")
+        result.rows += _point_rows(n, k, kind, v, cfg, ss)
+    if progress is not None:
+        progress(len(pts), len(pts), "done")
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# ----------------------------------------------------------------------------- output files
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Rows as CSV with the `ROW_FIELDS` columns (None written as an empty cell)."""
+    p = Path(path)
+    with p.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(ROW_FIELDS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({f: ("" if r.get(f) is None else r.get(f)) for f in ROW_FIELDS})
+    return p
+
+
+def _label(r: dict[str, Any]) -> str:
+    if r["model"] == "shuffle":
+        return f"shuffle+{r['estimator'].upper()}"
+    if r["model"] == "central":
+        return f"central Gaussian ({r['estimator']})"
+    return "local k-RR (INV)"
+
+
+def plot_utility(
+    rows: Sequence[dict[str, Any]], path: str | Path, metric: str = "tv", title: str = ""
+) -> Path:
+    """Error (mean ± 1 std) vs epsilon, one line per model/estimator, log-log axes.
+
+    One panel per (n, k); only rows with status "ok" are drawn.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok" and r["epsilon"] is not None]
+    panels = sorted({(r["n"], r["k"]) for r in rows})
+    ncols = min(len(panels), 3) or 1
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.6 * nrows), squeeze=False)
+    markers = "os^vD<>px*h"
+    for ax, (n, k) in zip(axes.flat, panels, strict=False):
+        sel = [r for r in ok if r["n"] == n and r["k"] == k]
+        labels = list(dict.fromkeys(_label(r) for r in sel))
+        for j, lab in enumerate(labels):
+            pts = sorted((r for r in sel if _label(r) == lab), key=lambda r: r["epsilon"])
+            x = np.array([r["epsilon"] for r in pts])
+            y = np.array([r[f"{metric}_mean"] for r in pts])
+            s = np.array([r[f"{metric}_std"] for r in pts])
+            style = "--" if lab.startswith("central") else (":" if lab.startswith("local") else "-")
+            ax.errorbar(
+                x, y, yerr=s, marker=markers[j % len(markers)], ms=4, ls=style, capsize=2, label=lab
+            )
+            if j == 0 and pts[0]["model"] == "shuffle":  # the calibrated eps0 of each point
+                for xi, yi, r in zip(x, y, pts, strict=True):
+                    ax.annotate(
+                        f"{r['eps0']:.2f}",
+                        (xi, yi),
+                        textcoords="offset points",
+                        xytext=(0, 7),
+                        ha="center",
+                        fontsize=6,
+                        color="0.3",
+                    )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("epsilon (one round)")
+        ax.set_ylabel(f"{metric.upper()} error (mean ± 1 sd)")
+        delta = sel[0]["delta"] if sel else float("nan")
+        ax.set_title(title or f"n = {n:,}, k = {k}, delta = {delta:g} (labels: shuffle eps0)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    p = Path(path)
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    return p
+
+
+def write_outputs(result: UtilityResult, out_dir: str | Path) -> dict[str, str]:
+    """`utility.csv` and `utility.png` in out_dir (created if missing); returns their paths."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    c = write_csv(result.rows, d / "utility.csv")
+    p = plot_utility(result.rows, d / "utility.png")
+    return {"csv": str(c), "png": str(p)}
+
+
+# ----------------------------------------------------------------------------- Table 4
+
+
+@dataclass
+class IndividualResult:
+    """Per-category absolute errors |pi_hat_x0 - pi_x0| (the seed's individual utility)."""
+
+    n: int
+    k: int
+    eps0: float
+    epsilon: float
+    delta: float
+    sigma: float | None
+    repetitions: int
+    dataset: str
+    rows: list[dict[str, Any]]
+    note: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def individual_utility(
+    n: int,
+    k: int,
+    eps0: float,
+    categories: Sequence[int],
+    delta: float,
+    epsilon: float | None = None,
+    repetitions: int = DEFAULT_REPETITIONS,
+    dataset: str = "normal",
+    seed: int = 0,
+) -> IndividualResult:
+    """|pi_hat_x - pi_x| for x in `categories`: shuffle+INV at eps0 and central Gaussian.
+
+    The Gaussian is calibrated at (epsilon, delta) with sensitivity sqrt(2); `epsilon` defaults
+    to the tight accountant's sound epsilon at delta for one round of k-RR(eps0) over n users.
+    Each row has the first repetition's error (the paper's tables look like single runs) and the
+    mean, std and median over the repetitions. delta = 0 (or epsilon >= eps0 with the paper's
+    reading) leaves the Gaussian columns None with a note.
+    """
+    if repetitions < 1:
+        raise ExperimentError(f"repetitions must be >= 1, got {repetitions}")
+    try:
+        make_dataset(dataset, k)
+    except DatasetError as exc:
+        raise ExperimentError(str(exc)) from None
+    bad = [c for c in categories if not 0 <= c < k]
+    if bad or not categories:
+        raise ExperimentError(f"categories must lie in [0, {k}), got {list(categories)}")
+    eps = shuffle_epsilon(n, k, eps0, delta) if epsilon is None else float(epsilon)
+    truth_counts = make_dataset(dataset, k).exact_histogram(n)
+    truth = truth_counts / n
+    s_shuffle, s_central = np.random.SeedSequence(seed).spawn(2)
+    hists = simulate_rounds(truth_counts, k, eps0, np.random.default_rng(s_shuffle), repetitions)
+    err_s = np.abs(inv_frequencies(hists, k, eps0) - truth)
+    sigma: float | None
+    note = ""
+    try:
+        sigma = analytic_gaussian_sigma(eps, delta)
+        noise = np.random.default_rng(s_central).normal(0.0, sigma, size=(repetitions, k))
+        err_c: FloatArray | None = np.abs(noise / n)
+    except CalibrationError as exc:
+        sigma, err_c, note = None, None, f"no Gaussian baseline: {exc}"
+
+    def stats(e: FloatArray | None, c: int, name: str) -> dict[str, Any]:
+        if e is None:
+            return {
+                f"{name}_first": None,
+                f"{name}_mean": None,
+                f"{name}_std": None,
+                f"{name}_median": None,
+            }
+        col = e[:, c]
+        return {
+            f"{name}_first": float(col[0]),
+            f"{name}_mean": float(col.mean()),
+            f"{name}_std": float(col.std(ddof=1)) if col.size > 1 else 0.0,
+            f"{name}_median": float(np.median(col)),
+        }
+
+    rows = [
+        {"category": c, "x0_paper": c + 1, "true_frequency": float(truth[c])}
+        | stats(err_s, c, "shuffle_inv")
+        | stats(err_c, c, "gaussian")
+        for c in categories
+    ]
+    return IndividualResult(n, k, float(eps0), eps, delta, sigma, repetitions, dataset, rows, note)
+
+
+__all__ = [
+    "CALIBRATIONS",
+    "CENTRAL_READOUTS",
+    "DEFAULT_EPSILONS",
+    "DEFAULT_REPETITIONS",
+    "JSON_FIELDS",
+    "ROW_FIELDS",
+    "BatchFit",
+    "ExperimentError",
+    "IndividualResult",
+    "ShuffleCalibration",
+    "UtilityConfig",
+    "UtilityResult",
+    "batch_estimates",
+    "batch_fit",
+    "calibrate_one_round",
+    "error_summary",
+    "individual_utility",
+    "plot_utility",
+    "shuffle_epsilon",
+    "utility_experiment",
+    "write_csv",
+    "write_outputs",
+]

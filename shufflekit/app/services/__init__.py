@@ -1,0 +1,1 @@
+"""Long-running services (mix, analyzer, coordinator), their configuration, keys and clients."""

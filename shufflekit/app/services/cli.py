@@ -1,0 +1,253 @@
+"""`shufflekit keys new`, `shufflekit serve mix|analyzer|coordinator`, `shufflekit clients`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from shufflekit.app.render import console, fail, print_json
+from shufflekit.app.services.config import ServiceConfig, load_config
+from shufflekit.app.services.keys import (
+    KeyFiles,
+    load_enrollment_key,
+    role_name,
+    write_enrollment_key,
+    write_key_pair,
+)
+from shufflekit.base.errors import AccountantError, ShufflekitError
+
+keys_app = typer.Typer(
+    help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
+    "(Ed25519, issues client credentials)."
+)
+serve_app = typer.Typer(
+    help="Run a role as a long-running service over MQTT (stop with SIGTERM or Ctrl-C).",
+    no_args_is_help=True,
+)
+
+ConfigOpt = Annotated[
+    Path, typer.Option("--config", help="Service configuration (TOML); see deploy/examples/.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+
+
+@keys_app.command("new")
+def keys_new(
+    role: Annotated[str, typer.Option("--role", help="mix, analyzer or enrollment.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for ROLE.key and ROLE.pub.")],
+    index: Annotated[
+        int | None, typer.Option("--index", min=0, help="Which mix (mixes only).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing key pair.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a role's key pair: ROLE.key (private, mode 0600) and ROLE.pub (public).
+
+    The mix files are named mix0, mix1, ...; the coordinator's config points at the .pub files.
+    `enrollment` is the operator's credential authority: mix 0's `\\[mix] enrollment_key` is its
+    .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
+    """
+    try:
+        name = role_name(role, index)
+        files = KeyFiles.of(out, name)
+        key = (
+            write_enrollment_key(files, force=force)
+            if role == "enrollment"
+            else write_key_pair(files, force=force)
+        )
+    except (ShufflekitError, OSError) as exc:
+        fail(str(exc))
+    info = {
+        "role": role,
+        "index": index,
+        "name": name,
+        "public_key": key.public_b64(),
+        "private_key_file": str(files.private),
+        "public_key_file": str(files.public),
+    }
+    if json_out:
+        print_json(info)
+    else:
+        console.print(
+            f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
+            f"public key: {info['public_key']}",
+            highlight=False,
+        )
+
+
+@keys_app.command("enroll")
+def keys_enroll(
+    key: Annotated[Path, typer.Option("--key", help="The enrollment private key file.")],
+    deployment: Annotated[str, typer.Option("--deployment", help="Deployment name.")],
+    client_id: Annotated[
+        list[str], typer.Option("--client-id", help="Client id to enrol (repeatable).")
+    ],
+    json_out: JsonOpt = False,
+) -> None:
+    """Enrol clients: print each client id with its credential (base64) for DEPLOYMENT.
+
+    A client sends its credential with every report; mix 0 checks it against the enrollment
+    public key and accepts at most one report per client and round.
+    """
+    import base64
+
+    try:
+        authority = load_enrollment_key(key)
+        creds = {
+            cid: base64.b64encode(authority.issue(deployment, cid)).decode() for cid in client_id
+        }
+    except ShufflekitError as exc:
+        fail(str(exc))
+        return
+    except ValueError as exc:  # a client id that is not 1-64 ASCII bytes
+        fail(str(exc))
+        return
+    if json_out:
+        print_json({"deployment": deployment, "credentials": creds})
+    else:
+        for cid, cred in creds.items():
+            console.print(f"{cid} {cred}", highlight=False)
+
+
+def _setup(config: Path, log_level: str) -> ServiceConfig:
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        fail(f"unknown --log-level {log_level!r}")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+    )
+    try:
+        return load_config(config)
+    except ShufflekitError as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+
+
+def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> None:
+    from shufflekit.app.services.runtime import run_service
+
+    try:
+        code = run_service(main)
+    except (ShufflekitError, AccountantError) as exc:
+        fail(str(exc))
+        return
+    raise SystemExit(code)
+
+
+@serve_app.command("mix")
+def serve_mix_cmd(
+    config: ConfigOpt,
+    index: Annotated[
+        int | None, typer.Option("--index", min=0, help="Which mix (default: \\[mix] index).")
+    ] = None,
+    log_level: LogOpt = "info",
+) -> None:
+    """Mix I of the cascade: ingest (mix 0) or receive; peel, permute, forward; every round."""
+    from shufflekit.app.services.runtime import serve_mix
+
+    cfg = _setup(config, log_level)
+    _run(lambda stop: serve_mix(cfg, index, stop))
+
+
+@serve_app.command("analyzer")
+def serve_analyzer_cmd(config: ConfigOpt, log_level: LogOpt = "info") -> None:
+    """The analyzer: decrypt, count, commit the cost in the ledger, then publish the result."""
+    from shufflekit.app.services.runtime import serve_analyzer
+
+    cfg = _setup(config, log_level)
+    _run(lambda stop: serve_analyzer(cfg, stop))
+
+
+@serve_app.command("coordinator")
+def serve_coordinator_cmd(
+    config: ConfigOpt,
+    rounds: Annotated[
+        int | None,
+        typer.Option("--rounds", min=1, help="Run R rounds, then exit (default: run on)."),
+    ] = None,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", min=0.0, help="Seconds between rounds (default: config)."),
+    ] = None,
+    log_level: LogOpt = "info",
+) -> None:
+    """The coordinator: reserve each round's cost, announce it, settle it (commit or refund).
+
+    Prints one JSON object per round on stdout. SIGTERM closes the current round early (it is
+    released if it reached n_min, aborted and refunded otherwise), then exits 0.
+    """
+    from shufflekit.app.services.runtime import serve_coordinator
+
+    cfg = _setup(config, log_level)
+    _run(lambda stop: serve_coordinator(cfg, stop, rounds=rounds, interval=interval))
+
+
+def clients(
+    broker: Annotated[
+        str,
+        typer.Option(
+            "--broker",
+            help="mqtt://host:port or mqtts://user@host:port (password, CA and client "
+            "certificate from SHUFFLEKIT_MQTT_PASSWORD, _CA_FILE, _CERT_FILE, _KEY_FILE).",
+        ),
+    ],
+    deployment: Annotated[str, typer.Option("--deployment", help="Deployment name.")],
+    users: Annotated[int, typer.Option("--users", min=1, help="Simulated clients.")],
+    bad_fraction: Annotated[
+        float, typer.Option("--bad-fraction", min=0.0, max=1.0, help="Share of malformed reports.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of values and bad clients.")] = 0,
+    connections: Annotated[
+        int, typer.Option("--connections", min=1, max=64, help="Broker connections to use.")
+    ] = 4,
+    wait: Annotated[
+        float, typer.Option("--wait", min=0.0, help="Seconds to wait for an open round.")
+    ] = 60.0,
+    id_prefix: Annotated[str, typer.Option("--id-prefix", help="Client ids: PREFIX-i.")] = "sim",
+    enrollment_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--enrollment-key",
+            help="Enrol each client with this enrollment private key and send its credential "
+            "(needed when mix 0 checks credentials).",
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
+    from shufflekit.app.services.clients import run_clients
+
+    try:
+        authority = load_enrollment_key(enrollment_key) if enrollment_key else None
+        summary = asyncio.run(
+            run_clients(
+                broker,
+                deployment,
+                users,
+                bad_fraction=bad_fraction,
+                seed=seed,
+                connections=connections,
+                wait=wait,
+                id_prefix=id_prefix,
+                enrollment=authority,
+            )
+        )
+    except ShufflekitError as exc:
+        fail(str(exc))
+        return
+    out = summary.as_dict()
+    if json_out:
+        print_json(out)
+    else:
+        console.print(
+            f"round {summary.round_id}: sent {summary.sent} reports ({out['good']} good, "
+            f"{summary.bad} malformed {summary.bad_by_kind}) in {summary.seconds:.1f}s; "
+            f"{summary.seconds_left_at_end:.0f}s left before the deadline",
+            highlight=False,
+        )

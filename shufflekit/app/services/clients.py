@@ -1,0 +1,175 @@
+"""Simulated clients against a running deployment (`shufflekit clients`): load and fault tests.
+
+They wait for the current round's announcement, answer it like real clients (k-RR, onion,
+envelope to mix 0) and, for a fraction of them, send a malformed report instead (a tampered
+ciphertext, a truncated one, or random bytes), which mix 0 must reject and count. Given the
+enrollment key, each simulated client is enrolled first and sends its credential.
+
+Each connection gets a fresh client id (two runs never take over each other's connections).
+When the broker goes away mid-send (a restart), they reconnect and resend what it had not
+acknowledged, until the round's deadline (`send_until_acked`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shufflekit.base.errors import ConfigError, TransportError
+from shufflekit.client.agent import build_onion, current_announcement, wrap_envelope
+from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.messages import Announcement
+from shufflekit.core.topics import Topics, check_name
+from shufflekit.core.transport.mqtt import BrokerAccessDenied, BrokerAddress, MqttTransport
+
+MALFORMED_KINDS = ("tampered", "truncated", "random")
+log = logging.getLogger("shufflekit.clients")
+
+
+@dataclass
+class ClientsSummary:
+    """What `shufflekit clients` did."""
+
+    deployment: str
+    round_id: str
+    users: int
+    enrolled: bool = False
+    sent: int = 0
+    bad: int = 0
+    bad_by_kind: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    seconds_left_at_end: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (`--json`)."""
+        return self.__dict__ | {"good": self.sent - self.bad}
+
+
+def malformed(
+    client_id: str,
+    value: int,
+    ann: Announcement,
+    kind: str,
+    rng: np.random.Generator,
+    credential: bytes | None = None,
+) -> bytes:
+    """A report mix 0 must refuse: a well-formed envelope (with the client's credential, if
+    any) around a broken onion, or junk."""
+    onion = build_onion(value, ann)
+    if kind == "tampered":
+        broken = bytearray(onion)
+        broken[-1 - int(rng.integers(0, 16))] ^= 0xFF  # inside the Poly1305 tag
+        return wrap_envelope(client_id, bytes(broken), ann, credential)
+    if kind == "truncated":
+        return wrap_envelope(client_id, onion[: len(onion) // 2], ann, credential)
+    if kind != "random":
+        raise ValueError(f"unknown malformed kind {kind!r}; one of {', '.join(MALFORMED_KINDS)}")
+    return rng.bytes(len(wrap_envelope(client_id, onion, ann, credential)))
+
+
+async def run_clients(
+    broker: str,
+    deployment: str,
+    users: int,
+    *,
+    bad_fraction: float = 0.0,
+    seed: int = 0,
+    connections: int = 4,
+    wait: float = 60.0,
+    id_prefix: str = "sim",
+    enrollment: EnrollmentKey | None = None,
+) -> ClientsSummary:
+    """`users` simulated clients answer the current round; returns what was sent. With
+    `enrollment`, each client is enrolled (given its credential) and sends it with its report."""
+    check_name("deployment", deployment)
+    if users < 1:
+        raise ConfigError("--users must be at least 1")
+    if not 0.0 <= bad_fraction <= 1.0:
+        raise ConfigError(f"--bad-fraction must be in [0, 1], got {bad_fraction}")
+    if connections < 1:
+        raise ConfigError("--connections must be at least 1")
+    addr = BrokerAddress.parse(broker)
+    started = time.monotonic()
+    async with MqttTransport(addr) as first:
+        try:
+            ann = await current_announcement(first, deployment, wait, open_only=True)
+        except TimeoutError:
+            raise TransportError(
+                f"no open round of deployment {deployment!r} was announced within {wait:g}s: "
+                "is `shufflekit serve coordinator` running?"
+            ) from None
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, ann.k, size=users)
+    n_bad = round(bad_fraction * users)
+    bad = set(rng.choice(users, size=n_bad, replace=False).tolist())
+    summary = ClientsSummary(deployment, ann.round_id, users, enrolled=enrollment is not None)
+    topic = Topics(deployment).data(ann.round_id, 0)
+    payloads: list[bytes] = []
+    for i in range(users):
+        cid = f"{id_prefix}-{i}"
+        cred = enrollment.issue(deployment, cid) if enrollment is not None else None
+        if i in bad:
+            kind = MALFORMED_KINDS[len(payloads) % len(MALFORMED_KINDS)]
+            payloads.append(malformed(cid, int(values[i]), ann, kind, rng, cred))
+            summary.bad_by_kind[kind] = summary.bad_by_kind.get(kind, 0) + 1
+        else:
+            payloads.append(wrap_envelope(cid, build_onion(int(values[i]), ann), ann, cred))
+    summary.bad = n_bad
+    parts = [payloads[j::connections] for j in range(connections)]
+    await asyncio.gather(*(send_until_acked(addr, topic, part, ann) for part in parts))
+    summary.sent = users
+    summary.seconds = time.monotonic() - started
+    summary.seconds_left_at_end = ann.seconds_left()
+    return summary
+
+
+async def send_until_acked(
+    addr: BrokerAddress, topic: str, payloads: list[bytes], ann: Announcement
+) -> None:
+    """Publish every payload on one connection until the broker acknowledged each (QoS 1).
+
+    If the broker goes away (a restart), reconnect with backoff and resend, with the very
+    same bytes, what it had not acknowledged: mix 0 stores an identical envelope once, so a
+    report the broker had received before it went away is still counted once. Gives up
+    (TransportError) once the round's deadline has passed, or at once if the broker's ACL
+    refuses the topic.
+    """
+    left = list(payloads)
+    delay = 0.5
+    while True:
+        try:
+            async with MqttTransport(addr) as conn:
+                delay = 0.5
+                results = await asyncio.gather(
+                    *(conn.publish(topic, p) for p in left), return_exceptions=True
+                )
+        except BrokerAccessDenied:
+            raise
+        except TransportError as exc:  # could not connect (yet)
+            results = [exc] * len(left)
+        for r in results:
+            if isinstance(r, BrokerAccessDenied):
+                raise r
+            if isinstance(r, BaseException) and not isinstance(r, TransportError):
+                raise r
+        failed = [p for p, r in zip(left, results, strict=True) if r is not None]
+        if not failed:
+            return
+        if ann.seconds_left() <= 0:
+            raise TransportError(
+                f"{len(failed)} report(s) not acknowledged by the broker before round "
+                f"{ann.round_id} closed: {next(r for r in results if r is not None)}"
+            )
+        log.warning(
+            "%d report(s) not acknowledged by the broker; reconnecting in %.1fs to resend them",
+            len(failed),
+            delay,
+        )
+        left = failed
+        await asyncio.sleep(min(delay, max(ann.seconds_left(), 0.0)))
+        delay = min(2 * delay, 5.0)

@@ -1,0 +1,345 @@
+"""The three long-running services over MQTT, their signal handling and reconnects.
+
+Each service is a loop around the shared round logic (`HopRunner` for a mix or the analyzer,
+`Coordinator` for the operator): nothing of a round is re-implemented here. Logs go to stderr;
+one JSON object per finished round goes to stdout, for scripts and tests.
+On the first SIGTERM/SIGINT a service finishes cleanly (the coordinator closes the current
+round early; a hop aborts a round it is still collecting and finishes one it has) and exits 0;
+a second signal stops at once (exit 1). A lost broker connection is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.app.coordinator import (
+    Coordinator,
+    HopOutcome,
+    RoundParams,
+    RoundReport,
+    ledger_release_hook,
+)
+from shufflekit.app.services.config import ServiceConfig
+from shufflekit.app.services.keys import (
+    load_credential_verifier,
+    load_private_key,
+    load_public_key,
+)
+from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
+from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
+from shufflekit.core.spool import Spool, hop_filters
+from shufflekit.core.transport.base import Transport
+from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.shuffler.mix import MixNode, MixOutcome
+
+log = logging.getLogger("shufflekit.services")
+Emit = Callable[[dict[str, Any]], None]
+MAX_BACKOFF = 30.0
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """One JSON object per line on stdout, flushed (a service's round log for scripts)."""
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
+    """Run `main(stop)` under asyncio; SIGTERM/SIGINT set `stop`, a second one cancels it."""
+
+    async def runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        task: asyncio.Task[int] = asyncio.create_task(main(stop))
+
+        def on_signal(name: str) -> None:
+            if not stop.is_set():
+                log.info("%s: finishing cleanly (send it again to stop at once)", name)
+                stop.set()
+            else:
+                log.warning("%s again: stopping now", name)
+                task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return 1
+
+    return asyncio.run(runner())
+
+
+async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, waking early when `stop` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def with_reconnect(
+    name: str,
+    connect: Callable[[], Transport],
+    body: Callable[[Transport], Awaitable[None]],
+    stop: asyncio.Event,
+) -> None:
+    """Run `body` on a fresh connection until it returns; on TransportError reconnect with
+    exponential backoff (0.5 s doubling to 30 s) unless stopping."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            async with connect() as transport:
+                delay = 0.5
+                await body(transport)
+                return
+        except TransportError as exc:
+            if stop.is_set():
+                return
+            log.warning("%s: %s; reconnecting in %.1fs", name, exc, delay)
+            await sleep_unless(stop, delay)
+            delay = min(2 * delay, MAX_BACKOFF)
+
+
+def _connector(
+    cfg: ServiceConfig, name: str, durable: Sequence[str] = ()
+) -> Callable[[], Transport]:
+    """Connections under the role's fixed client id; a hop (with `durable` input filters) gets
+    a persistent session whose input it acks only once spooled (deploy/README.md, Durability)."""
+    addr = BrokerAddress.parse(cfg.broker)
+    expiry = cfg.session_expiry if durable else None
+    return lambda: MqttTransport(
+        addr, client_id=cfg.client_id(name), session_expiry=expiry, durable_filters=durable
+    )
+
+
+def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
+    """The JSON line a mix or the analyzer prints for one round."""
+    base: dict[str, Any] = {
+        "round_id": out.round_id,
+        "accepted": out.counters.accepted,
+        "rejected": out.counters.as_dict(),
+        "abort_reason": out.abort_reason,
+    }
+    if isinstance(out, MixOutcome):
+        return (
+            {"service": "mix", "hop": out.hop, "released": out.released}
+            | base
+            | {"forwarded": out.forwarded}
+        )
+    r = out.result
+    return (
+        {"service": "analyzer", "released": r is not None}
+        | base
+        | {
+            "batch_size": r.batch_size if r else None,
+            "histogram": r.histogram if r else None,
+        }
+    )
+
+
+async def _serve_hop(
+    cfg: ServiceConfig,
+    name: str,
+    make_node: Callable[[Transport], MixNode | Analyzer],
+    stop: asyncio.Event,
+    emit: Emit,
+    metrics: ServiceMetrics | None = None,
+    durable: Sequence[str] = (),
+) -> int:
+    async def body(transport: Transport) -> None:
+        runner = hop_runner(metrics, make_node(transport), transport, cfg.deployment)
+        subscribed = asyncio.Event()
+        serving = asyncio.create_task(
+            runner.serve(
+                stop, on_outcome=lambda o: emit(hop_outcome_json(o)), subscribed=subscribed
+            )
+        )
+        waiter = asyncio.create_task(subscribed.wait())
+        await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if subscribed.is_set():
+            log.info("%s: serving deployment %s on %s", name, cfg.deployment, _redacted(cfg))
+        await serving
+
+    try:
+        await with_reconnect(name, _connector(cfg, name.replace(" ", ""), durable), body, stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    log.info("%s: stopped", name)
+    return 0
+
+
+async def serve_mix(
+    cfg: ServiceConfig, index: int | None, stop: asyncio.Event, emit: Emit = emit_json
+) -> int:
+    """`shufflekit serve mix`: mix `index` of the cascade, round after round."""
+    i = cfg.mix_index(index)
+    key = load_private_key(cfg.mix_private_key(i))
+    creds = None
+    if i == 0 and cfg.mix.enrollment_key is not None:
+        creds = load_credential_verifier(cfg.mix.enrollment_key, cfg.deployment)
+    elif i == 0:
+        log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
+
+    spool = Spool(cfg.spool_path(f"mix{i}"))
+
+    def node(t: Transport) -> MixNode:
+        return MixNode(
+            t,
+            cfg.deployment,
+            i,
+            key,
+            per_chunk=cfg.mix.per_chunk,
+            batch_timeout=cfg.mix.batch_timeout,
+            credentials=creds,
+            spool=spool,
+        )
+
+    metrics = start_metrics(cfg.metrics, f"mix{i}", i)
+    inputs = hop_filters(cfg.deployment, i, close=i == 0)
+    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs)
+
+
+def open_ledger(cfg: ServiceConfig) -> Ledger:
+    """The deployment's existing ledger with its budget; ConfigError says how to create it."""
+    ledger = Ledger(cfg.ledger_url(), create=False)
+    if not ledger.has_budget(cfg.deployment):
+        raise ConfigError(
+            f"the ledger has no budget for deployment {cfg.deployment!r}: create it with "
+            f"`shufflekit budget init --ledger {cfg.ledger_url()} --deployment {cfg.deployment}`"
+        )
+    return ledger
+
+
+async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json) -> int:
+    """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
+    key = load_private_key(cfg.analyzer_private_key())
+    ledger = open_ledger(cfg)
+    hook = ledger_release_hook(ledger, cfg.deployment)
+    spool = Spool(cfg.spool_path("analyzer"))
+
+    def node(t: Transport) -> Analyzer:
+        return Analyzer(
+            t,
+            cfg.deployment,
+            key,
+            on_release=hook,
+            estimator=cfg.analyzer.estimator,
+            batch_timeout=cfg.analyzer.batch_timeout,
+            spool=spool,
+            hops=cfg.mixes,
+        )
+
+    metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
+    inputs = hop_filters(cfg.deployment, cfg.mixes, close=False)
+    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs)
+
+
+def round_json(rep: RoundReport) -> dict[str, Any]:
+    """The JSON line the coordinator prints for one round."""
+    return {
+        "service": "coordinator",
+        "round_id": rep.round_id,
+        "released": rep.released,
+        "seconds": round(rep.seconds, 3),
+        "result": rep.result.model_dump() if rep.result else None,
+        "abort": rep.abort.model_dump() if rep.abort else None,
+    }
+
+
+async def serve_coordinator(
+    cfg: ServiceConfig,
+    stop: asyncio.Event,
+    *,
+    rounds: int | None = None,
+    interval: float | None = None,
+    emit: Emit = emit_json,
+) -> int:
+    """`shufflekit serve coordinator`: reserve, announce and settle rounds, `rounds` of them
+    (forever if None), `interval` seconds apart. BudgetExceeded ends it (the caller reports)."""
+    c = cfg.coordinator_settings()
+    mix_files, analyzer_file = cfg.public_keys()
+    mix_keys = [load_public_key(p) for p in mix_files]
+    analyzer_key = load_public_key(analyzer_file)
+    ledger = open_ledger(cfg)
+    budget = ledger.budget(cfg.deployment)
+    params = RoundParams(
+        k=c.k, eps0=c.eps0, n_min=c.n_min or budget.n_min, deadline_seconds=c.deadline
+    )
+    pause = c.interval if interval is None else interval
+    done = 0
+    metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
+
+    coord: Coordinator | None = None
+
+    async def body(transport: Transport) -> None:
+        nonlocal done, coord
+        if coord is None:
+            coord = Coordinator(
+                transport,
+                cfg.deployment,
+                ledger,
+                mix_keys,
+                analyzer_key,
+                batch_timeout=c.batch_timeout,
+                ready_timeout=c.ready_timeout,
+            )
+        # One Coordinator across reconnects: it remembers the round it was driving when the
+        # broker went away, and `recover` resumes that round on the new connection.
+        coord.transport = transport
+        log.info(
+            "coordinator: deployment %s, %d mixes, on %s", cfg.deployment, cfg.mixes, _redacted(cfg)
+        )
+        for rep in await coord.recover(stop):  # rounds a killed or cut-off coordinator left
+            done += 1
+            emit(round_json(rep) | {"recovered": True})
+        while not stop.is_set() and (rounds is None or done < rounds):
+            started = time.monotonic()
+            try:
+                rep = await coord.run_round(params, stop=stop)
+            except RoundAborted as exc:  # no outcome in time: the reservation stays counted
+                done += 1
+                if metrics is not None:
+                    metrics.observe_round(None, time.monotonic() - started)
+                log.error("coordinator: %s", exc)
+                emit(
+                    {
+                        "service": "coordinator",
+                        "round_id": None,
+                        "released": False,
+                        "error": str(exc),
+                    }
+                )
+            else:
+                done += 1
+                if metrics is not None:
+                    metrics.observe_round(rep)
+                outcome = (
+                    "released" if rep.released else f"aborted ({rep.abort and rep.abort.reason})"
+                )
+                log.info("coordinator: round %s %s in %.1fs", rep.round_id, outcome, rep.seconds)
+                emit(round_json(rep))
+            if rounds is None or done < rounds:
+                await sleep_unless(stop, pause)
+
+    try:
+        await with_reconnect("coordinator", _connector(cfg, "coordinator"), body, stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    log.info("coordinator: stopped after %d round(s)", done)
+    return 0
+
+
+def _redacted(cfg: ServiceConfig) -> str:
+    a = BrokerAddress.parse(cfg.broker)
+    return f"{'mqtts' if a.tls else 'mqtt'}://{a.host}:{a.port}"

@@ -1,0 +1,44 @@
+"""Time, injected: everything that waits, expires, retries or stamps reads a `Clock`.
+
+The system clock is the default; a deterministic simulation substitutes a virtual clock with
+the same interface, so the same round code runs on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall time for stamps and announced deadlines, monotonic time for intervals, sleeping."""
+
+    def time(self) -> float:
+        """Seconds since the Unix epoch (ledger stamps, deadlines written into announcements)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (timeouts, durations)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` (at least one scheduling point even for 0)."""
+        ...
+
+
+class SystemClock:
+    """The real clock of this machine."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+system_clock: Clock = SystemClock()
+"""The process-wide real clock, the default wherever a clock is optional."""

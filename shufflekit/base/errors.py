@@ -1,0 +1,114 @@
+"""The one error tree: every error shufflekit raises on purpose derives from `ShufflekitError`.
+
+Two branches say who can act on it. A `UserError` is about what the user asked or the world
+they pointed us at (bad input, a refused budget, an unreachable broker): the CLI prints its
+message on one line and exits 2. An `InternalError` is a broken promise of our own (an upper
+bound below its lower bound, an invariant violated): the CLI says it is a bug and exits 70.
+Each layer adds its own classes under these two (see `shufflekit.base.errors`).
+"""
+
+from __future__ import annotations
+
+
+class ShufflekitError(Exception):
+    """The root of every error shufflekit raises on purpose."""
+
+    exit_code = 2
+
+
+class UserError(ShufflekitError):
+    """Something the user can fix: the message says what is wrong and what to do."""
+
+
+class InvalidInput(UserError, ValueError):
+    """A value given by a user, a file or a peer is out of range or malformed."""
+
+
+class Unavailable(UserError):
+    """Something the user pointed us at cannot be reached or opened (broker, database, file)."""
+
+
+class InternalError(ShufflekitError):
+    """A bug: an invariant of shufflekit itself does not hold. Never caused by input alone."""
+
+    exit_code = 70
+
+
+class InvalidReport(InvalidInput):
+    """A report, envelope, batch or control message failed validation.
+
+    `reason` is the counter it is filed under at the hop that sees it.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TransportError(Unavailable):
+    """The transport (in-memory bus or MQTT broker) could not deliver or connect."""
+
+
+class RoundAborted(UserError):
+    """A round released nothing (too few reports, a broken batch); its reserved cost is refunded."""
+
+
+class ConfigError(InvalidInput):
+    """A command-line or configuration value is invalid."""
+
+
+class AccountantError(ShufflekitError):
+    """Raised by `shufflekit.accountant`; every concrete one is also a user or internal error."""
+
+
+class InvalidParameters(AccountantError, InvalidInput):
+    """A mechanism or query parameter is out of range (n < 1, k < 2, eps0 <= 0, ...)."""
+
+
+class NotApplicable(AccountantError, UserError):
+    """A bound is not defined for these parameters (outside the validity range of its theorem)."""
+
+
+class AccuracyError(AccountantError, UserError):
+    """The answer cannot be computed to the requested accuracy; the message says why."""
+
+
+class BudgetExceeded(AccountantError, UserError):
+    """A round would take the total privacy loss past the deployment's budget."""
+
+
+class LedgerError(AccountantError, Unavailable):
+    """The ledger cannot be opened, read or written (wrong URL, foreign or corrupt database)."""
+
+
+class LedgerNotFound(LedgerError):
+    """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"no ledger at {where}; create one with `shufflekit budget init`")
+        self.where = where
+
+
+class UnsoundResult(AccountantError, InternalError):
+    """A computed bound contradicts its own certificate (e.g. an upper bound below the lower)."""
+
+
+__all__ = [
+    "AccountantError",
+    "AccuracyError",
+    "BudgetExceeded",
+    "ConfigError",
+    "InternalError",
+    "InvalidInput",
+    "InvalidParameters",
+    "InvalidReport",
+    "LedgerError",
+    "LedgerNotFound",
+    "NotApplicable",
+    "RoundAborted",
+    "ShufflekitError",
+    "TransportError",
+    "Unavailable",
+    "UnsoundResult",
+    "UserError",
+]

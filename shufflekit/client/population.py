@@ -1,0 +1,36 @@
+"""A simulated population: many client agents answering a round over one connection.
+
+Used by the demo and for load testing. Publishing is bounded by the transport's in-flight
+limit; progress is reported through an optional callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from shufflekit.client.agent import ClientAgent
+from shufflekit.core.messages import Announcement
+from shufflekit.core.transport.base import Transport
+
+
+class Population:
+    """`values[i]` is the private value of simulated user i."""
+
+    def __init__(self, values: Sequence[int], id_prefix: str = "user") -> None:
+        self.agents = [ClientAgent(f"{id_prefix}-{i}", int(v)) for i, v in enumerate(values)]
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    async def answer(
+        self,
+        transport: Transport,
+        ann: Announcement,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Every agent answers the round; returns how many reports were sent."""
+        for i, agent in enumerate(self.agents, 1):
+            await agent.answer(transport, ann)
+            if progress is not None and (i % 1000 == 0 or i == len(self.agents)):
+                progress(i)
+        return len(self.agents)

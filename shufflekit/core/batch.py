@@ -1,0 +1,106 @@
+"""Moving a permuted batch between hops: chunks plus a manifest (count, digest).
+
+The receiver takes the batch only when every chunk has arrived and count and digest match the
+manifest; anything incomplete or inconsistent is refused whole, so nothing partial goes on. The
+receiver reads chunks and manifest from its spool (shufflekit.core.spool), where its inbox wrote
+them before acknowledging them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.core.messages import Manifest
+from shufflekit.core.spool import Inbox, Spool
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Transport
+from shufflekit.core.wire import Chunk, batch_digest, split_chunks
+
+DEFAULT_CHUNK = 500
+
+
+async def send_batch(
+    transport: Transport,
+    topics: Topics,
+    round_id: str,
+    hop: int,
+    items: list[bytes],
+    item_size: int,
+    per_chunk: int = DEFAULT_CHUNK,
+) -> Manifest:
+    """Publish `items` (already permuted) to hop `hop`: the chunks first, then the manifest."""
+    chunks = split_chunks(items, hop, per_chunk)
+    for chunk in chunks:
+        await transport.publish(topics.data(round_id, hop), chunk.encode(item_size))
+    manifest = Manifest(
+        round_id=round_id,
+        hop=hop,
+        count=len(items),
+        chunks=len(chunks),
+        item_size=item_size,
+        digest=batch_digest(items),
+    )
+    await transport.publish(topics.manifest(round_id, hop), manifest.to_bytes())
+    return manifest
+
+
+async def await_batch(
+    spool: Spool,
+    inbox: Inbox,
+    round_id: str,
+    hop: int,
+    item_size: int,
+    timeout: float,
+) -> list[bytes]:
+    """The complete, consistent batch for hop `hop` from the spool (chunks and manifest as the
+    inbox spooled them); waits up to `timeout` seconds for it, else RoundAborted.
+
+    Chunks are de-duplicated by their bytes when spooled and by index here (the first copy
+    wins), so a sender that forwards its stored batch again after a restart changes nothing.
+    """
+    end = time.monotonic() + timeout
+    seen = -1
+    while True:
+        manifest = _first_manifest(spool, round_id, hop)
+        chunks: dict[int, Chunk] = {}
+        for _, payload in spool.messages(round_id, "data"):
+            _add_chunk(chunks, payload, hop, item_size)
+        if manifest is not None and len(chunks) >= manifest.chunks:
+            return _verify(chunks, manifest, hop, item_size)
+        left = end - time.monotonic()
+        if left <= 0:
+            raise RoundAborted(
+                f"hop {hop}: batch incomplete after {timeout:.0f}s "
+                f"({len(chunks)} chunks, manifest {'received' if manifest else 'missing'})"
+            )
+        seen = await inbox.changed(seen, left)
+
+
+def _first_manifest(spool: Spool, round_id: str, hop: int) -> Manifest | None:
+    for _, payload in spool.messages(round_id, "manifest"):
+        with contextlib.suppress(InvalidReport):
+            m = Manifest.from_bytes(payload)
+            if isinstance(m, Manifest) and m.round_id == round_id and m.hop == hop:
+                return m
+    return None
+
+
+def _add_chunk(chunks: dict[int, Chunk], payload: bytes, hop: int, item_size: int) -> None:
+    try:
+        chunk = Chunk.decode(payload, hop, item_size)
+    except InvalidReport:
+        return  # junk on a hop topic is not part of the batch; the digest check decides
+    chunks.setdefault(chunk.index, chunk)  # at-least-once delivery: keep the first copy
+
+
+def _verify(chunks: dict[int, Chunk], manifest: Manifest, hop: int, item_size: int) -> list[bytes]:
+    if manifest.item_size != item_size:
+        raise RoundAborted(f"hop {hop}: manifest item size {manifest.item_size} != {item_size}")
+    if sorted(chunks) != list(range(manifest.chunks)):
+        raise RoundAborted(f"hop {hop}: chunk indices do not match the manifest")
+    items = [it for i in range(manifest.chunks) for it in chunks[i].items]
+    if len(items) != manifest.count or batch_digest(items) != manifest.digest:
+        raise RoundAborted(f"hop {hop}: batch count or digest does not match the manifest")
+    return items

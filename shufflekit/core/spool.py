@@ -1,0 +1,333 @@
+"""A hop's durable inbox: every input message is written to SQLite before it is acknowledged.
+
+A mix or the analyzer subscribes once (per connection) to its input topics for every round
+(`Inbox`); each message is spooled, de-duplicated by a key, committed, and only then acked to
+the broker (manual QoS 1 acks), so a service killed at any point loses nothing the broker
+considers delivered and counts nothing twice. The round logic reads its input from the spool,
+and records there where it is (the round's announcement, its frozen input, the permuted output
+it is about to forward, its end), so a restarted service resumes each unfinished round from
+exactly where the spool says it was. See "Durability" in deploy/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shufflekit.base.errors import InvalidReport, TransportError
+from shufflekit.core.messages import Announcement, Close
+from shufflekit.core.transport.base import Message, Subscription, Transport, drain
+
+CLOSE_KEY = "close"  # the key of a round's close marker: the first one freezes mix 0's input
+UNKNOWN_ROUND_TTL = 86_400.0  # seconds: input for rounds this hop never served is dropped then
+
+_SCHEMA = """
+create table if not exists inbox (
+    seq integer primary key autoincrement,
+    round_id text not null, kind text not null, key text not null,
+    payload blob not null, at real not null,
+    unique (round_id, kind, key));
+create table if not exists duplicates (
+    round_id text not null, kind text not null, n integer not null,
+    primary key (round_id, kind));
+create table if not exists rounds (
+    round_id text primary key, announcement text not null, state text not null,
+    outcome text, at real not null);
+create table if not exists output (
+    round_id text not null, idx integer not null, item blob not null,
+    primary key (round_id, idx));
+"""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One input message as the spool keeps it: round, kind (data, manifest, close), de-dup key."""
+
+    round_id: str
+    kind: str
+    key: str
+    payload: bytes
+
+
+def digest_key(payload: bytes) -> str:
+    """The default de-duplication key: SHA-256 of the message body."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+class Spool:
+    """SQLite spool of one service (`path`), or in memory (`None`: in-process deployments)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path) if path is not None else ":memory:")
+        if path is not None:
+            self._db.execute("pragma journal_mode=wal")
+            self._db.execute("pragma synchronous=normal")  # a commit survives a killed process
+        self._db.executescript(_SCHEMA)
+        self._db.commit()
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    # ---------------------------------------------------------------- the inbox
+    def add(self, arrivals: Sequence[Arrival]) -> int:
+        """Spool `arrivals` in one transaction; those already spooled are counted as
+        duplicates instead. Returns how many were new."""
+        new = 0
+        now = time.time()
+        with self._db:
+            for a in arrivals:
+                cur = self._db.execute(
+                    "insert or ignore into inbox (round_id, kind, key, payload, at) "
+                    "values (?, ?, ?, ?, ?)",
+                    (a.round_id, a.kind, a.key, a.payload, now),
+                )
+                if cur.rowcount:
+                    new += 1
+                else:
+                    self._db.execute(
+                        "insert into duplicates values (?, ?, 1) on conflict (round_id, kind) "
+                        "do update set n = n + 1",
+                        (a.round_id, a.kind),
+                    )
+        return new
+
+    def messages(
+        self, round_id: str, kind: str, before: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        """(seq, payload) of the round's spooled messages of `kind`, in arrival order."""
+        rows = self._db.execute(
+            "select seq, payload from inbox where round_id = ? and kind = ? and seq < ? "
+            "order by seq",
+            (round_id, kind, before if before is not None else 2**62),
+        ).fetchall()
+        return [(int(s), bytes(p)) for s, p in rows]
+
+    def count(self, round_id: str, kind: str) -> int:
+        """How many distinct messages of `kind` the round has spooled."""
+        row = self._db.execute(
+            "select count(*) from inbox where round_id = ? and kind = ?", (round_id, kind)
+        ).fetchone()
+        return int(row[0])
+
+    def duplicates(self, round_id: str, kind: str) -> int:
+        """How many deliveries of `kind` repeated a message already spooled."""
+        row = self._db.execute(
+            "select n from duplicates where round_id = ? and kind = ?", (round_id, kind)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def close_seq(self, round_id: str) -> int | None:
+        """Where the round's input was frozen (its close marker's seq), or None if still open."""
+        row = self._db.execute(
+            "select seq from inbox where round_id = ? and kind = 'close' and key = ?",
+            (round_id, CLOSE_KEY),
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def close_round(self, round_id: str) -> int:
+        """Freeze the round's input now unless it already is; returns the close marker's seq."""
+        self.add([Arrival(round_id, "close", CLOSE_KEY, b"")])
+        seq = self.close_seq(round_id)
+        assert seq is not None
+        return seq
+
+    # ---------------------------------------------------------------- rounds
+    def begin(self, ann: Announcement) -> str:
+        """Record that this hop serves the round (once); returns its state: open, output, done."""
+        with self._db:
+            self._db.execute(
+                "insert or ignore into rounds values (?, ?, 'open', null, ?)",
+                (ann.round_id, ann.model_dump_json(), time.time()),
+            )
+        return self.state(ann.round_id) or "open"
+
+    def state(self, round_id: str) -> str | None:
+        """open (collecting), output (permuted output stored, forwarding), done; None: unknown."""
+        row = self._db.execute(
+            "select state from rounds where round_id = ?", (round_id,)
+        ).fetchone()
+        return str(row[0]) if row else None
+
+    def unfinished(self) -> list[Announcement]:
+        """Announcements of the rounds this hop started and did not finish (to resume)."""
+        rows = self._db.execute(
+            "select announcement from rounds where state != 'done' order by at"
+        ).fetchall()
+        return [Announcement.model_validate_json(r[0]) for r in rows]
+
+    def save_output(self, round_id: str, items: Sequence[bytes], outcome: dict[str, Any]) -> None:
+        """Store the permuted output (and what the round did) before any of it is forwarded,
+        so a restart forwards the very same batch again instead of a new permutation."""
+        with self._db:
+            self._db.execute("delete from output where round_id = ?", (round_id,))
+            self._db.executemany(
+                "insert into output values (?, ?, ?)",
+                [(round_id, i, it) for i, it in enumerate(items)],
+            )
+            self._db.execute(
+                "update rounds set state = 'output', outcome = ? where round_id = ?",
+                (json.dumps(outcome), round_id),
+            )
+
+    def output(self, round_id: str) -> tuple[list[bytes], dict[str, Any]]:
+        """The stored output batch and outcome of a round in state `output`."""
+        rows = self._db.execute(
+            "select item from output where round_id = ? order by idx", (round_id,)
+        ).fetchall()
+        return [bytes(r[0]) for r in rows], self.outcome(round_id) or {}
+
+    def outcome(self, round_id: str) -> dict[str, Any] | None:
+        """The stored outcome of the round, if any."""
+        row = self._db.execute(
+            "select outcome from rounds where round_id = ?", (round_id,)
+        ).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def finish(self, round_id: str, outcome: dict[str, Any] | None) -> None:
+        """The round is over here: keep its outcome, drop its input and output, and drop input
+        of rounds this hop never served that is older than a day."""
+        with self._db:
+            self._db.execute(
+                "update rounds set state = 'done', outcome = ? where round_id = ?",
+                (json.dumps(outcome) if outcome is not None else None, round_id),
+            )
+            self._db.execute("delete from inbox where round_id = ?", (round_id,))
+            self._db.execute("delete from output where round_id = ?", (round_id,))
+            self._db.execute(
+                "delete from inbox where at < ? and round_id not in (select round_id from rounds)",
+                (time.time() - UNKNOWN_ROUND_TTL,),
+            )
+
+
+Classify = Callable[[Message], Arrival | None]
+
+
+class Inbox:
+    """Spools every message of `filters` and acks it after the commit; wakes up readers.
+
+    `classify` turns a message into an Arrival (None: junk, acked and dropped). Run it with
+    `run()` for the lifetime of a connection; readers wait for news with `changed()`.
+    """
+
+    def __init__(
+        self, transport: Transport, spool: Spool, filters: Sequence[str], classify: Classify
+    ) -> None:
+        self.transport = transport
+        self.spool = spool
+        self.filters = list(filters)
+        self.classify = classify
+        self.version = 0
+        self.lost: str | None = None
+        self._cond = asyncio.Condition()
+
+    async def run(self, subscribed: asyncio.Event | None = None) -> None:
+        """Subscribe to every filter and spool what arrives until the connection ends
+        (TransportError) or this is cancelled."""
+        async with contextlib.AsyncExitStack() as stack:
+            subs = [
+                await stack.enter_async_context(self.transport.subscribe(f)) for f in self.filters
+            ]
+            if subscribed is not None:
+                subscribed.set()
+            try:
+                await asyncio.gather(*(self._consume(s, subs) for s in subs))
+            except TransportError as exc:
+                await self._notify(str(exc))
+                raise
+
+    async def _consume(self, sub: Subscription, subs: list[Subscription]) -> None:
+        """Wake up on `sub`, then spool everything waiting on every filter, in filter order
+        (a close is spooled after the data delivered before it), in one transaction."""
+        ack: Callable[[Message], None] | None = getattr(self.transport, "ack", None)
+        while True:
+            first = await sub.get()
+            msgs: list[Message] = []
+            for s in subs:
+                msgs += [first, *drain(s)] if s is sub else drain(s)
+            arrivals = [a for m in msgs if (a := self.classify(m)) is not None]
+            if arrivals:
+                self.spool.add(arrivals)  # committed before any of them is acked
+            if ack is not None:
+                for m in msgs:
+                    ack(m)
+            await self._notify(None)
+
+    async def _notify(self, lost: str | None) -> None:
+        async with self._cond:
+            self.version += 1
+            if lost is not None:
+                self.lost = lost
+            self._cond.notify_all()
+
+    async def changed(self, seen: int, timeout: float | None) -> int:
+        """Wait until something was spooled after version `seen` (or `timeout` passes);
+        returns the new version. TransportError once the connection is lost."""
+        async with self._cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self.version != seen or self.lost is not None),
+                    timeout,
+                )
+            if self.lost is not None:
+                raise TransportError(f"input connection lost: {self.lost}")
+            return self.version
+
+
+def hop_filters(deployment: str, hop: int, *, close: bool) -> list[str]:
+    """The input topics of hop `hop` for every round (what its inbox subscribes to): data and
+    manifest, plus (mix 0) the coordinator's close."""
+    base = f"shufflekit/{deployment}/round/+"
+    filters = [f"{base}/hop/{hop}/data", f"{base}/hop/{hop}/manifest"]
+    return [*filters, f"{base}/close"] if close else filters
+
+
+def classify_hop_input(msg: Message) -> Arrival | None:
+    """An input message as the spool keys it: data and manifest by the SHA-256 of their bytes
+    (a redelivery or a resent identical chunk is the same key), a valid close by CLOSE_KEY."""
+    parts = msg.topic.split("/")
+    if len(parts) < 5 or parts[2] != "round":
+        return None
+    round_id, kind = parts[3], parts[-1]
+    if kind in ("data", "manifest"):
+        return Arrival(round_id, kind, digest_key(msg.payload), msg.payload)
+    if kind == "close":
+        with contextlib.suppress(InvalidReport):
+            c = Close.from_bytes(msg.payload)
+            if isinstance(c, Close) and c.round_id == round_id:
+                return Arrival(round_id, "close", CLOSE_KEY, b"")
+    return None
+
+
+@contextlib.asynccontextmanager
+async def running_inbox(inbox: Inbox | None, make: Callable[[], Inbox]) -> AsyncIterator[Inbox]:
+    """`inbox` if a service already runs one, else `make()` running (and subscribed) for the
+    duration of the block: a hop used for a single round (tests, `LocalDeployment`)."""
+    if inbox is not None:
+        yield inbox
+        return
+    own = make()
+    subscribed = asyncio.Event()
+    task = asyncio.create_task(own.run(subscribed))
+    try:
+        waiter = asyncio.create_task(subscribed.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()
+        yield own
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,59 @@
+"""Topic layout of a deployment; every role publishes and subscribes only where its role allows.
+
+shufflekit/{deployment}/announce                       retained round announcement
+shufflekit/{deployment}/round/{round}/hop/{i}/data     input of hop i (i = 0: client ingest;
+shufflekit/{deployment}/round/{round}/hop/{i}/manifest   i = L: the analyzer)
+shufflekit/{deployment}/round/{round}/close            coordinator: stop accepting, release
+shufflekit/{deployment}/round/{round}/abort            a hop released nothing
+shufflekit/{deployment}/round/{round}/result           the analyzer's published result
+
+The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/coordinator.py):
+
+shufflekit/{deployment}/prepare                        coordinator -> hops: the coming round
+shufflekit/{deployment}/round/{round}/ready            hops -> coordinator: subscribed, key ok
+"""
+
+from __future__ import annotations
+
+import re
+
+from shufflekit.base.errors import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Deployment and round names are used in topics and HPKE info: keep them plain."""
+    if not _NAME.match(value):
+        raise ConfigError(f"{kind} must be 1-64 characters of A-Z a-z 0-9 _ . -, got {value!r}")
+    return value
+
+
+class Topics:
+    """The topic names of one deployment."""
+
+    def __init__(self, deployment: str) -> None:
+        self.deployment = check_name("deployment", deployment)
+        self.prefix = f"shufflekit/{deployment}"
+
+    @property
+    def announce(self) -> str:
+        return f"{self.prefix}/announce"
+
+    def _round(self, round_id: str) -> str:
+        return f"{self.prefix}/round/{check_name('round id', round_id)}"
+
+    def data(self, round_id: str, hop: int) -> str:
+        return f"{self._round(round_id)}/hop/{hop}/data"
+
+    def manifest(self, round_id: str, hop: int) -> str:
+        return f"{self._round(round_id)}/hop/{hop}/manifest"
+
+    def close(self, round_id: str) -> str:
+        return f"{self._round(round_id)}/close"
+
+    def abort(self, round_id: str) -> str:
+        return f"{self._round(round_id)}/abort"
+
+    def result(self, round_id: str) -> str:
+        return f"{self._round(round_id)}/result"

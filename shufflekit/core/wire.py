@@ -1,0 +1,193 @@
+"""Binary wire formats: the fixed-size versioned report, the mix-0 ingest envelope, batch chunks.
+
+No pickle on the wire. Every parser checks version and length before touching content and
+raises `InvalidReport` with a counter name, so services can count rejections by reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shufflekit.base.errors import InvalidReport
+
+REPORT_VERSION = 1
+RANDOMIZER_KRR = 1
+_REPORT = struct.Struct(">BBHH")  # version, randomizer, k, value
+REPORT_SIZE = _REPORT.size
+
+ENVELOPE_VERSION = 1
+ENVELOPE_VERSION_CREDENTIAL = 2  # adds the round id and the client's credential
+MAX_CLIENT_ID = 64
+MAX_ROUND_ID = 64
+MAX_CREDENTIAL = 128
+
+CHUNK_VERSION = 1
+_CHUNK = struct.Struct(">BBIII")  # version, hop, chunk index, item size, item count
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Report:
+    """The innermost plaintext a client sends: one randomized value of a k-RR round."""
+
+    k: int
+    value: int
+
+    def encode(self) -> bytes:
+        """Fixed-size encoding (6 bytes) so that ciphertexts do not leak the value by length."""
+        if not 2 <= self.k <= 0xFFFF or not 0 <= self.value < self.k:
+            raise ValueError(f"report value {self.value} outside [0, {self.k})")
+        return _REPORT.pack(REPORT_VERSION, RANDOMIZER_KRR, self.k, self.value)
+
+    @classmethod
+    def decode(cls, data: bytes, expected_k: int) -> Report:
+        """Parse and validate one report against the round's k."""
+        if len(data) != REPORT_SIZE:
+            raise InvalidReport(
+                "bad_length", f"report is {len(data)} bytes, expected {REPORT_SIZE}"
+            )
+        version, randomizer, k, value = _REPORT.unpack(data)
+        if version != REPORT_VERSION:
+            raise InvalidReport(
+                "bad_version", f"report version {version}, expected {REPORT_VERSION}"
+            )
+        if randomizer != RANDOMIZER_KRR:
+            raise InvalidReport("bad_randomizer", f"unknown randomizer id {randomizer}")
+        if k != expected_k:
+            raise InvalidReport("bad_k", f"report for k={k}, round has k={expected_k}")
+        if value >= k:
+            raise InvalidReport("bad_value", f"report value {value} outside [0, {k})")
+        return cls(k=k, value=value)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion.
+
+    Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
+    names the round and carries the client's credential (shuffler/credentials.py), both outside
+    the onion: mix 0 checks them and forwards only the peeled onion.
+    """
+
+    client_id: str
+    onion: bytes
+    credential: bytes | None = None
+    round_id: str | None = None
+
+    def encode(self) -> bytes:
+        """v1: version | id length | id (ASCII) | onion.
+        v2: version | id length | id | round length | round | credential length | credential |
+        onion."""
+        cid = self.client_id.encode("ascii")
+        if not 1 <= len(cid) <= MAX_CLIENT_ID:
+            raise ValueError(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
+        if self.round_id is None:
+            if self.credential is not None:
+                raise ValueError("an envelope with a credential must name its round")
+            return bytes([ENVELOPE_VERSION, len(cid)]) + cid + self.onion
+        rid = self.round_id.encode("ascii")
+        cred = self.credential or b""
+        if not 1 <= len(rid) <= MAX_ROUND_ID or len(cred) > MAX_CREDENTIAL:
+            raise ValueError("round id or credential too long for an envelope")
+        head = bytes([ENVELOPE_VERSION_CREDENTIAL, len(cid)]) + cid + bytes([len(rid)]) + rid
+        return head + bytes([len(cred)]) + cred + self.onion
+
+    @staticmethod
+    def max_size(onion_size: int) -> int:
+        """The largest envelope around an onion of `onion_size` bytes; beyond it: `oversized`."""
+        return 4 + MAX_CLIENT_ID + MAX_ROUND_ID + MAX_CREDENTIAL + onion_size
+
+    @classmethod
+    def decode(cls, data: bytes, onion_size: int) -> Envelope:
+        """Parse and check the envelope; the onion must have the round's exact size."""
+        if len(data) > cls.max_size(onion_size):
+            raise InvalidReport("oversized", f"envelope of {len(data)} bytes")
+        if len(data) < 2:
+            raise InvalidReport("malformed", "envelope shorter than its header")
+        if data[0] not in (ENVELOPE_VERSION, ENVELOPE_VERSION_CREDENTIAL):
+            raise InvalidReport("bad_version", f"envelope version {data[0]}")
+        cid_bytes, pos = _field(data, 1, MAX_CLIENT_ID, "client id")
+        cid = _ascii(cid_bytes, "client id")
+        round_id: str | None = None
+        credential: bytes | None = None
+        if data[0] == ENVELOPE_VERSION_CREDENTIAL:
+            rid, pos = _field(data, pos, MAX_ROUND_ID, "round id")
+            round_id = _ascii(rid, "round id")
+            cred, pos = _field(data, pos, MAX_CREDENTIAL, "credential", minimum=0)
+            credential = cred or None
+        onion = data[pos:]
+        if len(onion) != onion_size:
+            raise InvalidReport(
+                "bad_length", f"onion is {len(onion)} bytes, this round expects {onion_size}"
+            )
+        return cls(client_id=cid, onion=onion, credential=credential, round_id=round_id)
+
+
+def _field(
+    data: bytes, pos: int, maximum: int, what: str, *, minimum: int = 1
+) -> tuple[bytes, int]:
+    """A length-prefixed field at `pos`: its bytes and the position after it."""
+    if pos >= len(data):
+        raise InvalidReport("malformed", f"envelope ends before its {what}")
+    n = data[pos]
+    if not minimum <= n <= maximum or len(data) < pos + 1 + n:
+        raise InvalidReport("malformed", f"envelope {what} length is invalid")
+    return data[pos + 1 : pos + 1 + n], pos + 1 + n
+
+
+def _ascii(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidReport("malformed", f"{what} is not ASCII") from None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A slice of a permuted batch travelling from one hop to the next: fixed-size items."""
+
+    hop: int
+    index: int
+    items: tuple[bytes, ...]
+
+    def encode(self, item_size: int) -> bytes:
+        """Header then the concatenated items; every item must have `item_size` bytes."""
+        if any(len(it) != item_size for it in self.items):
+            raise ValueError("all items of a chunk must have the same size")
+        head = _CHUNK.pack(CHUNK_VERSION, self.hop, self.index, item_size, len(self.items))
+        return head + b"".join(self.items)
+
+    @classmethod
+    def decode(cls, data: bytes, expected_hop: int, item_size: int) -> Chunk:
+        """Parse a chunk addressed to hop `expected_hop` with items of `item_size` bytes."""
+        if len(data) < _CHUNK.size:
+            raise InvalidReport("malformed", "chunk shorter than its header")
+        version, hop, index, size, count = _CHUNK.unpack_from(data)
+        if version != CHUNK_VERSION:
+            raise InvalidReport("bad_version", f"chunk version {version}")
+        if hop != expected_hop:
+            raise InvalidReport("wrong_hop", f"chunk for hop {hop} arrived at hop {expected_hop}")
+        if size != item_size or len(data) != _CHUNK.size + size * count:
+            raise InvalidReport("bad_length", "chunk length does not match its header")
+        body = data[_CHUNK.size :]
+        items = tuple(body[i * size : (i + 1) * size] for i in range(count))
+        return cls(hop=hop, index=index, items=items)
+
+
+def split_chunks(items: Sequence[bytes], hop: int, per_chunk: int) -> list[Chunk]:
+    """Cut a permuted batch into chunks, keeping its order."""
+    return [
+        Chunk(hop=hop, index=i, items=tuple(items[s : s + per_chunk]))
+        for i, s in enumerate(range(0, len(items), per_chunk))
+    ]
+
+
+def batch_digest(items: Iterable[bytes]) -> str:
+    """SHA-256 over the batch in order; the manifest carries it so the next hop can verify."""
+    h = hashlib.sha256()
+    for it in items:
+        h.update(it)
+    return h.hexdigest()

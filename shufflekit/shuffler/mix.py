@@ -1,0 +1,254 @@
+"""A mix node: the shuffler's hop i of a cascade of L mixes.
+
+Mix 0 takes client envelopes: it keeps at most one report per client and per ciphertext,
+peels its layer and holds the batch until the deadline (or the coordinator's close). Below
+`n_min` it aborts and releases nothing. Otherwise it permutes with the OS CSPRNG and forwards
+in chunks with a manifest. Later mixes receive a verified batch, peel, de-duplicate, check
+`n_min` again, permute and forward. The last mix forwards to the analyzer (hop L).
+
+Input is spooled before it is acknowledged (shufflekit.core.spool): mix 0's batch is exactly the
+envelopes spooled before the round's close marker, and the permuted output is stored before it
+is forwarded, so a mix restarted mid-round resumes it and forwards the same batch, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.core.batch import DEFAULT_CHUNK, await_batch, send_batch
+from shufflekit.core.counters import RejectionCounter
+from shufflekit.core.credentials import CredentialVerifier, admit
+from shufflekit.core.crypto import KeyPair, onion_size, peel
+from shufflekit.core.messages import Abort, Announcement
+from shufflekit.core.shutdown import unless_stopped
+from shufflekit.core.spool import (
+    Arrival,
+    Inbox,
+    Spool,
+    classify_hop_input,
+    hop_filters,
+    running_inbox,
+)
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Message, Transport
+from shufflekit.core.wire import REPORT_SIZE, Envelope
+
+
+@dataclass
+class MixOutcome:
+    """What a mix did in one round."""
+
+    round_id: str
+    hop: int
+    released: bool
+    forwarded: int
+    counters: RejectionCounter = field(default_factory=RejectionCounter)
+    abort_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, kept in the spool with the round's stored output."""
+        return asdict(self) | {
+            "counters": self.counters.as_dict(),
+            "accepted": self.counters.accepted,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MixOutcome:
+        """The outcome stored by `to_dict`."""
+        counters = RejectionCounter()
+        counters.accepted = int(d["accepted"])
+        for reason, n in d["counters"].items():
+            counters.rejected[reason] = int(n)
+        return cls(
+            d["round_id"], d["hop"], d["released"], d["forwarded"], counters, d["abort_reason"]
+        )
+
+
+class MixNode:
+    """One mix of the cascade; `run_round` handles one announced round.
+
+    `spool` keeps what the mix accepted and where each round is (default: in memory, for
+    in-process deployments; services give one under their state folder).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        deployment: str,
+        index: int,
+        key: KeyPair,
+        *,
+        per_chunk: int = DEFAULT_CHUNK,
+        batch_timeout: float = 60.0,
+        spool: Spool | None = None,
+        credentials: CredentialVerifier | None = None,
+    ) -> None:
+        self.transport = transport
+        self.topics = Topics(deployment)
+        self.deployment = deployment
+        self.index = index
+        self.key = key
+        self.per_chunk = per_chunk
+        self.batch_timeout = batch_timeout
+        self.spool = spool if spool is not None else Spool()
+        self.credentials = credentials
+        self._rng = secrets.SystemRandom()
+
+    def inbox(self) -> Inbox:
+        """The durable inbox of this mix's input (every round) on its transport."""
+        filters = hop_filters(self.deployment, self.index, close=self.index == 0)
+        return Inbox(self.transport, self.spool, filters, self.classify)
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """How the inbox keys an input message (see `classify_hop_input`)."""
+        return classify_hop_input(msg)
+
+    async def run_round(
+        self,
+        ann: Announcement,
+        ready: asyncio.Event | None = None,
+        stop: asyncio.Event | None = None,
+        inbox: Inbox | None = None,
+    ) -> MixOutcome:
+        """Collect, check, permute and forward one round; publish an abort if nothing goes on.
+
+        `inbox` is the running inbox of this mix (None: one is run for this round). `ready` is
+        set once it is subscribed (so nothing sent is missed). `stop` set while the mix still
+        waits for input aborts the round (service shutdown); once the batch is complete the
+        round is finished. A round the spool holds as forwarding is forwarded again, as stored.
+        """
+        if ann.mix_keys[self.index] != self.key.public_b64():
+            raise ValueError(f"mix {self.index}: the announcement names another public key")
+        async with running_inbox(inbox, self.inbox) as inbox:
+            if ready is not None:
+                ready.set()
+            if self.spool.begin(ann) == "output":
+                items, stored = self.spool.output(ann.round_id)
+                return await self._forward(ann, items, MixOutcome.from_dict(stored))
+            outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+            try:
+                if self.index == 0:
+                    items = await self._ingest(ann, outcome.counters, inbox, stop)
+                else:
+                    items = await self._receive(ann, outcome.counters, inbox, stop)
+                if len(items) < ann.n_min:
+                    raise RoundAborted(
+                        f"{len(items)} reports, below the release threshold {ann.n_min}"
+                    )
+            except RoundAborted as exc:
+                outcome.abort_reason = str(exc)
+                abort = Abort(
+                    round_id=ann.round_id,
+                    hop=self.index,
+                    reason=str(exc),
+                    received=outcome.counters.accepted,
+                )
+                await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
+                self.spool.finish(ann.round_id, outcome.to_dict())
+                return outcome
+            self._rng.shuffle(items)
+            outcome.released = True
+            outcome.forwarded = len(items)
+            self.spool.save_output(ann.round_id, items, outcome.to_dict())
+            return await self._forward(ann, items, outcome)
+
+    async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
+        """Send the stored permuted batch to the next hop, then mark the round done."""
+        next_hop = self.index + 1
+        await send_batch(
+            self.transport,
+            self.topics,
+            ann.round_id,
+            next_hop,
+            items,
+            onion_size(REPORT_SIZE, ann.hops + 1 - next_hop),
+            self.per_chunk,
+        )
+        self.spool.finish(ann.round_id, out.to_dict())
+        return out
+
+    async def _ingest(
+        self,
+        ann: Announcement,
+        counters: RejectionCounter,
+        inbox: Inbox,
+        stop: asyncio.Event | None = None,
+    ) -> list[bytes]:
+        """Mix 0: the envelopes spooled until the close (or the deadline), checked in arrival
+        order: one report per client and per ciphertext, each peeled."""
+        rid = ann.round_id
+        close = self.spool.close_seq(rid)
+        if close is None:
+            close = await unless_stopped(self._until_closed(ann, inbox), stop, "mix 0")
+        size = onion_size(REPORT_SIZE, ann.hops + 1)
+        seen_clients: set[str] = set()
+        seen_digests: set[bytes] = set()
+        items: list[bytes] = []
+        for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
+            counters.reject("replayed")
+        for _, payload in self.spool.messages(rid, "data", before=close):
+            try:
+                env = Envelope.decode(payload, size)
+                admit(env, rid, self.credentials)
+                digest = hashlib.sha256(env.onion).digest()
+                if digest in seen_digests:
+                    raise InvalidReport("replayed", "this ciphertext was already received")
+                if env.client_id in seen_clients:
+                    raise InvalidReport("duplicate_client", f"second report from {env.client_id}")
+                inner = peel(env.onion, self.key.private, self.deployment, rid, 0)
+            except InvalidReport as exc:
+                counters.reject(exc.reason)
+                continue
+            seen_digests.add(digest)
+            seen_clients.add(env.client_id)
+            items.append(inner)
+            counters.accept()
+        return items
+
+    async def _until_closed(self, ann: Announcement, inbox: Inbox) -> int:
+        """Wait for the coordinator's close (spooled by the inbox) or the deadline; then the
+        round's input is frozen at its close marker, whose seq this returns."""
+        seen = -1
+        while (close := self.spool.close_seq(ann.round_id)) is None:
+            left = ann.seconds_left()
+            if left <= 0:
+                return self.spool.close_round(ann.round_id)  # the deadline: the normal end
+            seen = await inbox.changed(seen, left)
+        return close
+
+    async def _receive(
+        self,
+        ann: Announcement,
+        counters: RejectionCounter,
+        inbox: Inbox,
+        stop: asyncio.Event | None = None,
+    ) -> list[bytes]:
+        """Mix i > 0: a verified batch from mix i-1, peeled and de-duplicated."""
+        size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
+        timeout = max(ann.seconds_left(), 0.0) + self.batch_timeout
+        batch = await unless_stopped(
+            await_batch(self.spool, inbox, ann.round_id, self.index, size, timeout),
+            stop,
+            f"mix {self.index}",
+        )
+        seen: set[bytes] = set()
+        items: list[bytes] = []
+        for ct in batch:
+            try:
+                inner = peel(ct, self.key.private, self.deployment, ann.round_id, self.index)
+            except InvalidReport as exc:
+                counters.reject(exc.reason)
+                continue
+            d = hashlib.sha256(inner).digest()
+            if d in seen:
+                counters.reject("replayed")
+                continue
+            seen.add(d)
+            items.append(inner)
+            counters.accept()
+        return items

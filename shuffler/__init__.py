@@ -1,5 +1,0 @@
-"""Mix nodes of the mixnet shuffler: peel one layer, de-duplicate, batch, permute, forward."""
-
-from shuffler.mix import MixNode, MixOutcome
-
-__all__ = ["MixNode", "MixOutcome"]
