@@ -12,18 +12,20 @@ from rich.table import Table
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
+from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
-from shufflekit.app.render import console, err_console, fail, print_json
+from shufflekit.app.render import console, err_console, print_json
 from shufflekit.app.services.cli import clients, keys_app, serve_app
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
-from shufflekit.base.errors import AccountantError, ShufflekitError
 
 app = typer.Typer(
     help="shufflekit: the shuffle model of differential privacy, end to end.",
     no_args_is_help=True,
     add_completion=False,
+    cls=ShufflekitGroup,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(budget_app, name="budget")
 app.command()(simulate)
@@ -32,12 +34,6 @@ app.add_typer(privacy_app, name="privacy")
 app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
-
-LedgerOpt = Annotated[
-    str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")
-]
-DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
 
 @app.command()
@@ -70,9 +66,9 @@ def demo(
     says so).
     """
     if eps0 <= 0:
-        fail("--eps0 must be > 0")
+        refuse("--eps0 must be > 0")
     if estimator not in ESTIMATORS:
-        fail(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+        refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     cfg = DemoConfig(
         users=users,
         k=k,
@@ -86,36 +82,33 @@ def demo(
         cost_model=cost_model,
         estimator=estimator,
     )
-    try:
-        led = Ledger(ledger or default_ledger_url())
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-            disable=json_out or not err_console.is_terminal,
-        ) as bar:
-            task = bar.add_task("clients answering", total=users * rounds)
-            out = asyncio.run(
-                run_demo(
-                    cfg,
-                    led,
-                    progress=lambda i, _t: bar.update(task, completed=i),
-                    notice=lambda line: err_console.print(
-                        line, soft_wrap=True, highlight=False, markup=False
-                    ),
-                )
+    led = Ledger(ledger or default_ledger_url())
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=json_out or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("clients answering", total=users * rounds)
+        out = asyncio.run(
+            run_demo(
+                cfg,
+                led,
+                progress=lambda i, _t: bar.update(task, completed=i),
+                notice=lambda line: err_console.print(
+                    line, soft_wrap=True, highlight=False, markup=False
+                ),
             )
-    except (AccountantError, ShufflekitError) as exc:
-        fail(str(exc))
+        )
     if json_out:
         print_json(out)
     else:
         _print_demo(out)
     if out["refused"]:
-        fail(f"round refused: {out['refused']}")
+        refuse(f"round refused: {out['refused']}")
 
 
 def _print_demo(out: dict[str, Any]) -> None:
@@ -162,5 +155,5 @@ def _print_demo(out: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: `ShufflekitGroup` maps every error to one line."""
+    app(prog_name="shufflekit")

@@ -13,35 +13,23 @@ import typer
 from rich.table import Table
 
 from shufflekit.accountant.ledger import Budget, Ledger, check_budget
-from shufflekit.app.render import console, fail, print_json
+from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
+from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
-from shufflekit.base.errors import AccountantError, LedgerNotFound
+from shufflekit.base.errors import LedgerNotFound
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
 
-LedgerOpt = Annotated[
-    str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")
-]
-DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
-
 
 def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
-    """The ledger at `url` (default: the state folder's); exit 2 with the reason otherwise.
+    """The ledger at `url` (default: the state folder's); LedgerNotFound says how to create one.
 
     Only `init` passes create=True: reading a missing ledger must not leave an empty one behind.
     """
     try:
         return Ledger(url or default_ledger_url(), create=create)
     except LedgerNotFound as exc:
-        fail(
-            f"no ledger at {exc.where}, so deployment {deployment!r} has no budget; create one "
-            f"with `shufflekit budget init --deployment {deployment}`"
-        )
-        raise  # unreachable: fail exits
-    except AccountantError as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
+        raise LedgerNotFound(exc.where, deployment) from None
 
 
 @app.command()
@@ -75,15 +63,9 @@ def init(
         reservation_ttl,
         cost_model,
     )
-    try:
-        check_budget(b)  # before the ledger is opened: bad arguments create no file
-    except AccountantError as exc:
-        fail(str(exc))
+    check_budget(b)  # before the ledger is opened: bad arguments create no file
     led = _open(ledger, deployment, create=True)
-    try:
-        led.init_budget(b)
-    except AccountantError as exc:
-        fail(str(exc))
+    led.init_budget(b)
     if json_out:
         print_json(b.__dict__)
     else:
@@ -101,11 +83,7 @@ def status(
 ) -> None:
     """Spent, reserved and remaining budget, with a per-round table."""
     led = _open(ledger, deployment)
-    try:
-        st = led.status(deployment)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    st = led.status(deployment)
     if json_out:
         print_json(st.as_dict())
         return
@@ -144,11 +122,7 @@ def history(
 ) -> None:
     """The append-only audit log: every decision, who made it (role user@host:pid) and why."""
     led = _open(ledger, deployment)
-    try:
-        rows = led.history(deployment)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    rows = led.history(deployment)
     if json_out:
         print_json(rows)
         return
@@ -173,11 +147,7 @@ def refund(
 ) -> None:
     """Refund a reserved round that released nothing (a committed round is never refunded)."""
     led = _open(ledger, deployment)
-    try:
-        rec = led.refund(deployment, round_id, actor="operator", reason=reason)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    rec = led.refund(deployment, round_id, actor="operator", reason=reason)
     if json_out:
         print_json(rec.__dict__)
     else:

@@ -18,7 +18,8 @@ from shufflekit.accountant import biswas, calibrate, composition, tight
 from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
-from shufflekit.app.render import console, fail, print_json
+from shufflekit.app.cli_common import refuse
+from shufflekit.app.render import console, print_json
 from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
 
 app = typer.Typer(
@@ -34,11 +35,7 @@ JSON = Annotated[bool, typer.Option("--json", help="Print one JSON object for sc
 
 
 def _mech(n: int, k: int, eps0: float) -> Mechanism:
-    try:
-        return Mechanism(n=n, k=k, eps0=eps0)
-    except AccountantError as exc:
-        fail(str(exc))
-        raise
+    return Mechanism(n=n, k=k, eps0=eps0)
 
 
 def _log(x: float) -> float:
@@ -211,11 +208,7 @@ def epsilon(
 ) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
     mech = _mech(n, k, eps0)
-    try:
-        row = epsilon_row(get_method(method), mech, delta, rounds)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    row = epsilon_row(get_method(method), mech, delta, rounds)
     if json_out:
         print_json(row)
         return
@@ -245,11 +238,7 @@ def delta(
 ) -> None:
     """delta at a given epsilon (natural log given too: it may underflow)."""
     mech = _mech(n, k, eps0)
-    try:
-        row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
     if json_out:
         print_json(row)
         return
@@ -283,17 +272,13 @@ def calibrate_cmd(
 ) -> None:
     """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
     if (n is None) == (eps0 is None):
-        fail("give exactly one of --n (to find eps0) or --eps0 (to find n)")
+        refuse("give exactly one of --n (to find eps0) or --eps0 (to find n)")
     t0 = time.perf_counter()
-    try:
-        if n is not None:
-            cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
-        else:
-            assert eps0 is not None
-            cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
-    except AccountantError as exc:
-        fail(str(exc))
-        return
+    if n is not None:
+        cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
+    else:
+        assert eps0 is not None
+        cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
     found = Mechanism(
         n=n if n is not None else int(cal.value),
         k=k,

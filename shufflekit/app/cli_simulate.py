@@ -19,13 +19,12 @@ from rich import box
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shufflekit.analyzer.central import CalibrationError
-from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
+from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.app.cli_common import JsonOpt, refuse
 from shufflekit.app.datasets import (
     DATASET_HELP,
     CsvColumn,
     Dataset,
-    DatasetError,
     dataset_k,
     from_csv,
     make_dataset,
@@ -35,17 +34,14 @@ from shufflekit.app.experiment import (
     CENTRAL_READOUTS,
     DEFAULT_EPSILONS,
     DEFAULT_REPETITIONS,
-    ExperimentError,
     UtilityConfig,
     individual_utility,
     utility_experiment,
     write_outputs,
 )
-from shufflekit.app.render import console, err_console, fail, print_json
+from shufflekit.app.render import console, err_console, print_json
 from shufflekit.app.simulate import run_simulation
-from shufflekit.base.errors import AccountantError
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 IbuMaxIterOpt = Annotated[
     int, typer.Option(min=1, help="EM (ibu) stops after this many steps; hitting it is reported.")
 ]
@@ -89,44 +85,40 @@ def simulate(
 ) -> None:
     """Simulate shuffled k-RR rounds from their exact law and estimate the distribution."""
     if not (math.isfinite(eps0) and eps0 > 0):
-        fail(f"--eps0 must be a finite number > 0, got {eps0}")
+        refuse(f"--eps0 must be a finite number > 0, got {eps0}")
     if estimator not in ESTIMATORS:
-        fail(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+        refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if not (math.isfinite(ibu_tol) and ibu_tol > 0):
-        fail(f"--ibu-tol must be a finite number > 0, got {ibu_tol}")
+        refuse(f"--ibu-tol must be a finite number > 0, got {ibu_tol}")
     source: Dataset | CsvColumn
     labels: tuple[str, ...]
-    try:
-        if csv is not None or column is not None:
-            if csv is None or column is None:
-                fail("--csv and --column go together: give the file and the column to read")
-            assert csv is not None and column is not None
-            if dataset is not None:
-                fail("give either --dataset or --csv/--column, not both")
-            col = from_csv(csv, column, k)
-            if users is not None and users != col.n:
-                fail(f"--users {users} but column {column!r} of {csv} has {col.n} rows")
-            source, n_users, k_eff, labels = col, col.n, col.k, col.labels
-        else:
-            name = dataset or "normal"
-            k_eff = k if k is not None else (dataset_k(name) or 10)
-            ds = make_dataset(name, k_eff)
-            source, n_users, labels = ds, users if users is not None else 10_000, ds.labels
-        res = run_simulation(
-            n_users,
-            k_eff,
-            eps0,
-            rounds,
-            source,
-            estimator,
-            seed,
-            n_boot=n_boot,
-            ibu_tol=ibu_tol,
-            ibu_max_iter=ibu_max_iter,
-        )
-    except (DatasetError, EstimatorInputError, ValueError) as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
+    if csv is not None or column is not None:
+        if csv is None or column is None:
+            refuse("--csv and --column go together: give the file and the column to read")
+        assert csv is not None and column is not None
+        if dataset is not None:
+            refuse("give either --dataset or --csv/--column, not both")
+        col = from_csv(csv, column, k)
+        if users is not None and users != col.n:
+            refuse(f"--users {users} but column {column!r} of {csv} has {col.n} rows")
+        source, n_users, k_eff, labels = col, col.n, col.k, col.labels
+    else:
+        name = dataset or "normal"
+        k_eff = k if k is not None else (dataset_k(name) or 10)
+        ds = make_dataset(name, k_eff)
+        source, n_users, labels = ds, users if users is not None else 10_000, ds.labels
+    res = run_simulation(
+        n_users,
+        k_eff,
+        eps0,
+        rounds,
+        source,
+        estimator,
+        seed,
+        n_boot=n_boot,
+        ibu_tol=ibu_tol,
+        ibu_max_iter=ibu_max_iter,
+    )
     est = res.estimate
     out: dict[str, Any] = {
         "users": res.users,
@@ -229,10 +221,9 @@ def _floats(text: str | None, what: str) -> tuple[float, ...]:
     try:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        fail(f"{what} must be comma-separated numbers, got {text!r}")
-        raise
+        refuse(f"{what} must be comma-separated numbers, got {text!r}")
     if not vals:
-        fail(f"{what} is empty")
+        refuse(f"{what} is empty")
     return vals
 
 
@@ -242,17 +233,16 @@ def _ints(text: str | None, what: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        fail(f"{what} must be comma-separated integers, got {text!r}")
-        raise
+        refuse(f"{what} must be comma-separated integers, got {text!r}")
     if not vals:
-        fail(f"{what} is empty")
+        refuse(f"{what} is empty")
     return vals
 
 
 def _names(text: str, what: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(",") if x.strip())
     if not vals:
-        fail(f"{what} is empty")
+        refuse(f"{what} is empty")
     return vals
 
 
@@ -328,12 +318,8 @@ def utility(
     if not eps and not e0s:
         eps = DEFAULT_EPSILONS
     if calibration not in CALIBRATIONS:
-        fail(f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}")
-    try:
-        k_default = k if k is not None else (dataset_k(dataset) or 10)
-    except DatasetError as exc:
-        fail(str(exc))
-        raise
+        refuse(f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}")
+    k_default = k if k is not None else (dataset_k(dataset) or 10)
     cfg = UtilityConfig(
         epsilons=eps,
         eps0_values=e0s,
@@ -349,29 +335,25 @@ def utility(
         ibu_tol=ibu_tol,
         ibu_max_iter=ibu_max_iter,
     )
+    cfg.validate()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} points"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=json_out or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("utility", total=len(cfg.points()))
+        update: Callable[[int, int, str], None] = lambda i, _t, d: bar.update(  # noqa: E731
+            task, completed=i, description=d
+        )
+        res = utility_experiment(cfg, progress=update)
     try:
-        cfg.validate()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} points"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=json_out or not err_console.is_terminal,
-        ) as bar:
-            task = bar.add_task("utility", total=len(cfg.points()))
-            update: Callable[[int, int, str], None] = lambda i, _t, d: bar.update(  # noqa: E731
-                task, completed=i, description=d
-            )
-            res = utility_experiment(cfg, progress=update)
         files = write_outputs(res, out) if out is not None else {}
-    except (ExperimentError, AccountantError, CalibrationError, DatasetError) as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
     except OSError as exc:
-        fail(f"cannot write the output files: {exc}")
-        raise
+        refuse(f"cannot write the output files: {exc}")
     if json_out:
         print_json(res.summary() | {"files": files})
         return
@@ -460,22 +442,18 @@ def individual(
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
     if not (math.isfinite(eps0) and eps0 > 0):
-        fail(f"--eps0 must be a finite number > 0, got {eps0}")
-    try:
-        res = individual_utility(
-            n,
-            k if k is not None else (dataset_k(dataset) or 15),
-            eps0,
-            _ints(categories, "--categories"),
-            delta,
-            epsilon,
-            repetitions,
-            dataset,
-            seed,
-        )
-    except (ExperimentError, AccountantError, CalibrationError, DatasetError) as exc:
-        fail(str(exc))
-        raise
+        refuse(f"--eps0 must be a finite number > 0, got {eps0}")
+    res = individual_utility(
+        n,
+        k if k is not None else (dataset_k(dataset) or 15),
+        eps0,
+        _ints(categories, "--categories"),
+        delta,
+        epsilon,
+        repetitions,
+        dataset,
+        seed,
+    )
     if json_out:
         print_json(res.summary())
         return

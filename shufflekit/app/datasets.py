@@ -26,13 +26,15 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtr
 
+from shufflekit.base.errors import InvalidInput
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 DATASETS: tuple[str, ...] = ("normal", "zipf", "uniform")
 
 
-class DatasetError(ValueError):
+class DatasetError(InvalidInput):
     """A dataset cannot be built or read; the message says what is wrong."""
 
 

@@ -74,7 +74,7 @@ from shufflekit.analyzer.estimators import (
 from shufflekit.analyzer.metrics import METRICS
 from shufflekit.app.datasets import DatasetError, make_dataset
 from shufflekit.app.simulate import simulate_rounds
-from shufflekit.base.errors import AccountantError, NotApplicable
+from shufflekit.base.errors import AccountantError, InvalidInput, NotApplicable
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -111,7 +111,7 @@ JSON_FIELDS: tuple[str, ...] = ROW_FIELDS[:15]
 ProgressFn = Callable[[int, int, str], None]
 
 
-class ExperimentError(ValueError):
+class ExperimentError(InvalidInput):
     """An experiment was configured with invalid parameters; the message says which."""
 
 

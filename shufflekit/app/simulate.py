@@ -20,6 +20,7 @@ import numpy.typing as npt
 from shufflekit.analyzer.estimators import Estimate, estimate
 from shufflekit.analyzer.metrics import all_metrics, total_variation
 from shufflekit.app.datasets import CsvColumn, Dataset, DatasetError, make_dataset
+from shufflekit.base.errors import InvalidInput
 from shufflekit.client.krr import KRR
 
 FloatArray = npt.NDArray[np.float64]
@@ -32,9 +33,9 @@ def _check_counts(true_counts: npt.ArrayLike, k: int) -> IntArray:
     """True counts as int64 after checking: 1-D, length k, non-negative whole numbers."""
     c = np.asarray(true_counts)
     if c.ndim != 1 or c.shape[0] != k:
-        raise ValueError(f"true_counts must be a vector of length k = {k}, got shape {c.shape}")
+        raise InvalidInput(f"true_counts must be a vector of length k = {k}, got shape {c.shape}")
     if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c != np.round(c)):
-        raise ValueError("true_counts must be non-negative whole numbers")
+        raise InvalidInput("true_counts must be non-negative whole numbers")
     return c.astype(np.int64)
 
 
@@ -58,7 +59,7 @@ def simulate_rounds(
 ) -> IntArray:
     """`rounds` independent histograms, shape (rounds, k), drawn in memory-bounded chunks."""
     if rounds < 0:
-        raise ValueError(f"rounds must be >= 0, got {rounds}")
+        raise InvalidInput(f"rounds must be >= 0, got {rounds}")
     counts = _check_counts(true_counts, k)
     rows = krr_rows(k, eps0)
     out = np.empty((rounds, k), dtype=np.int64)
@@ -207,7 +208,7 @@ def run_simulation(
     are EM's stopping rule (see `nonconverged_rounds` for rounds that hit the cap).
     """
     if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+        raise InvalidInput(f"rounds must be >= 1, got {rounds}")
     rng = np.random.default_rng(seed)
     true_hist, name = _true_histogram(users, k, dataset, rng, exact_histogram)
     n = int(true_hist.sum())

@@ -84,8 +84,12 @@ class LedgerError(AccountantError, Unavailable):
 class LedgerNotFound(LedgerError):
     """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
 
-    def __init__(self, where: str) -> None:
-        super().__init__(f"no ledger at {where}; create one with `shufflekit budget init`")
+    def __init__(self, where: str, deployment: str | None = None) -> None:
+        whose = f", so deployment {deployment!r} has no budget" if deployment else ""
+        opt = f" --deployment {deployment}" if deployment else ""
+        super().__init__(
+            f"no ledger at {where}{whose}; create one with `shufflekit budget init{opt}`"
+        )
         self.where = where
 
 

@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from shufflekit.app.render import console, fail, print_json
+from shufflekit.app.cli_common import JsonOpt, refuse
+from shufflekit.app.render import console, print_json
 from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
     KeyFiles,
@@ -19,7 +20,6 @@ from shufflekit.app.services.keys import (
     write_enrollment_key,
     write_key_pair,
 )
-from shufflekit.base.errors import AccountantError, ShufflekitError
 
 keys_app = typer.Typer(
     help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
@@ -33,7 +33,6 @@ serve_app = typer.Typer(
 ConfigOpt = Annotated[
     Path, typer.Option("--config", help="Service configuration (TOML); see deploy/examples/.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 
 
@@ -53,16 +52,13 @@ def keys_new(
     `enrollment` is the operator's credential authority: mix 0's `\\[mix] enrollment_key` is its
     .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
     """
-    try:
-        name = role_name(role, index)
-        files = KeyFiles.of(out, name)
-        key = (
-            write_enrollment_key(files, force=force)
-            if role == "enrollment"
-            else write_key_pair(files, force=force)
-        )
-    except (ShufflekitError, OSError) as exc:
-        fail(str(exc))
+    name = role_name(role, index)
+    files = KeyFiles.of(out, name)
+    key = (
+        write_enrollment_key(files, force=force)
+        if role == "enrollment"
+        else write_key_pair(files, force=force)
+    )
     info = {
         "role": role,
         "index": index,
@@ -97,17 +93,13 @@ def keys_enroll(
     """
     import base64
 
+    authority = load_enrollment_key(key)
     try:
-        authority = load_enrollment_key(key)
         creds = {
             cid: base64.b64encode(authority.issue(deployment, cid)).decode() for cid in client_id
         }
-    except ShufflekitError as exc:
-        fail(str(exc))
-        return
     except ValueError as exc:  # a client id that is not 1-64 ASCII bytes
-        fail(str(exc))
-        return
+        refuse(str(exc))
     if json_out:
         print_json({"deployment": deployment, "credentials": creds})
     else:
@@ -118,25 +110,17 @@ def keys_enroll(
 def _setup(config: Path, log_level: str) -> ServiceConfig:
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
-        fail(f"unknown --log-level {log_level!r}")
+        refuse(f"unknown --log-level {log_level!r}")
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
     )
-    try:
-        return load_config(config)
-    except ShufflekitError as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
+    return load_config(config)
 
 
 def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> None:
     from shufflekit.app.services.runtime import run_service
 
-    try:
-        code = run_service(main)
-    except (ShufflekitError, AccountantError) as exc:
-        fail(str(exc))
-        return
+    code = run_service(main)
     raise SystemExit(code)
 
 
@@ -223,24 +207,20 @@ def clients(
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
     from shufflekit.app.services.clients import run_clients
 
-    try:
-        authority = load_enrollment_key(enrollment_key) if enrollment_key else None
-        summary = asyncio.run(
-            run_clients(
-                broker,
-                deployment,
-                users,
-                bad_fraction=bad_fraction,
-                seed=seed,
-                connections=connections,
-                wait=wait,
-                id_prefix=id_prefix,
-                enrollment=authority,
-            )
+    authority = load_enrollment_key(enrollment_key) if enrollment_key else None
+    summary = asyncio.run(
+        run_clients(
+            broker,
+            deployment,
+            users,
+            bad_fraction=bad_fraction,
+            seed=seed,
+            connections=connections,
+            wait=wait,
+            id_prefix=id_prefix,
+            enrollment=authority,
         )
-    except ShufflekitError as exc:
-        fail(str(exc))
-        return
+    )
     out = summary.as_dict()
     if json_out:
         print_json(out)

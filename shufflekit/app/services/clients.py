@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shufflekit.base.errors import ConfigError, TransportError
+from shufflekit.base.errors import ConfigError, InvalidInput, TransportError
 from shufflekit.client.agent import build_onion, current_announcement, wrap_envelope
 from shufflekit.core.credentials import EnrollmentKey
 from shufflekit.core.messages import Announcement
@@ -68,7 +68,7 @@ def malformed(
     if kind == "truncated":
         return wrap_envelope(client_id, onion[: len(onion) // 2], ann, credential)
     if kind != "random":
-        raise ValueError(f"unknown malformed kind {kind!r}; one of {', '.join(MALFORMED_KINDS)}")
+        raise InvalidInput(f"unknown malformed kind {kind!r}; one of {', '.join(MALFORMED_KINDS)}")
     return rng.bytes(len(wrap_envelope(client_id, onion, ann, credential)))
 
 

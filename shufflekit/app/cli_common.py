@@ -1,0 +1,78 @@
+"""What every command shares: its common options and the one place errors become messages.
+
+Every command raises; none prints its own error. `ShufflekitGroup.invoke` catches what comes
+out of any command and turns it into one line on stderr and an exit code: 2 for a user error
+(our `UserError` tree, an unreadable or unwritable file, memory), 70 for a bug, 130 on Ctrl-C.
+`SHUFFLEKIT_DEBUG=1` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Annotated, Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+from shufflekit.app.render import err_console
+from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
+
+LedgerOpt = Annotated[
+    str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")
+]
+DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+EXIT_USER = 2
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+def refuse(message: str) -> NoReturn:
+    """Stop the command: `message` is what the user gave wrong and how to put it right."""
+    raise InvalidInput(message)
+
+
+def describe(exc: BaseException) -> tuple[str, int]:
+    """The one-line message and exit code for an exception that left a command."""
+    if isinstance(exc, InternalError):
+        return f"internal error (a bug in shufflekit; please report it): {exc}", EXIT_INTERNAL
+    if isinstance(exc, ShufflekitError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}", EXIT_USER
+    if isinstance(exc, MemoryError):
+        return "out of memory: ask for less (fewer users, rounds or categories)", EXIT_USER
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", EXIT_INTERRUPTED
+    name = type(exc).__name__
+    return f"internal error (a bug in shufflekit; please report it): {name}: {exc}", EXIT_INTERNAL
+
+
+def print_error(message: str) -> None:
+    """`error: message` on stderr, printed literally (no markup, no wrapping)."""
+    err_console.print(
+        "error: " + " ".join(message.split("\n")),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+        style="bold red",
+    )
+
+
+class ShufflekitGroup(TyperGroup):
+    """The root command group: runs a command and maps whatever it raises (see module doc)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.TyperException, typer.Exit, typer.Abort):  # usage errors, --help, exits
+            raise
+        except (Exception, KeyboardInterrupt) as exc:  # the one handler
+            message, code = describe(exc)
+            if os.environ.get("SHUFFLEKIT_DEBUG"):
+                traceback.print_exception(exc)
+            print_error(message)
+            raise typer.Exit(code) from None

@@ -1,0 +1,119 @@
+"""The one error handler: every error leaves a command as one line and an exit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from shufflekit.app.cli import app
+from shufflekit.app.cli_common import EXIT_INTERNAL, EXIT_USER, ShufflekitGroup, describe
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    InternalError,
+    InvalidInput,
+    ShufflekitError,
+    UnsoundResult,
+    UserError,
+)
+
+
+def shufflekit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SHUFFLEKIT_STATE": str(cwd / "state")}
+    env.pop("SHUFFLEKIT_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "shufflekit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_tree_has_one_root_and_two_branches() -> None:
+    assert issubclass(BudgetExceeded, UserError)
+    assert issubclass(InvalidInput, ValueError)  # old `except ValueError` callers still work
+    assert issubclass(UnsoundResult, InternalError)
+    assert not issubclass(InternalError, UserError)
+    for cls in (UserError, InternalError):
+        assert issubclass(cls, ShufflekitError)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "text"),
+    [
+        (BudgetExceeded("round would exceed the budget"), EXIT_USER, "exceed the budget"),
+        (UnsoundResult("upper < lower"), EXIT_INTERNAL, "internal error (a bug"),
+        (FileNotFoundError(2, "No such file or directory", "/nope/x.csv"), EXIT_USER, "/nope"),
+        (ZeroDivisionError("division by zero"), EXIT_INTERNAL, "ZeroDivisionError"),
+        (MemoryError(), EXIT_USER, "out of memory"),
+    ],
+)
+def test_describe_maps_each_kind(exc: BaseException, code: int, text: str) -> None:
+    message, got = describe(exc)
+    assert got == code
+    assert text in message
+    assert "\n" not in message
+
+
+def _app_raising(exc: BaseException) -> typer.Typer:
+    demo = typer.Typer(cls=ShufflekitGroup, pretty_exceptions_enable=False)
+
+    @demo.command()
+    def boom() -> None:
+        raise exc
+
+    @demo.command()
+    def fine() -> None:
+        typer.echo("ok")
+
+    return demo
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [(InvalidInput("deployment 'a[/b]' and [mix] stay literal"), 2), (KeyError("x"), 70)],
+)
+def test_group_prints_one_line_without_traceback(exc: BaseException, code: int) -> None:
+    result = CliRunner().invoke(_app_raising(exc), ["boom"])
+    assert result.exit_code == code
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    if code == 2:
+        assert "'a[/b]' and [mix] stay literal" in lines[0]  # no markup eaten
+
+
+def test_usage_errors_and_success_pass_through() -> None:
+    demo = _app_raising(RuntimeError("never"))
+    assert CliRunner().invoke(demo, ["fine"]).exit_code == 0
+    assert CliRunner().invoke(demo, ["fine", "--no-such-option"]).exit_code == 2
+
+
+def test_real_commands_fail_in_one_line(tmp_path: Path) -> None:
+    cases = [
+        (["privacy", "epsilon", "--n", "10", "--k", "3", "--eps0", "-1", "--delta", "1e-6"], 2),
+        (["budget", "status", "--ledger", f"sqlite:///{tmp_path}/none.db"], 2),
+        (["simulate", "--csv", str(tmp_path / "missing.csv"), "--column", "c"], 2),
+    ]
+    for argv, code in cases:
+        r = shufflekit(*argv, cwd=tmp_path)
+        assert r.returncode == code, (argv, r.stderr)
+        assert "Traceback" not in r.stderr, argv
+        assert len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
+        assert r.stderr.startswith("error: "), (argv, r.stderr)
+
+
+def test_the_cli_app_uses_the_handler() -> None:
+    result = CliRunner().invoke(
+        app, ["privacy", "epsilon", "--n", "10", "--k", "1", "--eps0", "1", "--delta", "1e-6"]
+    )
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
