@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import TransportError
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import BrokerAddress, MqttTransport, Subscription, drain

@@ -11,7 +11,8 @@ import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport import MemoryBroker, drain

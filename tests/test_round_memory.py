@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import BudgetExceeded
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport import MemoryBroker
@@ -134,7 +135,8 @@ async def test_a_round_without_outcome_is_aborted_and_refunded(tmp_path: Any) ->
     budget is not held by a round that will never be released."""
     import asyncio
 
-    from shufflekit.app.coordinator import Coordinator, RoundTopics
+    from shufflekit.app.coordinator import Coordinator
+    from shufflekit.app.rounds import RoundTopics
     from shufflekit.core.crypto import KeyPair
     from shufflekit.core.messages import Abort, Ready
 

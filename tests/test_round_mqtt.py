@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shufflekit.accountant.ledger import Ledger
-from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport import BrokerAddress, MqttTransport
 from shufflekit.core.transport.base import Transport

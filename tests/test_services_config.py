@@ -14,13 +14,9 @@ from typer.testing import CliRunner
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.cli import app
-from shufflekit.app.coordinator import (
-    COORDINATOR_HOP,
-    Coordinator,
-    HopRunner,
-    RoundParams,
-    ledger_release_hook,
-)
+from shufflekit.app.coordinator import Coordinator
+from shufflekit.app.hops import HopRunner
+from shufflekit.app.rounds import COORDINATOR_HOP, RoundParams, ledger_release_hook
 from shufflekit.app.services.config import load_config
 from shufflekit.app.services.keys import load_private_key, load_public_key
 from shufflekit.base.errors import ConfigError

@@ -33,7 +33,8 @@ from scipy import stats
 
 import shufflekit.client.agent as agent_mod
 from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.app.coordinator import LocalDeployment, RoundParams
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
 from shufflekit.app.simulate import simulate_rounds
 from shufflekit.client.population import Population
 from shufflekit.core.transport import MemoryBroker

@@ -15,8 +15,9 @@ import numpy as np
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
 from shufflekit.analyzer.metrics import total_variation
-from shufflekit.app.coordinator import LocalDeployment, RoundParams, RoundReport, TransportFactory
 from shufflekit.app.datasets import values_from_histogram, zipf
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams, RoundReport, TransportFactory
 from shufflekit.base.errors import BudgetExceeded
 from shufflekit.client.population import Population
 from shufflekit.core.transport.memory import MemoryBroker

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from shufflekit.analyzer.service import Analyzer
-    from shufflekit.app.coordinator import HopOutcome, HopRunner, RoundReport
+    from shufflekit.app.hops import HopRunner
+    from shufflekit.app.rounds import HopOutcome, RoundReport
     from shufflekit.core.messages import Announcement
     from shufflekit.core.transport.base import Transport
     from shufflekit.shuffler.mix import MixNode
@@ -162,7 +163,7 @@ def hop_runner(
     metrics: ServiceMetrics | None, node: MixNode | Analyzer, transport: Transport, deployment: str
 ) -> HopRunner:
     """The `HopRunner` of a mix or the analyzer; with metrics, it records every round."""
-    from shufflekit.app.coordinator import HopRunner
+    from shufflekit.app.hops import HopRunner
 
     if metrics is None:
         return HopRunner(node, transport, deployment)

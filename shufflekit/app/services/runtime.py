@@ -22,13 +22,8 @@ from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.coordinator import (
-    Coordinator,
-    HopOutcome,
-    RoundParams,
-    RoundReport,
-    ledger_release_hook,
-)
+from shufflekit.app.coordinator import Coordinator
+from shufflekit.app.rounds import HopOutcome, RoundParams, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
     load_credential_verifier,
@@ -36,6 +31,7 @@ from shufflekit.app.services.keys import (
     load_public_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
+from shufflekit.app.wiring import Wiring
 from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
@@ -191,18 +187,12 @@ async def serve_mix(
         log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
     spool = Spool(cfg.spool_path(f"mix{i}"))
+    wiring = Wiring(
+        cfg.deployment, cfg.mixes, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout
+    )
 
     def node(t: Transport) -> MixNode:
-        return MixNode(
-            t,
-            cfg.deployment,
-            i,
-            key,
-            per_chunk=cfg.mix.per_chunk,
-            batch_timeout=cfg.mix.batch_timeout,
-            credentials=creds,
-            spool=spool,
-        )
+        return wiring.mix(t, i, key, credentials=creds, spool=spool)
 
     metrics = start_metrics(cfg.metrics, f"mix{i}", i)
     inputs = hop_filters(cfg.deployment, i, close=i == 0)
@@ -223,21 +213,17 @@ def open_ledger(cfg: ServiceConfig) -> Ledger:
 async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json) -> int:
     """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
     key = load_private_key(cfg.analyzer_private_key())
-    ledger = open_ledger(cfg)
-    hook = ledger_release_hook(ledger, cfg.deployment)
+    wiring = Wiring(
+        cfg.deployment,
+        cfg.mixes,
+        open_ledger(cfg),
+        estimator=cfg.analyzer.estimator,
+        batch_timeout=cfg.analyzer.batch_timeout,
+    )
     spool = Spool(cfg.spool_path("analyzer"))
 
     def node(t: Transport) -> Analyzer:
-        return Analyzer(
-            t,
-            cfg.deployment,
-            key,
-            on_release=hook,
-            estimator=cfg.analyzer.estimator,
-            batch_timeout=cfg.analyzer.batch_timeout,
-            spool=spool,
-            hops=cfg.mixes,
-        )
+        return wiring.analyzer(t, key, spool=spool)
 
     metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
     inputs = hop_filters(cfg.deployment, cfg.mixes, close=False)
@@ -279,20 +265,19 @@ async def serve_coordinator(
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
 
+    wiring = Wiring(
+        cfg.deployment,
+        cfg.mixes,
+        ledger,
+        batch_timeout=c.batch_timeout,
+        ready_timeout=c.ready_timeout,
+    )
     coord: Coordinator | None = None
 
     async def body(transport: Transport) -> None:
         nonlocal done, coord
         if coord is None:
-            coord = Coordinator(
-                transport,
-                cfg.deployment,
-                ledger,
-                mix_keys,
-                analyzer_key,
-                batch_timeout=c.batch_timeout,
-                ready_timeout=c.ready_timeout,
-            )
+            coord = wiring.coordinator(transport, mix_keys, analyzer_key)
         # One Coordinator across reconnects: it remembers the round it was driving when the
         # broker went away, and `recover` resumes that round on the new connection.
         coord.transport = transport

@@ -1,0 +1,213 @@
+"""Serving one hop, a mix or the analyzer, round after round: prepare, ready, run, or stop
+when the round is aborted elsewhere. Each service runs one `HopRunner`; so does each hop of a
+`LocalDeployment`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
+from shufflekit.base.errors import InvalidReport, TransportError
+from shufflekit.core.messages import Announcement, Ready
+from shufflekit.core.spool import Inbox
+from shufflekit.core.transport.base import Subscription, Transport
+from shufflekit.shuffler.mix import MixNode
+
+log = logging.getLogger("shufflekit.coordinator")
+
+
+class HopRunner:
+    """Serves one hop (a mix or the analyzer): prepare -> subscribe -> ready -> run the round.
+
+    The round itself is `MixNode.run_round` / `Analyzer.run_round`; this adds the readiness
+    handshake and stops a round another hop (or the coordinator) aborted, so a service never
+    keeps waiting for a batch that will not come.
+    """
+
+    def __init__(self, node: MixNode | Analyzer, transport: Transport, deployment: str) -> None:
+        self.node = node
+        self.transport = transport
+        self.deployment = deployment
+        self.topics = RoundTopics(deployment)
+        self.inbox: Inbox | None = None  # the node's inbox while `serve` runs
+
+    @contextlib.asynccontextmanager
+    async def _inbox_running(self) -> AsyncIterator[None]:
+        """Run the node's durable inbox (every round's input) for the duration of the block;
+        without one (an analyzer that does not know its hop) each round runs its own."""
+        if isinstance(self.node, Analyzer) and self.node.hops is None:
+            yield
+            return
+        inbox = self.node.inbox()
+        subscribed = asyncio.Event()
+        task = asyncio.create_task(inbox.run(subscribed))
+        waiter = asyncio.create_task(subscribed.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()  # could not subscribe: raise why
+        self.inbox = inbox
+        try:
+            yield
+        finally:
+            self.inbox = None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TransportError):
+                await task
+
+    @property
+    def name(self) -> str:
+        """`mix I` or `analyzer`, for logs and errors."""
+        return f"mix {self.node.index}" if isinstance(self.node, MixNode) else "analyzer"
+
+    def hop(self, ann: Announcement) -> int:
+        """This node's hop in the announced cascade (the analyzer is hop L)."""
+        return self.node.index if isinstance(self.node, MixNode) else ann.hops
+
+    def refusal(self, ann: Announcement) -> str | None:
+        """Why this node cannot serve the announced round, or None if it can."""
+        if ann.deployment != self.deployment:
+            return f"announcement for deployment {ann.deployment!r}"
+        own = self.node.key.public_b64()
+        if isinstance(self.node, MixNode):
+            if self.node.index >= ann.hops:
+                return f"the round has {ann.hops} mixes, this is mix {self.node.index}"
+            if ann.mix_keys[self.node.index] != own:
+                return f"the round names another public key for mix {self.node.index}"
+        elif ann.analyzer_key != own:
+            return "the round names another analyzer public key"
+        return None
+
+    async def run_round(
+        self, ann: Announcement, stop: asyncio.Event | None = None
+    ) -> HopOutcome | None:
+        """Run one prepared round; None if another hop aborted it first, or if this node's
+        spool says it already finished the round (a repeated prepare after a restart)."""
+        hop = self.hop(ann)
+        if self.node.spool.state(ann.round_id) == "done":
+            return None
+        ready = asyncio.Event()
+        async with self.transport.subscribe(self.topics.abort(ann.round_id)) as abort_sub:
+            work: asyncio.Task[HopOutcome] = asyncio.create_task(
+                self.node.run_round(ann, ready, stop, self.inbox)
+            )
+            try:
+                readied = asyncio.create_task(ready.wait())
+                await asyncio.wait({work, readied}, return_when=asyncio.FIRST_COMPLETED)
+                readied.cancel()
+                if ready.is_set():
+                    msg = Ready(round_id=ann.round_id, hop=hop, key=self.node.key.public_b64())
+                    await self.transport.publish(self.topics.ready(ann.round_id), msg.to_bytes())
+                watcher = asyncio.create_task(aborted_elsewhere(abort_sub, ann.round_id, hop))
+                try:
+                    await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    watcher.cancel()
+                if work.done():
+                    return work.result()
+                log.info("%s: round %s was aborted elsewhere", self.name, ann.round_id)
+                self.node.spool.finish(ann.round_id, None)
+                return None
+            finally:
+                if not work.done():
+                    work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await work
+
+    async def serve_one(
+        self, round_id: str, subscribed: asyncio.Event | None = None
+    ) -> HopOutcome | None:
+        """Wait for the prepare of `round_id` and run that round (in-process deployments)."""
+        async with self._inbox_running(), self.transport.subscribe(self.topics.prepare) as sub:
+            if subscribed is not None:
+                subscribed.set()
+            while True:
+                ann = await self._next_announcement(sub, None)
+                if ann is not None and ann.round_id == round_id:
+                    return await self.run_round(ann)
+
+    async def serve(
+        self,
+        stop: asyncio.Event,
+        on_outcome: Callable[[HopOutcome], None] | None = None,
+        subscribed: asyncio.Event | None = None,
+    ) -> None:
+        """Serve every prepared round until `stop` is set (a service's main loop).
+
+        On `stop`, rounds still waiting for input abort themselves and rounds past that finish;
+        this returns when they are done. TransportError if the connection is lost meanwhile.
+        Rounds the node's spool holds as unfinished (a restart, a reconnect) are resumed first.
+        """
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(ann: Announcement) -> None:
+            try:
+                out = await self.run_round(ann, stop)
+            except TransportError as exc:  # the spool keeps the round: resumed on reconnect
+                log.warning("%s: round %s interrupted: %s", self.name, ann.round_id, exc)
+                return
+            except Exception:
+                log.exception("%s: round %s failed", self.name, ann.round_id)
+                return
+            if out is not None and on_outcome is not None:
+                on_outcome(out)
+
+        seen: dict[str, None] = {}  # rounds already started (prepares are repeated)
+
+        def start(ann: Announcement) -> None:
+            seen[ann.round_id] = None
+            if len(seen) > 1000:
+                del seen[next(iter(seen))]
+            t = asyncio.create_task(one(ann))
+            running.add(t)
+            t.add_done_callback(running.discard)
+
+        async with self._inbox_running():
+            try:
+                async with self.transport.subscribe(self.topics.prepare) as sub:
+                    for ann in self.node.spool.unfinished():
+                        if self.refusal(ann) is None:
+                            log.info("%s: resuming round %s", self.name, ann.round_id)
+                            start(ann)
+                    if subscribed is not None:
+                        subscribed.set()
+                    await self._serve_prepares(sub, stop, seen, start)
+            finally:
+                if running:
+                    await asyncio.gather(*running, return_exceptions=True)
+
+    async def _serve_prepares(
+        self,
+        sub: Subscription,
+        stop: asyncio.Event,
+        seen: dict[str, None],
+        start: Callable[[Announcement], None],
+    ) -> None:
+        """Start each newly prepared round until `stop` is set."""
+        while not stop.is_set():
+            ann = await self._next_announcement(sub, stop)
+            if ann is not None and ann.round_id not in seen:
+                start(ann)
+
+    async def _next_announcement(
+        self, sub: Subscription, stop: asyncio.Event | None
+    ) -> Announcement | None:
+        """The next valid prepared round this node can serve; None on stop or a refusal."""
+        msg = await next_message(sub, stop)
+        if msg is None:
+            return None
+        try:
+            ann = Announcement.from_bytes(msg.payload)
+        except InvalidReport as exc:
+            log.warning("%s: ignored an invalid prepare: %s", self.name, exc)
+            return None
+        assert isinstance(ann, Announcement)
+        reason = self.refusal(ann)
+        if reason is not None:
+            log.error("%s: not serving round %s: %s", self.name, ann.round_id, reason)
+            return None
+        return ann

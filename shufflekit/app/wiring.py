@@ -1,0 +1,110 @@
+"""The composition root: the one place that decides which roles a deployment runs, on which
+transport, with which ledger, clock and randomness.
+
+`LocalDeployment` (every hop a task of this process) and `shufflekit serve ...` (every hop its
+own process) both build their mixes, analyzer and coordinator here, so a deterministic
+simulation that swaps the clock or the randomness swaps it everywhere at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.app.coordinator import Coordinator
+from shufflekit.app.rounds import ledger_release_hook
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import ConfigError
+from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.batch import DEFAULT_CHUNK
+from shufflekit.core.credentials import CredentialVerifier
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.spool import Spool
+from shufflekit.core.topics import check_name
+from shufflekit.core.transport.base import Transport
+from shufflekit.shuffler.mix import MixNode
+
+
+@dataclass
+class Wiring:
+    """What every role of one deployment shares; `mix`, `analyzer` and `coordinator` build them.
+
+    `mixes` is the cascade length L (the analyzer is hop L). The ledger is needed by the
+    analyzer (it commits before it publishes) and the coordinator (it reserves and refunds).
+    """
+
+    deployment: str
+    mixes: int
+    ledger: Ledger | None = None
+    estimator: str = "inv"
+    batch_timeout: float = 60.0
+    ready_timeout: float = 30.0
+    per_chunk: int = DEFAULT_CHUNK
+    clock: Clock = system_clock
+    rng: Randomness = field(default_factory=SystemRandomness)
+
+    def __post_init__(self) -> None:
+        check_name("deployment", self.deployment)
+        if self.mixes < 1:
+            raise ConfigError("a cascade needs at least one mix")
+
+    def _ledger(self, role: str) -> Ledger:
+        if self.ledger is None:
+            raise ConfigError(f"the {role} needs the deployment's ledger")
+        return self.ledger
+
+    def mix(
+        self,
+        transport: Transport,
+        index: int,
+        key: KeyPair,
+        *,
+        spool: Spool | None = None,
+        credentials: CredentialVerifier | None = None,
+    ) -> MixNode:
+        """Mix `index` of the cascade on `transport` (mix 0 checks `credentials` if given)."""
+        return MixNode(
+            transport,
+            self.deployment,
+            index,
+            key,
+            per_chunk=self.per_chunk,
+            batch_timeout=self.batch_timeout,
+            spool=spool,
+            credentials=credentials,
+        )
+
+    def analyzer(
+        self, transport: Transport, key: KeyPair, *, spool: Spool | None = None
+    ) -> Analyzer:
+        """The analyzer (hop L): it commits each round's cost in the ledger, then publishes."""
+        return Analyzer(
+            transport,
+            self.deployment,
+            key,
+            on_release=ledger_release_hook(self._ledger("analyzer"), self.deployment),
+            estimator=self.estimator,
+            batch_timeout=self.batch_timeout,
+            spool=spool,
+            hops=self.mixes,
+        )
+
+    def coordinator(
+        self, transport: Transport, mix_keys: Sequence[str], analyzer_key: str
+    ) -> Coordinator:
+        """The operator's coordinator, announcing these base64 public keys."""
+        if len(mix_keys) != self.mixes:
+            raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
+        return Coordinator(
+            transport,
+            self.deployment,
+            self._ledger("coordinator"),
+            mix_keys,
+            analyzer_key,
+            batch_timeout=self.batch_timeout,
+            ready_timeout=self.ready_timeout,
+            clock=self.clock,
+            rng=self.rng,
+        )
