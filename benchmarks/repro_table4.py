@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from shufflekit.app.experiment import IndividualResult, individual_utility
+from shufflekit.app.individual import IndividualResult, individual_utility
 
 #: Table 4 as printed: x0 -> (n=1,000 Gaussian, shuffle+INV, n=100,000 Gaussian, shuffle+INV).
 PAPER: dict[int, tuple[str, str, str, str]] = {

@@ -24,10 +24,10 @@ from shufflekit.app.experiment import (
     UtilityConfig,
     batch_fit,
     calibrate_one_round,
-    individual_utility,
     utility_experiment,
-    write_outputs,
 )
+from shufflekit.app.experiment_report import write_outputs
+from shufflekit.app.individual import individual_utility
 
 N, K, DELTA = 1000, 5, 1e-6
 SMALL = UtilityConfig(

@@ -35,10 +35,10 @@ from shufflekit.app.experiment import (
     DEFAULT_EPSILONS,
     DEFAULT_REPETITIONS,
     UtilityConfig,
-    individual_utility,
     utility_experiment,
-    write_outputs,
 )
+from shufflekit.app.experiment_report import write_outputs
+from shufflekit.app.individual import individual_utility
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.app.simulate import run_simulation
 
