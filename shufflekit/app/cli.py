@@ -6,7 +6,6 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from shufflekit.accountant.ledger import Ledger
@@ -16,7 +15,7 @@ from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, Shuffle
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
-from shufflekit.app.render import console, err_console, print_json
+from shufflekit.app.render import console, err_console, print_json, progress_bar
 from shufflekit.app.services.cli import clients, keys_app, serve_app
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
@@ -83,21 +82,12 @@ def demo(
         estimator=estimator,
     )
     led = Ledger(ledger or default_ledger_url())
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=True,
-        disable=json_out or not err_console.is_terminal,
-    ) as bar:
-        task = bar.add_task("clients answering", total=users * rounds)
+    with progress_bar("clients answering", users * rounds, quiet=json_out) as update:
         out = asyncio.run(
             run_demo(
                 cfg,
                 led,
-                progress=lambda i, _t: bar.update(task, completed=i),
+                progress=lambda i, _t: update(i),
                 notice=lambda line: err_console.print(
                     line, soft_wrap=True, highlight=False, markup=False
                 ),

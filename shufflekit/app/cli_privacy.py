@@ -192,6 +192,19 @@ def _label(soundness: str) -> str:
     return "[red]NOT a DP guarantee[/]"
 
 
+def _show(row: dict[str, Any], json_out: bool, headline: str, lower: str | None) -> None:
+    """One answer of `privacy epsilon|delta`: the JSON row, or lines for people."""
+    if json_out:
+        print_json(row)
+        return
+    console.print(f"{row['method']} ({_label(row['soundness'])}): {headline}")
+    if lower is not None:
+        console.print(f"lower bound (explicit attack): {lower}")
+    if row.get("note"):
+        console.print(f"note: {row['note']}", highlight=False, markup=False)
+    console.print(f"({row['seconds']:.3g} s)")
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.6g}"
 
@@ -209,20 +222,17 @@ def epsilon(
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
     mech = _mech(n, k, eps0)
     row = epsilon_row(get_method(method), mech, delta, rounds)
-    if json_out:
-        print_json(row)
-        return
-    console.print(
-        f"{row['method']} ({_label(row['soundness'])}): epsilon = "
-        f"[bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
-        f"of n={n}, k={k}, eps0={eps0:g}"
-    )
+    lower = None
     if row["lower_bound"] is not None:
         gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
-        console.print(f"lower bound (explicit attack): {row['lower_bound']:.6g}; gap {gap:.3g}%")
-    if row["note"]:
-        console.print(f"note: {row['note']}", highlight=False)
-    console.print(f"({row['seconds']:.3g} s)")
+        lower = f"{row['lower_bound']:.6g}; gap {gap:.3g}%"
+    _show(
+        row,
+        json_out,
+        f"epsilon = [bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
+        f"of n={n}, k={k}, eps0={eps0:g}",
+        lower,
+    )
 
 
 @app.command()
@@ -239,21 +249,14 @@ def delta(
     """delta at a given epsilon (natural log given too: it may underflow)."""
     mech = _mech(n, k, eps0)
     row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
-    if json_out:
-        print_json(row)
-        return
-    console.print(
-        f"{row['method']} ({_label(row['soundness'])}): delta = "
-        f"[bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
-        f"epsilon = {epsilon:g} for {rounds} round(s)"
+    lower = row.get("lower_bound_log_delta")
+    _show(
+        row,
+        json_out,
+        f"delta = [bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
+        f"epsilon = {epsilon:g} for {rounds} round(s)",
+        None if lower is None else f"log delta = {lower:.6g}",
     )
-    if row.get("lower_bound_log_delta") is not None:
-        console.print(
-            f"lower bound (explicit attack): log delta = {row['lower_bound_log_delta']:.6g}"
-        )
-    if row.get("note"):
-        console.print(f"note: {row['note']}", highlight=False)
-    console.print(f"({row['seconds']:.3g} s)")
 
 
 @app.command(name="calibrate")

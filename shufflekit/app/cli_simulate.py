@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich import box
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shufflekit.analyzer.estimators import ESTIMATORS
@@ -39,7 +38,7 @@ from shufflekit.app.experiment import (
 )
 from shufflekit.app.experiment_report import write_outputs
 from shufflekit.app.individual import individual_utility
-from shufflekit.app.render import console, err_console, print_json
+from shufflekit.app.render import console, err_console, print_json, progress_bar
 from shufflekit.app.simulate import run_simulation
 
 IbuMaxIterOpt = Annotated[
@@ -209,34 +208,33 @@ def _print_simulation(out: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- experiment
 
+T = TypeVar("T")
+
 experiment_app = typer.Typer(
     help="Privacy-utility experiments: shuffle vs central vs local models.",
     no_args_is_help=True,
 )
 
 
-def _floats(text: str | None, what: str) -> tuple[float, ...]:
+def _numbers(text: str | None, what: str, kind: Callable[[str], T], noun: str) -> tuple[T, ...]:
+    """A comma-separated option parsed by `kind`; () if not given, refused if empty or bad."""
     if text is None:
         return ()
     try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
+        vals = tuple(kind(x) for x in text.split(",") if x.strip())
     except ValueError:
-        refuse(f"{what} must be comma-separated numbers, got {text!r}")
+        refuse(f"{what} must be comma-separated {noun}, got {text!r}")
     if not vals:
         refuse(f"{what} is empty")
     return vals
+
+
+def _floats(text: str | None, what: str) -> tuple[float, ...]:
+    return _numbers(text, what, float, "numbers")
 
 
 def _ints(text: str | None, what: str) -> tuple[int, ...]:
-    if text is None:
-        return ()
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        refuse(f"{what} must be comma-separated integers, got {text!r}")
-    if not vals:
-        refuse(f"{what} is empty")
-    return vals
+    return _numbers(text, what, int, "integers")
 
 
 def _names(text: str, what: str) -> tuple[str, ...]:
@@ -336,20 +334,8 @@ def utility(
         ibu_max_iter=ibu_max_iter,
     )
     cfg.validate()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} points"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=json_out or not err_console.is_terminal,
-    ) as bar:
-        task = bar.add_task("utility", total=len(cfg.points()))
-        update: Callable[[int, int, str], None] = lambda i, _t, d: bar.update(  # noqa: E731
-            task, completed=i, description=d
-        )
-        res = utility_experiment(cfg, progress=update)
+    with progress_bar("utility", len(cfg.points()), "points", quiet=json_out) as update:
+        res = utility_experiment(cfg, progress=lambda i, _t, d: update(i, description=d))
     try:
         files = write_outputs(res, out) if out is not None else {}
     except OSError as exc:

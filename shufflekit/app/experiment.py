@@ -476,6 +476,9 @@ def _point_rows(
             rows[-1].update(cal_extra)
 
     # ---- central (analytic Gaussian on the true histogram)
+    def central(readout: str, errs: dict[str, float] | None, note: str = "", **extra: Any) -> None:
+        rows.append(_row(epsilon, "central", readout, None, n, k, cfg, point, errs, note, **extra))
+
     try:
         if epsilon is None:
             raise CalibrationError(cal_note)
@@ -484,36 +487,10 @@ def _point_rows(
         raw = (truth_counts + noise) / n
         for ro in cfg.central:
             f = raw if ro == "raw" else project_simplex(raw)
-            rows.append(
-                _row(
-                    epsilon,
-                    "central",
-                    ro,
-                    None,
-                    n,
-                    k,
-                    cfg,
-                    point,
-                    error_summary(f, truth),
-                    sigma=sigma,
-                )
-            )
+            central(ro, error_summary(f, truth), sigma=sigma)
     except CalibrationError as exc:
-        rows += [
-            _row(
-                epsilon,
-                "central",
-                ro,
-                None,
-                n,
-                k,
-                cfg,
-                point,
-                None,
-                f"no Gaussian baseline: {exc}",
-            )
-            for ro in cfg.central
-        ]
+        for ro in cfg.central:
+            central(ro, None, f"no Gaussian baseline: {exc}")
 
     # ---- local (k-RR at eps0 = epsilon, no shuffle, INV)
     if epsilon is None or epsilon <= 0:

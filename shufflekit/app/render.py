@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -31,7 +40,27 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_clean(obj), indent=2) + "\n")
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print an error a user can act on, and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise SystemExit(code)
+@contextlib.contextmanager
+def progress_bar(
+    description: str, total: int, unit: str = "", *, quiet: bool = False
+) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr while the block runs; yields `update(completed, description=)`.
+
+    Shown only on a terminal and unless `quiet` (e.g. --json): piped output stays clean.
+    """
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}" + (f" {unit}" if unit else "")),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+
+        def update(completed: int, description: str | None = None) -> None:
+            bar.update(task, completed=completed, description=description)
+
+        yield update

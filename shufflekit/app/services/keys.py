@@ -12,10 +12,19 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
+
+
+class _WritableKey(Protocol):
+    def private_b64(self) -> str: ...
+    def public_b64(self) -> str: ...
+
+
+K = TypeVar("K", bound=_WritableKey)
 
 ROLES = ("mix", "analyzer", "enrollment")
 
@@ -46,22 +55,23 @@ class KeyFiles:
         return cls(folder / f"{name}.key", folder / f"{name}.pub")
 
 
-def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
-    """Generate a key pair and write it; ConfigError if a file exists and `force` is false."""
+def _write_new(files: KeyFiles, key: K, force: bool) -> K:
+    """Write `key`'s private (0600) and public (0644) halves; ConfigError if a file exists and
+    `force` is false."""
     _refuse_overwrite(files, force)
-    key = KeyPair.generate()
     _write_atomic(files.private, key.private_b64() + "\n", 0o600)
     _write_atomic(files.public, key.public_b64() + "\n", 0o644)
     return key
+
+
+def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
+    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it."""
+    return _write_new(files, KeyPair.generate(), force)
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:
-    """Generate the enrollment authority's Ed25519 key and write it (like `write_key_pair`)."""
-    _refuse_overwrite(files, force)
-    key = EnrollmentKey.generate()
-    _write_atomic(files.private, key.private_b64() + "\n", 0o600)
-    _write_atomic(files.public, key.public_b64() + "\n", 0o644)
-    return key
+    """Generate the enrollment authority's Ed25519 key and write it."""
+    return _write_new(files, EnrollmentKey.generate(), force)
 
 
 def _refuse_overwrite(files: KeyFiles, force: bool) -> None:
