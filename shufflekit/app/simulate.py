@@ -143,14 +143,8 @@ class SimulationResult:
 
     def summary(self) -> dict[str, Any]:
         """Plain-Python summary (for printing or JSON)."""
-        return {
-            "users": self.users,
-            "k": self.k,
-            "eps0": self.eps0,
-            "rounds": self.rounds,
-            "dataset": self.dataset,
-            "estimator": self.estimator,
-            "seed": self.seed,
+        plain = ("users", "k", "eps0", "rounds", "dataset", "estimator", "seed")
+        return {name: getattr(self, name) for name in plain} | {
             "tv_mean": self.tv_distance,
             "tv_sd": float(np.std(self.tv_distances, ddof=1)) if self.rounds > 1 else 0.0,
             "converged": self.converged,
