@@ -42,3 +42,30 @@ class SystemClock:
 
 system_clock: Clock = SystemClock()
 """The process-wide real clock, the default wherever a clock is optional."""
+
+
+class VirtualClock:
+    """Simulated time: it moves only when the simulation's event loop jumps to its next timer.
+
+    `monotonic()` is the seconds elapsed in the simulation; `time()` adds a fixed epoch so that
+    announced deadlines look like wall-clock stamps. `sleep` is the running loop's sleep, which
+    is virtual when the loop runs on this clock (`shufflekit.app.sim.loop`).
+    """
+
+    def __init__(self, epoch: float = 1_800_000_000.0) -> None:
+        self.epoch = epoch
+        self.now = 0.0
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward (never back)."""
+        if seconds > 0:
+            self.now += seconds
+
+    def time(self) -> float:
+        return self.epoch + self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))

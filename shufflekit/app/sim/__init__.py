@@ -1,0 +1,1 @@
+"""Whole deployments as deterministic simulations: virtual time, seeded faults, invariants."""
