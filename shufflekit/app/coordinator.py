@@ -42,6 +42,7 @@ from shufflekit.app.rounds import (
 )
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import AccountantError, InvalidReport, RoundAborted, TransportError
+from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import current_announcement
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
@@ -74,6 +75,7 @@ class Coordinator:
         actor: str = "coordinator",
         clock: Clock = system_clock,
         rng: Randomness | None = None,
+        offload: Offload = in_thread,
     ) -> None:
         if not mix_keys:
             raise ValueError("a cascade needs at least one mix")
@@ -87,6 +89,7 @@ class Coordinator:
         self.ready_timeout = ready_timeout
         self.actor = actor
         self.clock = clock
+        self.offload = offload
         self.rng = rng or SystemRandomness()
         # The announcement of the round this coordinator is driving, from just before it is
         # announced until the round is settled. It outlives a lost connection: `recover` on
@@ -128,14 +131,14 @@ class Coordinator:
         asked: its reservation is refunded.
         """
         rid = round_id or new_round_id(self.clock, self.rng)
-        await asyncio.to_thread(
+        await self.offload(
             self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
         )
         started = self.clock.monotonic()
         report = RoundReport(rid, released=False, result=None, abort=None)
         outcome: Result | Abort
         try:
-            budget = await asyncio.to_thread(self.ledger.budget, self.deployment)
+            budget = await self.offload(self.ledger.budget, self.deployment)
             # the cost was reserved for the budget's n_min: never release a smaller batch
             params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
             ann = self.announcement(rid, params)
@@ -170,7 +173,7 @@ class Coordinator:
         released.
         One coordinator per deployment is assumed: it settles every reserved round.
         """
-        rounds = await asyncio.to_thread(self.ledger.rounds_of, self.deployment)
+        rounds = await self.offload(self.ledger.rounds_of, self.deployment)
         reserved = [r.round_id for r in rounds if r.status == "reserved"]
         driving = self.driving
         if not reserved:
@@ -245,9 +248,9 @@ class Coordinator:
         committed meanwhile (its result was published, or is on its way), the round counts as
         released; a refunded round can no longer be committed, so nothing goes out after."""
         try:
-            await asyncio.to_thread(self.ledger.refund, self.deployment, rid, self.actor, reason)
+            await self.offload(self.ledger.refund, self.deployment, rid, self.actor, reason)
         except AccountantError:
-            rounds = await asyncio.to_thread(self.ledger.rounds_of, self.deployment)
+            rounds = await self.offload(self.ledger.rounds_of, self.deployment)
             if not any(r.round_id == rid and r.status == "committed" for r in rounds):
                 raise
             report.released, report.abort = True, None

@@ -16,6 +16,7 @@ from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
@@ -84,13 +85,15 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
     return f"r{int(clock.time())}-{token}"
 
 
-def ledger_release_hook(ledger: Ledger, deployment: str, actor: str = "analyzer") -> ReleaseHook:
+def ledger_release_hook(
+    ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
+) -> ReleaseHook:
     """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
     describe it for the published result."""
 
     async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
-        rec = await asyncio.to_thread(ledger.commit, deployment, round_id, batch_size, actor)
-        status = await asyncio.to_thread(ledger.status, deployment)
+        rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
+        status = await offload(ledger.status, deployment)
         return {
             "epsilon_round": rec.epsilon_round,
             "delta": status.budget.delta_total,

@@ -17,6 +17,7 @@ from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.rounds import ledger_release_hook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
+from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK
 from shufflekit.core.credentials import CredentialVerifier
@@ -44,6 +45,7 @@ class Wiring:
     per_chunk: int = DEFAULT_CHUNK
     clock: Clock = system_clock
     rng: Randomness = field(default_factory=SystemRandomness)
+    offload: Offload = in_thread
 
     def __post_init__(self) -> None:
         check_name("deployment", self.deployment)
@@ -84,7 +86,9 @@ class Wiring:
             transport,
             self.deployment,
             key,
-            on_release=ledger_release_hook(self._ledger("analyzer"), self.deployment),
+            on_release=ledger_release_hook(
+                self._ledger("analyzer"), self.deployment, offload=self.offload
+            ),
             estimator=self.estimator,
             batch_timeout=self.batch_timeout,
             spool=spool,
@@ -107,4 +111,5 @@ class Wiring:
             ready_timeout=self.ready_timeout,
             clock=self.clock,
             rng=self.rng,
+            offload=self.offload,
         )

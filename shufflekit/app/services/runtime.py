@@ -16,8 +16,8 @@ import json
 import logging
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
@@ -32,7 +32,10 @@ from shufflekit.app.services.keys import (
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
+from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
+from shufflekit.base.offload import Offload, in_thread
+from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
@@ -116,6 +119,37 @@ def _connector(
     )
 
 
+Connector = Callable[[ServiceConfig, str, Sequence[str]], Callable[[], Transport]]
+
+
+@dataclass(frozen=True)
+class ServiceEnv:
+    """What a service gets from outside: how it connects, and its clock, randomness and thread
+    offload. Production uses the defaults; the deterministic simulation (`shufflekit.app.sim`)
+    passes an in-memory faulty broker, a virtual clock, seeded randomness and inline calls, and
+    so runs these very services."""
+
+    connector: Connector = field(default=lambda cfg, name, durable: _connector(cfg, name, durable))
+    clock: Clock = system_clock
+    rng: Randomness = field(default_factory=SystemRandomness)
+    offload: Offload = in_thread
+
+    def wiring(self, cfg: ServiceConfig, ledger: Ledger | None = None, **kw: Any) -> Wiring:
+        """The deployment's composition root with this environment's clock and randomness."""
+        return Wiring(
+            cfg.deployment,
+            cfg.mixes,
+            ledger,
+            clock=self.clock,
+            rng=self.rng,
+            offload=self.offload,
+            **kw,
+        )
+
+
+DEFAULT_ENV = ServiceEnv()
+
+
 def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
     """The JSON line a mix or the analyzer prints for one round."""
     base: dict[str, Any] = {
@@ -149,6 +183,7 @@ async def _serve_hop(
     emit: Emit,
     metrics: ServiceMetrics | None = None,
     durable: Sequence[str] = (),
+    env: ServiceEnv = DEFAULT_ENV,
 ) -> int:
     async def body(transport: Transport) -> None:
         runner = hop_runner(metrics, make_node(transport), transport, cfg.deployment)
@@ -166,7 +201,8 @@ async def _serve_hop(
         await serving
 
     try:
-        await with_reconnect(name, _connector(cfg, name.replace(" ", ""), durable), body, stop)
+        connect = env.connector(cfg, name.replace(" ", ""), durable)
+        await with_reconnect(name, connect, body, stop)
     finally:
         if metrics is not None:
             metrics.close()
@@ -175,7 +211,11 @@ async def _serve_hop(
 
 
 async def serve_mix(
-    cfg: ServiceConfig, index: int | None, stop: asyncio.Event, emit: Emit = emit_json
+    cfg: ServiceConfig,
+    index: int | None,
+    stop: asyncio.Event,
+    emit: Emit = emit_json,
+    env: ServiceEnv | None = None,
 ) -> int:
     """`shufflekit serve mix`: mix `index` of the cascade, round after round."""
     i = cfg.mix_index(index)
@@ -187,16 +227,15 @@ async def serve_mix(
         log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
     spool = Spool(cfg.spool_path(f"mix{i}"))
-    wiring = Wiring(
-        cfg.deployment, cfg.mixes, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout
-    )
+    env = env or DEFAULT_ENV
+    wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
     def node(t: Transport) -> MixNode:
         return wiring.mix(t, i, key, credentials=creds, spool=spool)
 
     metrics = start_metrics(cfg.metrics, f"mix{i}", i)
     inputs = hop_filters(cfg.deployment, i, close=i == 0)
-    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs)
+    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:
@@ -210,12 +249,14 @@ def open_ledger(cfg: ServiceConfig) -> Ledger:
     return ledger
 
 
-async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json) -> int:
+async def serve_analyzer(
+    cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json, env: ServiceEnv | None = None
+) -> int:
     """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
     key = load_private_key(cfg.analyzer_private_key())
-    wiring = Wiring(
-        cfg.deployment,
-        cfg.mixes,
+    env = env or DEFAULT_ENV
+    wiring = env.wiring(
+        cfg,
         open_ledger(cfg),
         estimator=cfg.analyzer.estimator,
         batch_timeout=cfg.analyzer.batch_timeout,
@@ -227,7 +268,7 @@ async def serve_analyzer(cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = e
 
     metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
     inputs = hop_filters(cfg.deployment, cfg.mixes, close=False)
-    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs)
+    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs, env)
 
 
 def round_json(rep: RoundReport) -> dict[str, Any]:
@@ -249,6 +290,7 @@ async def serve_coordinator(
     rounds: int | None = None,
     interval: float | None = None,
     emit: Emit = emit_json,
+    env: ServiceEnv | None = None,
 ) -> int:
     """`shufflekit serve coordinator`: reserve, announce and settle rounds, `rounds` of them
     (forever if None), `interval` seconds apart. BudgetExceeded ends it (the caller reports)."""
@@ -265,13 +307,8 @@ async def serve_coordinator(
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
 
-    wiring = Wiring(
-        cfg.deployment,
-        cfg.mixes,
-        ledger,
-        batch_timeout=c.batch_timeout,
-        ready_timeout=c.ready_timeout,
-    )
+    env = env or DEFAULT_ENV
+    wiring = env.wiring(cfg, ledger, batch_timeout=c.batch_timeout, ready_timeout=c.ready_timeout)
     coord: Coordinator | None = None
 
     async def body(transport: Transport) -> None:
@@ -288,13 +325,13 @@ async def serve_coordinator(
             done += 1
             emit(round_json(rep) | {"recovered": True})
         while not stop.is_set() and (rounds is None or done < rounds):
-            started = time.monotonic()
+            started = env.clock.monotonic()
             try:
                 rep = await coord.run_round(params, stop=stop)
             except RoundAborted as exc:  # no outcome in time: the reservation stays counted
                 done += 1
                 if metrics is not None:
-                    metrics.observe_round(None, time.monotonic() - started)
+                    metrics.observe_round(None, env.clock.monotonic() - started)
                 log.error("coordinator: %s", exc)
                 emit(
                     {
@@ -317,7 +354,8 @@ async def serve_coordinator(
                 await sleep_unless(stop, pause)
 
     try:
-        await with_reconnect("coordinator", _connector(cfg, "coordinator"), body, stop)
+        connect = env.connector(cfg, "coordinator", ())
+        await with_reconnect("coordinator", connect, body, stop)
     finally:
         if metrics is not None:
             metrics.close()

@@ -1,0 +1,34 @@
+"""Where blocking calls (the SQLite or PostgreSQL ledger) run: a worker thread, or inline.
+
+Services keep their event loop responsive by running them in a thread; a deterministic
+simulation runs them inline, because a thread finishing in real time would make the order of
+events depend on the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, Protocol, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Run a blocking call without blocking the loop (or, in simulation, deterministically)."""
+
+    def __call__(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[T]: ...
+
+
+async def in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """The production default: `asyncio.to_thread`."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Simulation: call it here and now (one scheduling point before, as a thread hop has)."""
+    await asyncio.sleep(0)
+    return fn(*args, **kwargs)
