@@ -22,22 +22,14 @@ from typing import Any
 import numpy as np
 
 from shufflekit.analyzer.estimators import estimate
-from shufflekit.base.errors import InvalidReport, RoundAborted
-from shufflekit.core.batch import await_batch
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
-from shufflekit.core.messages import Abort, Announcement, Result
-from shufflekit.core.shutdown import unless_stopped
-from shufflekit.core.spool import (
-    Arrival,
-    Inbox,
-    Spool,
-    classify_hop_input,
-    hop_filters,
-    running_inbox,
-)
-from shufflekit.core.topics import Topics
-from shufflekit.core.transport.base import Message, Transport
+from shufflekit.core.hop import Hop
+from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.spool import Inbox, Spool, running_inbox
+from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
 
 # (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
@@ -55,12 +47,14 @@ class AnalyzerOutcome:
     abort_reason: str | None = None
 
 
-class Analyzer:
+class Analyzer(Hop):
     """The analyzer role (hop L of a cascade of L mixes).
 
     `on_release` is required: there is no way to build an analyzer that releases results
-    without first committing their cost.
+    without first committing their cost. `spool`, `clock` and `batch_timeout`: see `Hop`.
     """
+
+    name = "the analyzer"
 
     def __init__(
         self,
@@ -73,33 +67,25 @@ class Analyzer:
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
         hops: int | None = None,
+        clock: Clock = system_clock,
     ) -> None:
         """`hops` (the cascade length, this analyzer's hop) names its input topics for a
         service's inbox; `spool` (default: in memory) keeps what it received."""
         if not callable(on_release):
             raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
-        self.transport = transport
-        self.deployment = deployment
-        self.topics = Topics(deployment)
-        self.key = key
+        super().__init__(
+            transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
+        )
         self.estimator = estimator
         self.on_release = on_release
-        self.batch_timeout = batch_timeout
-        self.spool = spool if spool is not None else Spool()
         self.hops = hops
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
         h = hop if hop is not None else self.hops
         if h is None:
-            raise ValueError("the analyzer's hop (the cascade length) is not known")
-        return Inbox(
-            self.transport, self.spool, hop_filters(self.deployment, h, close=False), self.classify
-        )
-
-    def classify(self, msg: Message) -> Arrival | None:
-        """How the inbox keys an input message (see `classify_hop_input`)."""
-        return classify_hop_input(msg)
+            raise ConfigError("the analyzer's hop (the cascade length) is not known")
+        return self.hop_inbox(h)
 
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
@@ -138,8 +124,7 @@ class Analyzer:
         round is aborted and nothing is published. `stop` set while the batch is still awaited
         aborts the round (service shutdown).
         """
-        if ann.analyzer_key != self.key.public_b64():
-            raise ValueError("the announcement names another analyzer key")
+        self.check_key(ann.analyzer_key)
         if inbox is None:
             async with running_inbox(None, lambda: self.inbox(ann.hops)) as own:
                 return await self.run_round(ann, ready, stop, own)
@@ -148,18 +133,7 @@ class Analyzer:
         self.spool.begin(ann)
         outcome = AnalyzerOutcome(ann.round_id, result=None)
         try:
-            batch = await unless_stopped(
-                await_batch(
-                    self.spool,
-                    inbox,
-                    ann.round_id,
-                    ann.hops,
-                    onion_size(REPORT_SIZE, 1),
-                    max(ann.seconds_left(), 0.0) + self.batch_timeout,
-                ),
-                stop,
-                "the analyzer",
-            )
+            batch = await self.receive_batch(ann, ann.hops, onion_size(REPORT_SIZE, 1), inbox, stop)
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
@@ -172,9 +146,7 @@ class Analyzer:
                 ) from exc
         except RoundAborted as exc:
             outcome.abort_reason = str(exc)
-            abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
-            await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
-            self.spool.finish(ann.round_id, {"abort_reason": str(exc)})
+            await self.abort(ann, ann.hops, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
         est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(
