@@ -68,6 +68,13 @@ class CountingShuffles(SeededRandomness):
         super().shuffle(items)
 
 
+def announcement(round_id: str = "r1", **fields: Any) -> Announcement:
+    """A round of deployment `sim` whose deadline is a minute after START (unless given)."""
+    defaults: dict[str, Any] = {"k": 2, "eps0": 1.0, "n_min": 1, "deadline": START + 60}
+    keys: dict[str, Any] = {"mix_keys": ["x"], "analyzer_key": "y"}
+    return Announcement(deployment="sim", round_id=round_id, **(defaults | keys | fields))
+
+
 async def settle(until: Any, what: str) -> None:
     """Let the event loop run (no time passes on the virtual clock) until `until()` holds."""
     for _ in range(10_000):
@@ -81,11 +88,8 @@ async def test_a_round_with_an_hour_deadline_runs_on_a_virtual_clock() -> None:
     clock = ManualClock()
     broker = MemoryBroker()
     mix_key, analyzer_key = KeyPair.generate(), KeyPair.generate()
-    ann = Announcement(
-        deployment="sim",
-        round_id="r1",
+    ann = announcement(
         k=3,
-        eps0=1.0,
         n_min=5,
         deadline=clock.time() + 3600,
         mix_keys=[mix_key.public_b64()],
@@ -144,16 +148,7 @@ async def test_within_prefers_a_result_and_cancels_what_timed_out() -> None:
 
 
 def test_announcement_deadline_reads_the_injected_clock() -> None:
-    ann = Announcement(
-        deployment="sim",
-        round_id="r1",
-        k=2,
-        eps0=1.0,
-        n_min=1,
-        deadline=START + 60,
-        mix_keys=["x"],
-        analyzer_key="y",
-    )
+    ann = announcement()
     clock = ManualClock()
     assert ann.seconds_left(clock) == 60
     clock.advance(90)
@@ -163,22 +158,13 @@ def test_announcement_deadline_reads_the_injected_clock() -> None:
 def test_the_spool_stamps_and_expires_on_its_clock() -> None:
     clock = ManualClock()
     spool = Spool(clock=clock)
-    ann = Announcement(
-        deployment="sim",
-        round_id="served",
-        k=2,
-        eps0=1.0,
-        n_min=1,
-        deadline=START + 60,
-        mix_keys=["x"],
-        analyzer_key="y",
-    )
+    ann = announcement("served")
     spool.add([Arrival("stray", "data", "k1", b"x")])
     spool.begin(ann)
     spool.finish("served", None)
     assert spool.count("stray", "data") == 1  # not a day old yet
     clock.advance(UNKNOWN_ROUND_TTL + 1)
-    spool.begin(ann.model_copy(update={"round_id": "next"}))
+    spool.begin(announcement("next"))
     spool.finish("next", None)
     assert spool.count("stray", "data") == 0
 

@@ -28,7 +28,7 @@ from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
-from shufflekit.core.spool import Inbox, Spool, running_inbox
+from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
 
@@ -47,7 +47,7 @@ class AnalyzerOutcome:
     abort_reason: str | None = None
 
 
-class Analyzer(Hop):
+class Analyzer(Hop[AnalyzerOutcome]):
     """The analyzer role (hop L of a cascade of L mixes).
 
     `on_release` is required: there is no way to build an analyzer that releases results
@@ -110,30 +110,23 @@ class Analyzer(Hop):
             counters.accept()
         return hist
 
-    async def run_round(
-        self,
-        ann: Announcement,
-        ready: asyncio.Event | None = None,
-        stop: asyncio.Event | None = None,
-        inbox: Inbox | None = None,
+    def hop_of(self, ann: Announcement) -> int:
+        return ann.hops
+
+    def announced_key(self, ann: Announcement) -> str:
+        return ann.analyzer_key
+
+    async def _serve(
+        self, ann: Announcement, state: str, inbox: Inbox, stop: asyncio.Event | None
     ) -> AnalyzerOutcome:
         """Receive, decrypt and count one round; commit its cost, then publish the result.
 
-        `inbox` is the analyzer's running inbox (None: one runs for this round); `ready` is set
-        once it is subscribed. If the commit fails (refused, expired, ledger unreachable) the
-        round is aborted and nothing is published. `stop` set while the batch is still awaited
-        aborts the round (service shutdown).
+        If the commit fails (refused, expired, ledger unreachable) the round is aborted and
+        nothing is published. `stop` set while the batch is still awaited aborts the round.
         """
-        self.check_key(ann.analyzer_key)
-        if inbox is None:
-            async with running_inbox(None, lambda: self.inbox(ann.hops)) as own:
-                return await self.run_round(ann, ready, stop, own)
-        if ready is not None:
-            ready.set()
-        self.spool.begin(ann)
         outcome = AnalyzerOutcome(ann.round_id, result=None)
         try:
-            batch = await self.receive_batch(ann, ann.hops, onion_size(REPORT_SIZE, 1), inbox, stop)
+            batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
@@ -146,7 +139,7 @@ class Analyzer(Hop):
                 ) from exc
         except RoundAborted as exc:
             outcome.abort_reason = str(exc)
-            await self.abort(ann, ann.hops, str(exc), 0, {"abort_reason": str(exc)})
+            await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
         est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(

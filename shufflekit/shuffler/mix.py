@@ -28,7 +28,7 @@ from shufflekit.core.credentials import CredentialVerifier, admit
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement
-from shufflekit.core.spool import Inbox, Spool, running_inbox
+from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.waiting import unless_stopped
 from shufflekit.core.wire import REPORT_SIZE, Envelope
@@ -64,8 +64,8 @@ class MixOutcome:
         )
 
 
-class MixNode(Hop):
-    """One mix of the cascade (hop `index`); `run_round` handles one announced round.
+class MixNode(Hop[MixOutcome]):
+    """One mix of the cascade (hop `index`); `run_round` (see `Hop`) serves one round.
 
     `rng` draws the permutation: the OS CSPRNG by default, as production needs; a simulation
     may inject a seeded one. `spool`, `clock` and `batch_timeout`: see `Hop`.
@@ -98,50 +98,41 @@ class MixNode(Hop):
         """The durable inbox of this mix's input (every round) on its transport."""
         return self.hop_inbox(self.index)
 
-    async def run_round(
-        self,
-        ann: Announcement,
-        ready: asyncio.Event | None = None,
-        stop: asyncio.Event | None = None,
-        inbox: Inbox | None = None,
+    def hop_of(self, ann: Announcement) -> int:
+        return self.index
+
+    def announced_key(self, ann: Announcement) -> str:
+        return ann.mix_keys[self.index]
+
+    async def _serve(
+        self, ann: Announcement, state: str, inbox: Inbox, stop: asyncio.Event | None
     ) -> MixOutcome:
         """Collect, check, permute and forward one round; publish an abort if nothing goes on.
-
-        `inbox` is the running inbox of this mix (None: one is run for this round). `ready` is
-        set once it is subscribed (so nothing sent is missed). `stop` set while the mix still
-        waits for input aborts the round (service shutdown); once the batch is complete the
-        round is finished. A round the spool holds as forwarding is forwarded again, as stored.
-        """
-        self.check_key(ann.mix_keys[self.index])
-        async with running_inbox(inbox, self.inbox) as inbox:
-            if ready is not None:
-                ready.set()
-            if self.spool.begin(ann) == "output":
-                items, stored = self.spool.output(ann.round_id)
-                return await self._forward(ann, items, MixOutcome.from_dict(stored))
-            outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
-            try:
-                if self.index == 0:
-                    close = await self._closed(ann, inbox, stop)
-                    items = self._ingest(ann, close, outcome.counters)
-                else:
-                    size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
-                    batch = await self.receive_batch(ann, self.index, size, inbox, stop)
-                    items = self._peel_batch(ann, batch, outcome.counters)
-                if len(items) < ann.n_min:
-                    raise RoundAborted(
-                        f"{len(items)} reports, below the release threshold {ann.n_min}"
-                    )
-            except RoundAborted as exc:
-                outcome.abort_reason = str(exc)
-                received = outcome.counters.accepted
-                await self.abort(ann, self.index, str(exc), received, outcome.to_dict())
-                return outcome
-            self.rng.shuffle(items)
-            outcome.released = True
-            outcome.forwarded = len(items)
-            self.spool.save_output(ann.round_id, items, outcome.to_dict())
-            return await self._forward(ann, items, outcome)
+        Once the batch is complete the round is finished, `stop` or not. A round the spool
+        holds as forwarding (`state` output) is forwarded again, as stored."""
+        if state == "output":
+            items, stored = self.spool.output(ann.round_id)
+            return await self._forward(ann, items, MixOutcome.from_dict(stored))
+        outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+        try:
+            if self.index == 0:
+                close = await self._closed(ann, inbox, stop)
+                items = self._ingest(ann, close, outcome.counters)
+            else:
+                size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
+                batch = await self.receive_batch(ann, size, inbox, stop)
+                items = self._peel_batch(ann, batch, outcome.counters)
+            if len(items) < ann.n_min:
+                raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
+        except RoundAborted as exc:
+            outcome.abort_reason = str(exc)
+            await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            return outcome
+        self.rng.shuffle(items)
+        outcome.released = True
+        outcome.forwarded = len(items)
+        self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        return await self._forward(ann, items, outcome)
 
     async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
         """Send the stored permuted batch to the next hop, then mark the round done."""
