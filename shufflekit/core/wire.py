@@ -68,7 +68,7 @@ class Envelope:
     """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion.
 
     Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
-    names the round and carries the client's credential (shuffler/credentials.py), both outside
+    names the round and carries the client's credential (core/credentials.py), both outside
     the onion: mix 0 checks them and forwards only the peeled onion.
     """
 
