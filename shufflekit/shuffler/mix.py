@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
@@ -102,6 +102,8 @@ class MixNode(Hop[MixOutcome]):
         return self.index
 
     def announced_key(self, ann: Announcement) -> str:
+        if self.index >= ann.hops:
+            raise ConfigError(f"{self.name}: the round has {ann.hops} mixes")
         return ann.mix_keys[self.index]
 
     async def _serve(
