@@ -12,18 +12,17 @@ from, by two tests at a fixed significance ALPHA:
 * variance: per category, (R - 1) s^2 / sigma^2 with sigma^2 the simulator's variance, compared
   two-sided with chi-square(R - 1) (Bonferroni over the k categories).
 
-The clients' k-RR draws come from a seeded `random.Random` (patched in place of the OS CSPRNG,
-same `random()`/`randrange()` interface) so that the test is deterministic. The test checks its
-own power: the same pipeline counts must be REJECTED against the simulator run with a wrong
-eps0 (1.5 instead of 1). Measured when written (80 rounds, this seed): right eps0: mean
-p = 0.19, variance p >= 0.25; simulator at eps0 = 1.5: mean p = 2.5e-12; at 1.3: 1e-4; at 1.2:
-0.012 (not rejected at ALPHA); at 0.8: 4e-4. With OS randomness instead of the seed (3 runs) the
-right eps0 gave mean p in 0.19-0.78 and 1.5 gave 1e-11 to 1e-16.
+The clients' k-RR draws come from a `SeededRandomness` given to the population instead of the OS
+CSPRNG (the same stream as `random.Random` with that seed), so that the test is deterministic.
+The test checks its own power: the same pipeline counts must be REJECTED against the simulator
+run with a wrong eps0 (1.5 instead of 1). Measured when written (80 rounds, this seed): right
+eps0: mean p = 0.19, variance p >= 0.25; simulator at eps0 = 1.5: mean p = 2.5e-12; at 1.3:
+1e-4; at 1.2: 0.012 (not rejected at ALPHA); at 0.8: 4e-4. With OS randomness instead of the
+seed (3 runs) the right eps0 gave mean p in 0.19-0.78 and 1.5 gave 1e-11 to 1e-16.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +30,11 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-import shufflekit.client.agent as agent_mod
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.app.simulate import simulate_rounds
+from shufflekit.base.random import SeededRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.transport import MemoryBroker
 
@@ -77,23 +76,18 @@ def pipeline_hists(tmp_path_factory: pytest.TempPathFactory) -> npt.NDArray[np.i
     broker = MemoryBroker()
     dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1)
     values = np.repeat(np.arange(K), TRUE_COUNTS).tolist()
-    pop = Population(values)
-    saved = agent_mod._RNG
-    agent_mod._RNG = random.Random(20240611)  # type: ignore[assignment]
-    try:
+    pop = Population(values, rng=SeededRandomness(20240611))
 
-        async def run_all() -> list[list[int]]:
-            out = []
-            for _ in range(ROUNDS):
-                rep = await dep.run_round(RoundParams(k=K, eps0=EPS0, n_min=10), pop)
-                assert rep.released and rep.result is not None, rep.abort
-                assert rep.rejected() == {}
-                out.append(list(rep.result.histogram))
-            return out
+    async def run_all() -> list[list[int]]:
+        out = []
+        for _ in range(ROUNDS):
+            rep = await dep.run_round(RoundParams(k=K, eps0=EPS0, n_min=10), pop)
+            assert rep.released and rep.result is not None, rep.abort
+            assert rep.rejected() == {}
+            out.append(list(rep.result.histogram))
+        return out
 
-        hists = asyncio.run(run_all())
-    finally:
-        agent_mod._RNG = saved
+    hists = asyncio.run(run_all())
     arr = np.asarray(hists, dtype=np.int64)
     assert arr.shape == (ROUNDS, K)
     assert (arr.sum(axis=1) == TRUE_COUNTS.sum()).all()  # one report per user, every round

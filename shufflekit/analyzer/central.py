@@ -23,13 +23,11 @@ import numpy.typing as npt
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
+from shufflekit.base.errors import CalibrationError
+
 FloatArray = npt.NDArray[np.float64]
 
 REPLACE_ONE_SENSITIVITY = math.sqrt(2.0)
-
-
-class CalibrationError(ValueError):
-    """No Gaussian noise level satisfies the requested (epsilon, delta) (or inputs are invalid)."""
 
 
 def log_delta_gaussian(sigma: float, epsilon: float, sensitivity: float) -> float:
@@ -57,13 +55,12 @@ def _check_inputs(epsilon: float, sensitivity: float) -> None:
 
 def _resolve_log_delta(delta: float | None, log_delta: float | None) -> float:
     """ln(delta) from exactly one of `delta` / `log_delta`, refusing delta <= 0 and delta > 1."""
-    if (delta is None) == (log_delta is None):
-        raise CalibrationError("give exactly one of delta and log_delta")
-    if delta is not None:
+    if delta is not None and log_delta is None:
         if math.isnan(delta) or delta < 0 or delta > 1:
             raise CalibrationError(f"delta must lie in (0, 1], got {delta!r}")
         log_delta = math.log(delta) if delta > 0 else -math.inf
-    assert log_delta is not None
+    elif delta is not None or log_delta is None:
+        raise CalibrationError("give exactly one of delta and log_delta")
     if math.isnan(log_delta) or log_delta > 0:
         raise CalibrationError(f"log_delta must be <= 0 (delta <= 1), got {log_delta!r}")
     if log_delta == -math.inf:

@@ -41,6 +41,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtri
 
+from shufflekit.base.errors import EstimatorInputError
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Method = Literal["inv", "clip", "project", "ibu", "mle"]
@@ -48,10 +50,6 @@ Target = Literal["dataset", "population"]
 
 ESTIMATORS: tuple[str, ...] = ("inv", "clip", "project", "ibu", "mle")
 TARGETS: tuple[str, ...] = ("dataset", "population")
-
-
-class EstimatorInputError(ValueError):
-    """An estimator was given an invalid histogram or parameter; the message says which."""
 
 
 @dataclass(frozen=True, eq=False)

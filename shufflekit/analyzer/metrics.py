@@ -10,11 +10,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shufflekit.base.errors import MetricInputError
+
 FloatArray = npt.NDArray[np.float64]
-
-
-class MetricInputError(ValueError):
-    """The two vectors cannot be compared (shape mismatch or non-finite entries)."""
 
 
 def _difference(p: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:

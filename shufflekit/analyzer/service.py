@@ -22,22 +22,14 @@ from typing import Any
 import numpy as np
 
 from shufflekit.analyzer.estimators import estimate
-from shufflekit.base.errors import InvalidReport, RoundAborted
-from shufflekit.core.batch import await_batch
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
-from shufflekit.core.messages import Abort, Announcement, Result
-from shufflekit.core.shutdown import unless_stopped
-from shufflekit.core.spool import (
-    Arrival,
-    Inbox,
-    Spool,
-    classify_hop_input,
-    hop_filters,
-    running_inbox,
-)
-from shufflekit.core.topics import Topics
-from shufflekit.core.transport.base import Message, Transport
+from shufflekit.core.hop import Hop
+from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.spool import Inbox, Spool
+from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
 
 # (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
@@ -55,12 +47,14 @@ class AnalyzerOutcome:
     abort_reason: str | None = None
 
 
-class Analyzer:
+class Analyzer(Hop[AnalyzerOutcome]):
     """The analyzer role (hop L of a cascade of L mixes).
 
     `on_release` is required: there is no way to build an analyzer that releases results
-    without first committing their cost.
+    without first committing their cost. `spool`, `clock` and `batch_timeout`: see `Hop`.
     """
+
+    name = "the analyzer"
 
     def __init__(
         self,
@@ -73,33 +67,25 @@ class Analyzer:
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
         hops: int | None = None,
+        clock: Clock = system_clock,
     ) -> None:
         """`hops` (the cascade length, this analyzer's hop) names its input topics for a
         service's inbox; `spool` (default: in memory) keeps what it received."""
         if not callable(on_release):
             raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
-        self.transport = transport
-        self.deployment = deployment
-        self.topics = Topics(deployment)
-        self.key = key
+        super().__init__(
+            transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
+        )
         self.estimator = estimator
         self.on_release = on_release
-        self.batch_timeout = batch_timeout
-        self.spool = spool if spool is not None else Spool()
         self.hops = hops
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
         h = hop if hop is not None else self.hops
         if h is None:
-            raise ValueError("the analyzer's hop (the cascade length) is not known")
-        return Inbox(
-            self.transport, self.spool, hop_filters(self.deployment, h, close=False), self.classify
-        )
-
-    def classify(self, msg: Message) -> Arrival | None:
-        """How the inbox keys an input message (see `classify_hop_input`)."""
-        return classify_hop_input(msg)
+            raise ConfigError("the analyzer's hop (the cascade length) is not known")
+        return self.hop_inbox(h)
 
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
@@ -124,42 +110,23 @@ class Analyzer:
             counters.accept()
         return hist
 
-    async def run_round(
-        self,
-        ann: Announcement,
-        ready: asyncio.Event | None = None,
-        stop: asyncio.Event | None = None,
-        inbox: Inbox | None = None,
+    def hop_of(self, ann: Announcement) -> int:
+        return ann.hops
+
+    def announced_key(self, ann: Announcement) -> str:
+        return ann.analyzer_key
+
+    async def _serve(
+        self, ann: Announcement, state: str, inbox: Inbox, stop: asyncio.Event | None
     ) -> AnalyzerOutcome:
         """Receive, decrypt and count one round; commit its cost, then publish the result.
 
-        `inbox` is the analyzer's running inbox (None: one runs for this round); `ready` is set
-        once it is subscribed. If the commit fails (refused, expired, ledger unreachable) the
-        round is aborted and nothing is published. `stop` set while the batch is still awaited
-        aborts the round (service shutdown).
+        If the commit fails (refused, expired, ledger unreachable) the round is aborted and
+        nothing is published. `stop` set while the batch is still awaited aborts the round.
         """
-        if ann.analyzer_key != self.key.public_b64():
-            raise ValueError("the announcement names another analyzer key")
-        if inbox is None:
-            async with running_inbox(None, lambda: self.inbox(ann.hops)) as own:
-                return await self.run_round(ann, ready, stop, own)
-        if ready is not None:
-            ready.set()
-        self.spool.begin(ann)
         outcome = AnalyzerOutcome(ann.round_id, result=None)
         try:
-            batch = await unless_stopped(
-                await_batch(
-                    self.spool,
-                    inbox,
-                    ann.round_id,
-                    ann.hops,
-                    onion_size(REPORT_SIZE, 1),
-                    max(ann.seconds_left(), 0.0) + self.batch_timeout,
-                ),
-                stop,
-                "the analyzer",
-            )
+            batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
@@ -172,9 +139,7 @@ class Analyzer:
                 ) from exc
         except RoundAborted as exc:
             outcome.abort_reason = str(exc)
-            abort = Abort(round_id=ann.round_id, hop=ann.hops, reason=str(exc))
-            await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
-            self.spool.finish(ann.round_id, {"abort_reason": str(exc)})
+            await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
         est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(

@@ -57,6 +57,38 @@ class ConfigError(InvalidInput):
     """A command-line or configuration value is invalid."""
 
 
+class BrokerTLSError(TransportError):
+    """The TLS handshake with the broker failed (untrusted certificate, wrong host, not TLS)."""
+
+
+class BrokerAuthError(TransportError):
+    """The broker refused the login: unknown user, wrong password or no credentials."""
+
+
+class BrokerAccessDenied(TransportError):
+    """The broker's ACL refused a publish or a subscription for this account."""
+
+    def __init__(self, message: str, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
+class InvalidKey(InvalidInput):
+    """A key given as text (base64 of its 32 raw bytes, in a key file or announcement) is bad."""
+
+
+class EstimatorInputError(InvalidInput):
+    """An estimator was given an invalid histogram or parameter; the message says which."""
+
+
+class MetricInputError(InvalidInput):
+    """The two vectors cannot be compared (shape mismatch or non-finite entries)."""
+
+
+class CalibrationError(InvalidInput):
+    """No Gaussian noise level satisfies the requested (epsilon, delta) (or inputs are invalid)."""
+
+
 class AccountantError(ShufflekitError):
     """Raised by `shufflekit.accountant`; every concrete one is also a user or internal error."""
 
@@ -100,14 +132,21 @@ class UnsoundResult(AccountantError, InternalError):
 __all__ = [
     "AccountantError",
     "AccuracyError",
+    "BrokerAccessDenied",
+    "BrokerAuthError",
+    "BrokerTLSError",
     "BudgetExceeded",
+    "CalibrationError",
     "ConfigError",
+    "EstimatorInputError",
     "InternalError",
     "InvalidInput",
+    "InvalidKey",
     "InvalidParameters",
     "InvalidReport",
     "LedgerError",
     "LedgerNotFound",
+    "MetricInputError",
     "NotApplicable",
     "RoundAborted",
     "ShufflekitError",

@@ -2,15 +2,17 @@
 
 The client trusts the announcement only for parameters and keys (in a deployment it arrives
 over an authenticated broker connection); its value never leaves the device unrandomized.
+Randomness (k-RR draws) and time (waiting for an announcement) are injected; the defaults are
+the OS CSPRNG and the system clock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
-import time
 
+from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
+from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.krr import KRR
 from shufflekit.core.crypto import public_from_b64, seal_onion
 from shufflekit.core.messages import Announcement
@@ -19,9 +21,10 @@ from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import Envelope, Report
 
 
-def build_onion(value: int, ann: Announcement) -> bytes:
-    """value -> k-RR(eps0) -> fixed-size report -> onion (analyzer innermost)."""
-    report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, _RNG))
+def build_onion(value: int, ann: Announcement, rng: Randomness | None = None) -> bytes:
+    """value -> k-RR(eps0) (drawn from `rng`, default the OS CSPRNG) -> fixed-size report ->
+    onion (analyzer innermost)."""
+    report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, rng))
     keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
     return seal_onion(report.encode(), keys, ann.deployment, ann.round_id)
 
@@ -36,48 +39,66 @@ def wrap_envelope(
 
 
 def build_envelope(
-    client_id: str, value: int, ann: Announcement, credential: bytes | None = None
+    client_id: str,
+    value: int,
+    ann: Announcement,
+    credential: bytes | None = None,
+    rng: Randomness | None = None,
 ) -> bytes:
     """What a client publishes: its randomized, onion-encrypted report in an envelope that
     carries its identity and, if enrolled, its credential (both seen only by mix 0)."""
-    return wrap_envelope(client_id, build_onion(value, ann), ann, credential)
+    return wrap_envelope(client_id, build_onion(value, ann, rng), ann, credential)
 
 
 class ClientAgent:
-    """One user: an identity, its credential (from enrollment, if any) and a value in [0, k)."""
+    """One user: an identity, its credential (from enrollment, if any) and a value in [0, k).
 
-    def __init__(self, client_id: str, value: int, credential: bytes | None = None) -> None:
+    `rng` draws its randomized responses (default: the OS CSPRNG).
+    """
+
+    def __init__(
+        self,
+        client_id: str,
+        value: int,
+        credential: bytes | None = None,
+        *,
+        rng: Randomness | None = None,
+    ) -> None:
         self.client_id = client_id
         self.value = value
         self.credential = credential
+        self.rng: Randomness = rng if rng is not None else SystemRandomness()
 
     async def answer(self, transport: Transport, ann: Announcement) -> None:
         """Send this user's report for the announced round to mix 0."""
-        payload = build_envelope(self.client_id, self.value, ann, self.credential)
+        payload = build_envelope(self.client_id, self.value, ann, self.credential, self.rng)
         await transport.publish(Topics(ann.deployment).data(ann.round_id, 0), payload)
 
 
 async def current_announcement(
-    transport: Transport, deployment: str, timeout: float = 30.0, *, open_only: bool = False
+    transport: Transport,
+    deployment: str,
+    timeout: float = 30.0,
+    *,
+    open_only: bool = False,
+    clock: Clock = system_clock,
 ) -> Announcement:
-    """The retained announcement of the deployment's current round (waits up to `timeout`).
+    """The retained announcement of the deployment's current round (waits up to `timeout`
+    seconds of `clock`).
 
     With `open_only`, an announcement whose deadline has passed (left behind by a coordinator
     that stopped) is skipped and the next round's is awaited. TimeoutError if none comes.
     """
     topics = Topics(deployment)
-    end = time.monotonic() + timeout
+    end = clock.monotonic() + timeout
     async with transport.subscribe(topics.announce) as sub:
         while True:
-            msg = await sub.get(max(0.0, end - time.monotonic()))
+            msg = await sub.get(max(0.0, end - clock.monotonic()), clock=clock)
             with contextlib.suppress(InvalidReport):
                 ann = Announcement.from_bytes(msg.payload)
                 if (
                     isinstance(ann, Announcement)
                     and ann.deployment == deployment
-                    and not (open_only and ann.seconds_left() <= 0)
+                    and not (open_only and ann.seconds_left(clock) <= 0)
                 ):
                     return ann
-
-
-_RNG = secrets.SystemRandom()

@@ -2,17 +2,20 @@
 
 A user holding value v in {0..k-1} reports v with probability e^eps0 / (e^eps0 + k - 1) and each
 other value with probability 1 / (e^eps0 + k - 1); this is eps0-LDP. The per-user form is for
-agents, the vectorised form for simulation (the same law, drawn in bulk).
+agents (the OS CSPRNG unless a `Randomness` is given), the vectorised form for simulation (the
+same law, drawn in bulk from a numpy Generator the caller seeds).
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from shufflekit.base.errors import InvalidInput
+from shufflekit.base.random import Randomness, SystemRandomness
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,9 @@ class KRR:
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 2 or self.k > 65535:
-            raise ValueError(f"k must be an integer in [2, 65535], got {self.k!r}")
+            raise InvalidInput(f"k must be an integer in [2, 65535], got {self.k!r}")
         if not math.isfinite(self.eps0) or self.eps0 <= 0:
-            raise ValueError(f"eps0 must be a finite number > 0, got {self.eps0!r}")
+            raise InvalidInput(f"eps0 must be a finite number > 0, got {self.eps0!r}")
 
     @property
     def p_keep(self) -> float:
@@ -38,14 +41,14 @@ class KRR:
         """Probability of reporting one specific other value."""
         return 1.0 / (math.exp(self.eps0) + self.k - 1)
 
-    def randomize(self, value: int, rng: secrets.SystemRandom | None = None) -> int:
-        """One user's report, drawn with a cryptographically secure generator by default."""
+    def randomize(self, value: int, rng: Randomness | None = None) -> int:
+        """One user's report, drawn from `rng` (default: the OS CSPRNG)."""
         if not 0 <= value < self.k:
-            raise ValueError(f"value {value} outside [0, {self.k})")
-        r = rng or _SYSTEM_RANDOM
+            raise InvalidInput(f"value {value} outside [0, {self.k})")
+        r = rng if rng is not None else SystemRandomness()
         if r.random() < self.p_keep:
             return value
-        other = r.randrange(self.k - 1)
+        other = r.randbelow(self.k - 1)
         return other if other < value else other + 1
 
     def randomize_many(
@@ -54,7 +57,7 @@ class KRR:
         """Vectorised reports for a whole simulated population (same law as `randomize`)."""
         v = np.asarray(values, dtype=np.int64)
         if v.size and (v.min() < 0 or v.max() >= self.k):
-            raise ValueError(f"values must lie in [0, {self.k})")
+            raise InvalidInput(f"values must lie in [0, {self.k})")
         keep = rng.random(v.shape) < self.p_keep
         other = rng.integers(0, self.k - 1, size=v.shape)
         other = other + (other >= v)
@@ -65,6 +68,3 @@ class KRR:
         m = np.full((self.k, self.k), self.p_other)
         np.fill_diagonal(m, self.p_keep)
         return m
-
-
-_SYSTEM_RANDOM = secrets.SystemRandom()

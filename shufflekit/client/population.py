@@ -1,23 +1,30 @@
 """A simulated population: many client agents answering a round over one connection.
 
 Used by the demo and for load testing. Publishing is bounded by the transport's in-flight
-limit; progress is reported through an optional callback.
+limit; progress is reported through an optional callback. One injected `Randomness` (default:
+the OS CSPRNG) serves every agent, so a seeded one makes the whole population replayable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport.base import Transport
 
 
 class Population:
-    """`values[i]` is the private value of simulated user i."""
+    """`values[i]` is the private value of simulated user i; `rng` draws their responses."""
 
-    def __init__(self, values: Sequence[int], id_prefix: str = "user") -> None:
-        self.agents = [ClientAgent(f"{id_prefix}-{i}", int(v)) for i, v in enumerate(values)]
+    def __init__(
+        self, values: Sequence[int], id_prefix: str = "user", *, rng: Randomness | None = None
+    ) -> None:
+        self.rng: Randomness = rng if rng is not None else SystemRandomness()
+        self.agents = [
+            ClientAgent(f"{id_prefix}-{i}", int(v), rng=self.rng) for i, v in enumerate(values)
+        ]
 
     def __len__(self) -> int:
         return len(self.agents)

@@ -9,8 +9,8 @@ them before acknowledging them.
 from __future__ import annotations
 
 import contextlib
-import time
 
+from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, RoundAborted
 from shufflekit.core.messages import Manifest
 from shufflekit.core.spool import Inbox, Spool
@@ -53,14 +53,16 @@ async def await_batch(
     hop: int,
     item_size: int,
     timeout: float,
+    *,
+    clock: Clock = system_clock,
 ) -> list[bytes]:
     """The complete, consistent batch for hop `hop` from the spool (chunks and manifest as the
-    inbox spooled them); waits up to `timeout` seconds for it, else RoundAborted.
+    inbox spooled them); waits up to `timeout` seconds of `clock` for it, else RoundAborted.
 
     Chunks are de-duplicated by their bytes when spooled and by index here (the first copy
     wins), so a sender that forwards its stored batch again after a restart changes nothing.
     """
-    end = time.monotonic() + timeout
+    end = clock.monotonic() + timeout
     seen = -1
     while True:
         manifest = _first_manifest(spool, round_id, hop)
@@ -69,7 +71,7 @@ async def await_batch(
             _add_chunk(chunks, payload, hop, item_size)
         if manifest is not None and len(chunks) >= manifest.chunks:
             return _verify(chunks, manifest, hop, item_size)
-        left = end - time.monotonic()
+        left = end - clock.monotonic()
         if left <= 0:
             raise RoundAborted(
                 f"hop {hop}: batch incomplete after {timeout:.0f}s "

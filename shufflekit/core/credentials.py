@@ -13,36 +13,26 @@ broker and mix 0 ever see it.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from shufflekit.base.errors import InvalidReport
+from shufflekit.base.errors import InvalidInput, InvalidReport
+from shufflekit.core.keytext import private_key_b64, public_key_b64, raw_key_from_b64
 from shufflekit.core.topics import check_name
 from shufflekit.core.wire import MAX_CLIENT_ID, Envelope
 
 CREDENTIAL_SIZE = 64  # an Ed25519 signature
+_WHAT = "an Ed25519 key"
 
 
 def credential_message(deployment: str, client_id: str) -> bytes:
     """What the enrollment key signs: the credential is valid for this client and deployment."""
     cid = client_id.encode("ascii")
     if not 1 <= len(cid) <= MAX_CLIENT_ID:
-        raise ValueError(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
+        raise InvalidInput(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
     return f"shufflekit-credential/v1|{check_name('deployment', deployment)}|".encode() + cid
-
-
-def _raw_b64(text: str, what: str) -> bytes:
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except ValueError:
-        raise ValueError(f"{what} is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"{what} is 32 bytes, got {len(raw)}")
-    return raw
 
 
 @dataclass(frozen=True)
@@ -58,24 +48,16 @@ class EnrollmentKey:
 
     @classmethod
     def from_private_b64(cls, text: str) -> EnrollmentKey:
-        """Load a key written by `private_b64`; ValueError if malformed."""
-        return cls(Ed25519PrivateKey.from_private_bytes(_raw_b64(text, "an Ed25519 key")))
+        """Load a key written by `private_b64`; InvalidKey if malformed."""
+        return cls(Ed25519PrivateKey.from_private_bytes(raw_key_from_b64(text.strip(), _WHAT)))
 
     def private_b64(self) -> str:
         """The private key as base64 of its 32 raw bytes (for the key file)."""
-        raw = self.private.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
-        return base64.b64encode(raw).decode()
+        return private_key_b64(self.private)
 
     def public_b64(self) -> str:
         """The verification key mix 0 is configured with (base64 of 32 raw bytes)."""
-        raw = self.private.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        return base64.b64encode(raw).decode()
+        return public_key_b64(self.private.public_key())
 
     def issue(self, deployment: str, client_id: str) -> bytes:
         """Enrol a client: its credential for `deployment` (64 bytes)."""
@@ -86,7 +68,7 @@ class CredentialVerifier:
     """Mix 0's side: checks that a client id carries a credential issued for this deployment."""
 
     def __init__(self, public_b64: str, deployment: str) -> None:
-        self.key = Ed25519PublicKey.from_public_bytes(_raw_b64(public_b64, "an Ed25519 key"))
+        self.key = Ed25519PublicKey.from_public_bytes(raw_key_from_b64(public_b64.strip(), _WHAT))
         self.deployment = check_name("deployment", deployment)
 
     def verify(self, client_id: str, credential: bytes | None) -> None:

@@ -8,18 +8,19 @@ analyzer is hop L. No hand-written crypto: `cryptography`'s HPKE does everything
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hpke, serialization
+from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from shufflekit.base.errors import InvalidReport
+from shufflekit.core.keytext import private_key_b64, public_key_b64, raw_key_from_b64
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 LAYER_OVERHEAD = 32 + 16  # encapsulated X25519 key + Poly1305 tag
+_WHAT = "an X25519 key"
 
 
 def layer_info(deployment: str, round_id: str, hop: int) -> bytes:
@@ -50,39 +51,21 @@ class KeyPair:
 
     def public_b64(self) -> str:
         """Public key as base64 of its 32 raw bytes (the announcement format)."""
-        return public_to_b64(self.public)
+        return public_key_b64(self.public)
 
     def private_b64(self) -> str:
         """Private key as base64 of its 32 raw bytes (for key files)."""
-        raw = self.private.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
-        return base64.b64encode(raw).decode()
+        return private_key_b64(self.private)
 
     @classmethod
     def from_private_b64(cls, text: str) -> KeyPair:
-        """Load a key pair written by `private_b64`."""
-        return cls(X25519PrivateKey.from_private_bytes(_b64_32(text)))
-
-
-def public_to_b64(key: X25519PublicKey) -> str:
-    """Encode a public key as base64 of its raw bytes."""
-    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.b64encode(raw).decode()
+        """Load a key pair written by `private_b64`; InvalidKey if malformed."""
+        return cls(X25519PrivateKey.from_private_bytes(raw_key_from_b64(text, _WHAT)))
 
 
 def public_from_b64(text: str) -> X25519PublicKey:
-    """Decode a public key from an announcement; ValueError if it is not 32 bytes."""
-    return X25519PublicKey.from_public_bytes(_b64_32(text))
-
-
-def _b64_32(text: str) -> bytes:
-    raw = base64.b64decode(text, validate=True)
-    if len(raw) != 32:
-        raise ValueError(f"an X25519 key is 32 bytes, got {len(raw)}")
-    return raw
+    """Decode a public key from an announcement; InvalidKey if it is not 32 bytes of base64."""
+    return X25519PublicKey.from_public_bytes(raw_key_from_b64(text, _WHAT))
 
 
 def seal_onion(

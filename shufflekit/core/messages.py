@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
 
 PROTOCOL_VERSION = 1
@@ -48,9 +47,9 @@ class Announcement(_Control):
         """Number of mixes L; the analyzer is hop L."""
         return len(self.mix_keys)
 
-    def seconds_left(self) -> float:
-        """Time until the deadline (negative once passed)."""
-        return self.deadline - time.time()
+    def seconds_left(self, clock: Clock = system_clock) -> float:
+        """Time until the deadline on `clock` (negative once passed)."""
+        return self.deadline - clock.time()
 
 
 class Close(_Control):

@@ -16,15 +16,16 @@ import contextlib
 import hashlib
 import json
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shufflekit.base.errors import InvalidReport, TransportError
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import InternalError, InvalidReport, TransportError
 from shufflekit.core.messages import Announcement, Close
 from shufflekit.core.transport.base import Message, Subscription, Transport, drain
+from shufflekit.core.waiting import within
 
 CLOSE_KEY = "close"  # the key of a round's close marker: the first one freezes mix 0's input
 UNKNOWN_ROUND_TTL = 86_400.0  # seconds: input for rounds this hop never served is dropped then
@@ -63,9 +64,13 @@ def digest_key(payload: bytes) -> str:
 
 
 class Spool:
-    """SQLite spool of one service (`path`), or in memory (`None`: in-process deployments)."""
+    """SQLite spool of one service (`path`), or in memory (`None`: in-process deployments).
 
-    def __init__(self, path: Path | None = None) -> None:
+    `clock` stamps arrivals and rounds, and expires input of rounds this hop never served.
+    """
+
+    def __init__(self, path: Path | None = None, *, clock: Clock = system_clock) -> None:
+        self.clock = clock
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -85,7 +90,7 @@ class Spool:
         """Spool `arrivals` in one transaction; those already spooled are counted as
         duplicates instead. Returns how many were new."""
         new = 0
-        now = time.time()
+        now = self.clock.time()
         with self._db:
             for a in arrivals:
                 cur = self._db.execute(
@@ -140,7 +145,8 @@ class Spool:
         """Freeze the round's input now unless it already is; returns the close marker's seq."""
         self.add([Arrival(round_id, "close", CLOSE_KEY, b"")])
         seq = self.close_seq(round_id)
-        assert seq is not None
+        if seq is None:
+            raise InternalError(f"round {round_id}: no close marker right after spooling it")
         return seq
 
     # ---------------------------------------------------------------- rounds
@@ -149,7 +155,7 @@ class Spool:
         with self._db:
             self._db.execute(
                 "insert or ignore into rounds values (?, ?, 'open', null, ?)",
-                (ann.round_id, ann.model_dump_json(), time.time()),
+                (ann.round_id, ann.model_dump_json(), self.clock.time()),
             )
         return self.state(ann.round_id) or "open"
 
@@ -207,7 +213,7 @@ class Spool:
             self._db.execute("delete from output where round_id = ?", (round_id,))
             self._db.execute(
                 "delete from inbox where at < ? and round_id not in (select round_id from rounds)",
-                (time.time() - UNKNOWN_ROUND_TTL,),
+                (self.clock.time() - UNKNOWN_ROUND_TTL,),
             )
 
 
@@ -218,12 +224,20 @@ class Inbox:
     """Spools every message of `filters` and acks it after the commit; wakes up readers.
 
     `classify` turns a message into an Arrival (None: junk, acked and dropped). Run it with
-    `run()` for the lifetime of a connection; readers wait for news with `changed()`.
+    `run()` for the lifetime of a connection; readers wait for news with `changed()`, for at
+    most a timeout measured on `clock`.
     """
 
     def __init__(
-        self, transport: Transport, spool: Spool, filters: Sequence[str], classify: Classify
+        self,
+        transport: Transport,
+        spool: Spool,
+        filters: Sequence[str],
+        classify: Classify,
+        *,
+        clock: Clock = system_clock,
     ) -> None:
+        self.clock = clock
         self.transport = transport
         self.spool = spool
         self.filters = list(filters)
@@ -276,9 +290,10 @@ class Inbox:
         returns the new version. TransportError once the connection is lost."""
         async with self._cond:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
+                await within(
                     self._cond.wait_for(lambda: self.version != seen or self.lost is not None),
                     timeout,
+                    self.clock,
                 )
             if self.lost is not None:
                 raise TransportError(f"input connection lost: {self.lost}")

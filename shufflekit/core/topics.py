@@ -7,7 +7,7 @@ shufflekit/{deployment}/round/{round}/close            coordinator: stop accepti
 shufflekit/{deployment}/round/{round}/abort            a hop released nothing
 shufflekit/{deployment}/round/{round}/result           the analyzer's published result
 
-The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/coordinator.py):
+The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/app/coordinator.py):
 
 shufflekit/{deployment}/prepare                        coordinator -> hops: the coming round
 shufflekit/{deployment}/round/{round}/ready            hops -> coordinator: subscribed, key ok

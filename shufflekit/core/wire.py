@@ -11,7 +11,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from shufflekit.base.errors import InvalidReport
+from shufflekit.base.errors import InternalError, InvalidInput, InvalidReport
 
 REPORT_VERSION = 1
 RANDOMIZER_KRR = 1
@@ -39,7 +39,7 @@ class Report:
     def encode(self) -> bytes:
         """Fixed-size encoding (6 bytes) so that ciphertexts do not leak the value by length."""
         if not 2 <= self.k <= 0xFFFF or not 0 <= self.value < self.k:
-            raise ValueError(f"report value {self.value} outside [0, {self.k})")
+            raise InvalidInput(f"report value {self.value} outside [0, {self.k})")
         return _REPORT.pack(REPORT_VERSION, RANDOMIZER_KRR, self.k, self.value)
 
     @classmethod
@@ -68,7 +68,7 @@ class Envelope:
     """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion.
 
     Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
-    names the round and carries the client's credential (shuffler/credentials.py), both outside
+    names the round and carries the client's credential (core/credentials.py), both outside
     the onion: mix 0 checks them and forwards only the peeled onion.
     """
 
@@ -83,15 +83,15 @@ class Envelope:
         onion."""
         cid = self.client_id.encode("ascii")
         if not 1 <= len(cid) <= MAX_CLIENT_ID:
-            raise ValueError(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
+            raise InvalidInput(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
         if self.round_id is None:
             if self.credential is not None:
-                raise ValueError("an envelope with a credential must name its round")
+                raise InvalidInput("an envelope with a credential must name its round")
             return bytes([ENVELOPE_VERSION, len(cid)]) + cid + self.onion
         rid = self.round_id.encode("ascii")
         cred = self.credential or b""
         if not 1 <= len(rid) <= MAX_ROUND_ID or len(cred) > MAX_CREDENTIAL:
-            raise ValueError("round id or credential too long for an envelope")
+            raise InvalidInput("round id or credential too long for an envelope")
         head = bytes([ENVELOPE_VERSION_CREDENTIAL, len(cid)]) + cid + bytes([len(rid)]) + rid
         return head + bytes([len(cred)]) + cred + self.onion
 
@@ -156,7 +156,7 @@ class Chunk:
     def encode(self, item_size: int) -> bytes:
         """Header then the concatenated items; every item must have `item_size` bytes."""
         if any(len(it) != item_size for it in self.items):
-            raise ValueError("all items of a chunk must have the same size")
+            raise InternalError("all items of a chunk must have the same size")
         head = _CHUNK.pack(CHUNK_VERSION, self.hop, self.index, item_size, len(self.items))
         return head + b"".join(self.items)
 

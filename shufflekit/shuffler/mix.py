@@ -2,9 +2,10 @@
 
 Mix 0 takes client envelopes: it keeps at most one report per client and per ciphertext,
 peels its layer and holds the batch until the deadline (or the coordinator's close). Below
-`n_min` it aborts and releases nothing. Otherwise it permutes with the OS CSPRNG and forwards
-in chunks with a manifest. Later mixes receive a verified batch, peel, de-duplicate, check
-`n_min` again, permute and forward. The last mix forwards to the analyzer (hop L).
+`n_min` it aborts and releases nothing. Otherwise it permutes (with the OS CSPRNG unless another
+`Randomness` is injected) and forwards in chunks with a manifest. Later mixes receive a verified
+batch, peel, de-duplicate, check `n_min` again, permute and forward. The last mix forwards to
+the analyzer (hop L).
 
 Input is spooled before it is acknowledged (shufflekit.core.spool): mix 0's batch is exactly the
 envelopes spooled before the round's close marker, and the permuted output is stored before it
@@ -15,27 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shufflekit.base.errors import InvalidReport, RoundAborted
-from shufflekit.core.batch import DEFAULT_CHUNK, await_batch, send_batch
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
+from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.credentials import CredentialVerifier, admit
 from shufflekit.core.crypto import KeyPair, onion_size, peel
-from shufflekit.core.messages import Abort, Announcement
-from shufflekit.core.shutdown import unless_stopped
-from shufflekit.core.spool import (
-    Arrival,
-    Inbox,
-    Spool,
-    classify_hop_input,
-    hop_filters,
-    running_inbox,
-)
-from shufflekit.core.topics import Topics
-from shufflekit.core.transport.base import Message, Transport
+from shufflekit.core.hop import Hop
+from shufflekit.core.messages import Announcement
+from shufflekit.core.spool import Inbox, Spool
+from shufflekit.core.transport.base import Transport
+from shufflekit.core.waiting import unless_stopped
 from shufflekit.core.wire import REPORT_SIZE, Envelope
 
 
@@ -69,11 +64,11 @@ class MixOutcome:
         )
 
 
-class MixNode:
-    """One mix of the cascade; `run_round` handles one announced round.
+class MixNode(Hop[MixOutcome]):
+    """One mix of the cascade (hop `index`); `run_round` (see `Hop`) serves one round.
 
-    `spool` keeps what the mix accepted and where each round is (default: in memory, for
-    in-process deployments; services give one under their state folder).
+    `rng` draws the permutation: the OS CSPRNG by default, as production needs; a simulation
+    may inject a seeded one. `spool`, `clock` and `batch_timeout`: see `Hop`.
     """
 
     def __init__(
@@ -87,75 +82,59 @@ class MixNode:
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
         credentials: CredentialVerifier | None = None,
+        clock: Clock = system_clock,
+        rng: Randomness | None = None,
     ) -> None:
-        self.transport = transport
-        self.topics = Topics(deployment)
-        self.deployment = deployment
+        super().__init__(
+            transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
+        )
         self.index = index
-        self.key = key
+        self.name = f"mix {index}"
         self.per_chunk = per_chunk
-        self.batch_timeout = batch_timeout
-        self.spool = spool if spool is not None else Spool()
         self.credentials = credentials
-        self._rng = secrets.SystemRandom()
+        self.rng: Randomness = rng if rng is not None else SystemRandomness()
 
     def inbox(self) -> Inbox:
         """The durable inbox of this mix's input (every round) on its transport."""
-        filters = hop_filters(self.deployment, self.index, close=self.index == 0)
-        return Inbox(self.transport, self.spool, filters, self.classify)
+        return self.hop_inbox(self.index)
 
-    def classify(self, msg: Message) -> Arrival | None:
-        """How the inbox keys an input message (see `classify_hop_input`)."""
-        return classify_hop_input(msg)
+    def hop_of(self, ann: Announcement) -> int:
+        return self.index
 
-    async def run_round(
-        self,
-        ann: Announcement,
-        ready: asyncio.Event | None = None,
-        stop: asyncio.Event | None = None,
-        inbox: Inbox | None = None,
+    def announced_key(self, ann: Announcement) -> str:
+        if self.index >= ann.hops:
+            raise ConfigError(f"{self.name}: the round has {ann.hops} mixes")
+        return ann.mix_keys[self.index]
+
+    async def _serve(
+        self, ann: Announcement, state: str, inbox: Inbox, stop: asyncio.Event | None
     ) -> MixOutcome:
         """Collect, check, permute and forward one round; publish an abort if nothing goes on.
-
-        `inbox` is the running inbox of this mix (None: one is run for this round). `ready` is
-        set once it is subscribed (so nothing sent is missed). `stop` set while the mix still
-        waits for input aborts the round (service shutdown); once the batch is complete the
-        round is finished. A round the spool holds as forwarding is forwarded again, as stored.
-        """
-        if ann.mix_keys[self.index] != self.key.public_b64():
-            raise ValueError(f"mix {self.index}: the announcement names another public key")
-        async with running_inbox(inbox, self.inbox) as inbox:
-            if ready is not None:
-                ready.set()
-            if self.spool.begin(ann) == "output":
-                items, stored = self.spool.output(ann.round_id)
-                return await self._forward(ann, items, MixOutcome.from_dict(stored))
-            outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
-            try:
-                if self.index == 0:
-                    items = await self._ingest(ann, outcome.counters, inbox, stop)
-                else:
-                    items = await self._receive(ann, outcome.counters, inbox, stop)
-                if len(items) < ann.n_min:
-                    raise RoundAborted(
-                        f"{len(items)} reports, below the release threshold {ann.n_min}"
-                    )
-            except RoundAborted as exc:
-                outcome.abort_reason = str(exc)
-                abort = Abort(
-                    round_id=ann.round_id,
-                    hop=self.index,
-                    reason=str(exc),
-                    received=outcome.counters.accepted,
-                )
-                await self.transport.publish(self.topics.abort(ann.round_id), abort.to_bytes())
-                self.spool.finish(ann.round_id, outcome.to_dict())
-                return outcome
-            self._rng.shuffle(items)
-            outcome.released = True
-            outcome.forwarded = len(items)
-            self.spool.save_output(ann.round_id, items, outcome.to_dict())
-            return await self._forward(ann, items, outcome)
+        Once the batch is complete the round is finished, `stop` or not. A round the spool
+        holds as forwarding (`state` output) is forwarded again, as stored."""
+        if state == "output":
+            items, stored = self.spool.output(ann.round_id)
+            return await self._forward(ann, items, MixOutcome.from_dict(stored))
+        outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+        try:
+            if self.index == 0:
+                close = await self._closed(ann, inbox, stop)
+                items = self._ingest(ann, close, outcome.counters)
+            else:
+                size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
+                batch = await self.receive_batch(ann, size, inbox, stop)
+                items = self._peel_batch(ann, batch, outcome.counters)
+            if len(items) < ann.n_min:
+                raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
+        except RoundAborted as exc:
+            outcome.abort_reason = str(exc)
+            await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            return outcome
+        self.rng.shuffle(items)
+        outcome.released = True
+        outcome.forwarded = len(items)
+        self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        return await self._forward(ann, items, outcome)
 
     async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
         """Send the stored permuted batch to the next hop, then mark the round done."""
@@ -172,19 +151,29 @@ class MixNode:
         self.spool.finish(ann.round_id, out.to_dict())
         return out
 
-    async def _ingest(
-        self,
-        ann: Announcement,
-        counters: RejectionCounter,
-        inbox: Inbox,
-        stop: asyncio.Event | None = None,
-    ) -> list[bytes]:
-        """Mix 0: the envelopes spooled until the close (or the deadline), checked in arrival
+    async def _closed(self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None) -> int:
+        """Mix 0: the seq of the round's close marker, where its input is frozen; waits for
+        the coordinator's close or the deadline unless the spool already holds it."""
+        close = self.spool.close_seq(ann.round_id)
+        if close is not None:
+            return close
+        return await unless_stopped(self._until_closed(ann, inbox), stop, self.name)
+
+    async def _until_closed(self, ann: Announcement, inbox: Inbox) -> int:
+        """Wait for the coordinator's close (spooled by the inbox) or the deadline; then the
+        round's input is frozen at its close marker, whose seq this returns."""
+        seen = -1
+        while (close := self.spool.close_seq(ann.round_id)) is None:
+            left = ann.seconds_left(self.clock)
+            if left <= 0:
+                return self.spool.close_round(ann.round_id)  # the deadline: the normal end
+            seen = await inbox.changed(seen, left)
+        return close
+
+    def _ingest(self, ann: Announcement, close: int, counters: RejectionCounter) -> list[bytes]:
+        """Mix 0: the envelopes spooled before the close marker `close`, checked in arrival
         order: one report per client and per ciphertext, each peeled."""
         rid = ann.round_id
-        close = self.spool.close_seq(rid)
-        if close is None:
-            close = await unless_stopped(self._until_closed(ann, inbox), stop, "mix 0")
         size = onion_size(REPORT_SIZE, ann.hops + 1)
         seen_clients: set[str] = set()
         seen_digests: set[bytes] = set()
@@ -210,32 +199,10 @@ class MixNode:
             counters.accept()
         return items
 
-    async def _until_closed(self, ann: Announcement, inbox: Inbox) -> int:
-        """Wait for the coordinator's close (spooled by the inbox) or the deadline; then the
-        round's input is frozen at its close marker, whose seq this returns."""
-        seen = -1
-        while (close := self.spool.close_seq(ann.round_id)) is None:
-            left = ann.seconds_left()
-            if left <= 0:
-                return self.spool.close_round(ann.round_id)  # the deadline: the normal end
-            seen = await inbox.changed(seen, left)
-        return close
-
-    async def _receive(
-        self,
-        ann: Announcement,
-        counters: RejectionCounter,
-        inbox: Inbox,
-        stop: asyncio.Event | None = None,
+    def _peel_batch(
+        self, ann: Announcement, batch: list[bytes], counters: RejectionCounter
     ) -> list[bytes]:
-        """Mix i > 0: a verified batch from mix i-1, peeled and de-duplicated."""
-        size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
-        timeout = max(ann.seconds_left(), 0.0) + self.batch_timeout
-        batch = await unless_stopped(
-            await_batch(self.spool, inbox, ann.round_id, self.index, size, timeout),
-            stop,
-            f"mix {self.index}",
-        )
+        """Mix i > 0: the verified batch from mix i-1, peeled and de-duplicated."""
         seen: set[bytes] = set()
         items: list[bytes] = []
         for ct in batch:

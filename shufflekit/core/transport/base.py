@@ -13,7 +13,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 
+from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import TransportError
+from shufflekit.core.waiting import within
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,10 @@ class Subscription:
         """Called by the transport when the connection ends: iteration stops."""
         self._queue.put_nowait(None)
 
-    async def get(self, timeout: float | None = None) -> Message:
-        """Next message; TimeoutError after `timeout` seconds, TransportError if closed."""
-        msg = await asyncio.wait_for(self._queue.get(), timeout)
+    async def get(self, timeout: float | None = None, *, clock: Clock = system_clock) -> Message:
+        """Next message; TimeoutError after `timeout` seconds of `clock`, TransportError if
+        closed."""
+        msg = await within(self._queue.get(), timeout, clock)
         if msg is None:
             self._queue.put_nowait(None)
             raise TransportError(f"subscription {self.topic_filter!r} closed")

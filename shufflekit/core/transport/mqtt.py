@@ -29,18 +29,38 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import aiomqtt
-import paho.mqtt.client as paho
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from shufflekit.base.errors import ConfigError, TransportError
+from shufflekit.base.errors import (
+    BrokerAccessDenied,
+    BrokerAuthError,
+    BrokerTLSError,
+    ConfigError,
+    TransportError,
+)
 from shufflekit.core.transport.base import Message, Subscription, Transport, topic_matches
+from shufflekit.core.transport.mqtt_link import ClosedBeforeConnack, MqttLink
+
+__all__ = [
+    "ENV_CA_FILE",
+    "ENV_CERT_FILE",
+    "ENV_KEY_FILE",
+    "ENV_PASSWORD",
+    "ENV_USERNAME",
+    "BrokerAccessDenied",
+    "BrokerAddress",
+    "BrokerAuthError",
+    "BrokerTLSError",
+    "MqttMessage",
+    "MqttTransport",
+]
 
 # Environment variables read by BrokerAddress.parse when neither the URL nor an argument
 # gives the value (the password belongs here or in a secret file, not on a command line).
@@ -53,22 +73,6 @@ ENV_KEY_FILE = "SHUFFLEKIT_MQTT_KEY_FILE"
 # CONNACK codes meaning "these credentials are not accepted": MQTT 5 (bad user name or
 # password, not authorized, bad authentication method) and MQTT 3.1.1 (4, 5).
 _LOGIN_REFUSED = {0x86, 0x87, 0x8C, 4, 5}
-
-
-class BrokerTLSError(TransportError):
-    """The TLS handshake with the broker failed (untrusted certificate, wrong host, not TLS)."""
-
-
-class BrokerAuthError(TransportError):
-    """The broker refused the login: unknown user, wrong password or no credentials."""
-
-
-class BrokerAccessDenied(TransportError):
-    """The broker's ACL refused a publish or a subscription for this account."""
-
-    def __init__(self, message: str, topic: str) -> None:
-        super().__init__(message)
-        self.topic = topic
 
 
 def _path(value: str | os.PathLike[str] | None) -> Path | None:
@@ -213,84 +217,6 @@ class MqttMessage(Message):
     qos: int = 0
 
 
-class _ClosedBeforeConnack(aiomqtt.MqttError):
-    """The broker closed the connection before it answered the CONNECT."""
-
-
-class _Client(aiomqtt.Client):
-    """aiomqtt.Client that reports the broker's PUBACK reason code (aiomqtt drops it), and
-    fails at once when the broker hangs up before answering the login (aiomqtt waits for its
-    whole timeout: a plain connection to a TLS port would hang for 30 s) or while publishes
-    wait for their PUBACK (a broker restart: the publisher should reconnect and resend).
-
-    A QoS 1 publish that an ACL denies is acknowledged with "Not authorized" under MQTT 5;
-    without this the publisher believes it delivered a message nobody will ever receive.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._acks: dict[int, asyncio.Future[ReasonCode | None]] = {}
-        self._logging_in = False
-
-    async def __aenter__(self) -> Self:
-        self._logging_in = True
-        try:
-            return await super().__aenter__()
-        finally:
-            self._logging_in = False
-
-    async def publish_qos1(
-        self, topic: str, payload: bytes, *, retain: bool, timeout: float
-    ) -> ReasonCode | None:
-        """Publish with QoS 1 and wait for the PUBACK; returns its reason code if a failure."""
-        paho_client: paho.Client = self._client
-        info = paho_client.publish(topic, payload, qos=1, retain=retain)
-        if info.rc != paho.MQTT_ERR_SUCCESS:
-            raise aiomqtt.MqttCodeError(info.rc, "Could not publish message")
-        ack: asyncio.Future[ReasonCode | None] = asyncio.get_running_loop().create_future()
-        self._acks[info.mid] = ack
-        try:
-            return await asyncio.wait_for(ack, timeout)
-        except TimeoutError:
-            raise aiomqtt.MqttError("Operation timed out") from None
-        finally:
-            self._acks.pop(info.mid, None)
-
-    def _on_publish(
-        self,
-        client: paho.Client,
-        userdata: Any,
-        mid: int,
-        reason_code: ReasonCode,
-        properties: Any,
-    ) -> None:
-        ack = self._acks.pop(mid, None)
-        if ack is not None and not ack.done():
-            failed = isinstance(reason_code, ReasonCode) and reason_code.is_failure
-            ack.set_result(reason_code if failed else None)
-        super()._on_publish(client, userdata, mid, reason_code, properties)
-
-    def _on_disconnect(
-        self,
-        client: paho.Client,
-        userdata: Any,
-        flags: Any,
-        reason_code: ReasonCode,
-        properties: Any = None,
-    ) -> None:
-        connected: asyncio.Future[None] = self._connected
-        if self._logging_in and not connected.done():  # __aenter__ awaits it
-            connected.set_exception(_ClosedBeforeConnack(str(reason_code)))
-        # Publishes still waiting for their PUBACK will never get it on this connection (a
-        # new one is a new client): fail them now, not after the whole timeout, so a
-        # publisher reconnects and resends at once when the broker goes away.
-        acks, self._acks = self._acks, {}
-        for ack in acks.values():
-            if not ack.done():
-                ack.set_exception(aiomqtt.MqttError(f"connection lost ({reason_code})"))
-        super()._on_disconnect(client, userdata, flags, reason_code, properties)
-
-
 class MqttTransport(Transport):
     """A connection to an MQTT 5 broker."""
 
@@ -316,7 +242,7 @@ class MqttTransport(Transport):
         self._inflight = asyncio.Semaphore(max_inflight)
         self._max_inflight = max_inflight
         self._timeout = timeout
-        self._client: _Client | None = None
+        self._link: MqttLink | None = None
         self._subs: list[Subscription] = []
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -335,7 +261,7 @@ class MqttTransport(Transport):
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = self._session_expiry
             session = {"clean_start": False, "properties": props}
-        self._client = _Client(
+        client = aiomqtt.Client(
             addr.host,
             addr.port,
             username=addr.username,
@@ -347,15 +273,13 @@ class MqttTransport(Transport):
             max_inflight_messages=self._max_inflight,
             **session,
         )
-        if self._durable:
-            paho_client: paho.Client = self._client._client
-            paho_client.manual_ack_set(True)
+        link = MqttLink(client, manual_ack=bool(self._durable))
         self._held.clear()
         try:
-            await self._client.__aenter__()
+            await link.open()
         except aiomqtt.MqttError as exc:
-            self._client = None
             raise self._connect_error(exc) from exc
+        self._link = link
         self._dispatcher = asyncio.create_task(self._dispatch(), name=f"mqtt-{self._client_id}")
 
     def _connect_error(self, exc: aiomqtt.MqttError) -> TransportError:
@@ -377,7 +301,7 @@ class MqttTransport(Transport):
                 f"TLS handshake with {addr} failed ({reason or cause}); is that port the "
                 "broker's TLS listener, and does it accept this client certificate?"
             )
-        if isinstance(exc, _ClosedBeforeConnack):
+        if isinstance(exc, ClosedBeforeConnack):
             hint = (
                 "does it require a client certificate?"
                 if addr.tls
@@ -405,28 +329,27 @@ class MqttTransport(Transport):
         for sub in self._subs:
             sub.end()
         self._subs.clear()
-        if self._client is not None:
-            client, self._client = self._client, None
-            with contextlib.suppress(aiomqtt.MqttError):
-                await client.__aexit__(None, None, None)
+        if self._link is not None:
+            link, self._link = self._link, None
+            await link.close()
 
-    def _require(self) -> _Client:
-        if self._client is None:
+    def _require(self) -> MqttLink:
+        if self._link is None:
             raise TransportError("MQTT transport is not connected")
-        return self._client
+        return self._link
 
     def _who(self) -> str:
         return f"account {self._address.username!r}" if self._address.username else "this client"
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish with QoS 1; BrokerAccessDenied if the broker's ACL refuses the topic."""
-        client = self._require()
+        link = self._require()
         async with self._inflight:
             try:
-                refused = await client.publish_qos1(
+                refused = await link.publish_qos1(
                     topic, payload, retain=retain, timeout=self._timeout
                 )
-            except aiomqtt.MqttError as exc:
+            except TransportError as exc:
                 raise TransportError(f"publish to {topic!r} failed: {exc}") from exc
         if refused is not None:
             raise BrokerAccessDenied(
@@ -440,16 +363,15 @@ class MqttTransport(Transport):
 
     def ack(self, message: Message) -> None:
         """Acknowledge a message of a durable filter (its PUBACK); no-op for any other."""
-        client = self._client
-        if client is None or not self._durable or not isinstance(message, MqttMessage):
+        link = self._link
+        if link is None or not self._durable or not isinstance(message, MqttMessage):
             return
         if message.qos > 0:
-            paho_client: paho.Client = client._client
-            paho_client.ack(message.mid, message.qos)
+            link.ack(message.mid, message.qos)
 
     @asynccontextmanager
     async def _subscription(self, topic_filter: str) -> AsyncIterator[Subscription]:
-        client = self._require()
+        client = self._require().client
         sub = Subscription(topic_filter)
         self._subs.append(sub)
         try:
@@ -475,15 +397,15 @@ class MqttTransport(Transport):
             if sub in self._subs:
                 self._subs.remove(sub)
             if (
-                self._client is not None
+                self._link is not None
                 and topic_filter not in self._durable  # the session keeps queueing for it
                 and not any(s.topic_filter == topic_filter for s in self._subs)
             ):
                 with contextlib.suppress(aiomqtt.MqttError):
-                    await self._client.unsubscribe(topic_filter, timeout=self._timeout)
+                    await self._link.client.unsubscribe(topic_filter, timeout=self._timeout)
 
     async def _dispatch(self) -> None:
-        client = self._require()
+        client = self._require().client
         try:
             async for m in client.messages:
                 payload = m.payload if isinstance(m.payload, bytes | bytearray) else b""
