@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare, norm
 
+from shufflekit.analyzer.estimators import round_counts
 from shufflekit.app.datasets import (
     DATASETS,
     PROBS_SUM_TOLERANCE,
@@ -16,7 +17,6 @@ from shufflekit.app.datasets import (
     dataset_k,
     from_csv,
     from_probabilities,
-    largest_remainder,
     make_dataset,
     normal_binned,
     parse_probabilities,
@@ -101,7 +101,7 @@ def test_sampling_law_and_exact_histogram(name: str) -> None:
 
 
 def test_helpers_and_unknown_dataset() -> None:
-    assert largest_remainder([1 / 3] * 3, 10).tolist() == [4, 3, 3]
+    assert round_counts([1 / 3] * 3, 10).tolist() == [4, 3, 3]
     assert values_from_histogram([2, 0, 1]).tolist() == [0, 0, 2]
     with pytest.raises(DatasetError, match="unknown dataset"):
         make_dataset("gowalla", 10)

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtr
 
+from shufflekit.analyzer.estimators import round_counts
 from shufflekit.base.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
@@ -77,18 +78,7 @@ class Dataset:
     def exact_histogram(self, n: int) -> IntArray:
         """The deterministic histogram of n users closest to n * probabilities (sums to n)."""
         _check_n(n)
-        return largest_remainder(self.probabilities, n)
-
-
-def largest_remainder(probabilities: npt.ArrayLike, n: int) -> IntArray:
-    """Integer counts summing to n: floor(n p) plus one for the largest fractional parts."""
-    scaled = np.asarray(probabilities, dtype=np.float64) * n
-    counts = np.floor(scaled).astype(np.int64)
-    missing = int(n - counts.sum())
-    if missing > 0:
-        order = np.argsort(-(scaled - counts), kind="stable")
-        counts[order[:missing]] += 1
-    return counts
+        return round_counts(self.probabilities, n)
 
 
 def values_from_histogram(counts: npt.ArrayLike) -> IntArray:
@@ -339,7 +329,6 @@ __all__ = [
     "dataset_k",
     "from_csv",
     "from_probabilities",
-    "largest_remainder",
     "make_dataset",
     "normal_binned",
     "parse_probabilities",

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
-from shufflekit.base.errors import InvalidReport, TransportError
+from shufflekit.base.errors import ConfigError, InvalidReport, TransportError
 from shufflekit.core.messages import Announcement, Ready
-from shufflekit.core.spool import Inbox
+from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
 from shufflekit.shuffler.mix import MixNode
 
@@ -42,22 +42,12 @@ class HopRunner:
         if isinstance(self.node, Analyzer) and self.node.hops is None:
             yield
             return
-        inbox = self.node.inbox()
-        subscribed = asyncio.Event()
-        task = asyncio.create_task(inbox.run(subscribed))
-        waiter = asyncio.create_task(subscribed.wait())
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if task.done():
-            task.result()  # could not subscribe: raise why
-        self.inbox = inbox
-        try:
-            yield
-        finally:
-            self.inbox = None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TransportError):
-                await task
+        async with running_inbox(None, self.node.inbox) as inbox:
+            self.inbox = inbox
+            try:
+                yield
+            finally:
+                self.inbox = None
 
     @property
     def name(self) -> str:
@@ -66,20 +56,18 @@ class HopRunner:
 
     def hop(self, ann: Announcement) -> int:
         """This node's hop in the announced cascade (the analyzer is hop L)."""
-        return self.node.index if isinstance(self.node, MixNode) else ann.hops
+        return self.node.hop_of(ann)
 
     def refusal(self, ann: Announcement) -> str | None:
         """Why this node cannot serve the announced round, or None if it can."""
         if ann.deployment != self.deployment:
             return f"announcement for deployment {ann.deployment!r}"
-        own = self.node.key.public_b64()
-        if isinstance(self.node, MixNode):
-            if self.node.index >= ann.hops:
-                return f"the round has {ann.hops} mixes, this is mix {self.node.index}"
-            if ann.mix_keys[self.node.index] != own:
-                return f"the round names another public key for mix {self.node.index}"
-        elif ann.analyzer_key != own:
-            return "the round names another analyzer public key"
+        try:
+            key = self.node.announced_key(ann)
+        except ConfigError as exc:
+            return str(exc)
+        if key != self.node.key.public_b64():
+            return f"the round names another public key for {self.node.name}"
         return None
 
     async def run_round(

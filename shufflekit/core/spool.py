@@ -344,5 +344,5 @@ async def running_inbox(inbox: Inbox | None, make: Callable[[], Inbox]) -> Async
         yield own
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        with contextlib.suppress(asyncio.CancelledError, TransportError):
+            await task  # a connection lost meanwhile is the caller's to handle, not ours
