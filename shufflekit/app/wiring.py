@@ -76,6 +76,8 @@ class Wiring:
             batch_timeout=self.batch_timeout,
             spool=spool,
             credentials=credentials,
+            clock=self.clock,
+            rng=self.rng,
         )
 
     def analyzer(
@@ -93,6 +95,7 @@ class Wiring:
             batch_timeout=self.batch_timeout,
             spool=spool,
             hops=self.mixes,
+            clock=self.clock,
         )
 
     def coordinator(

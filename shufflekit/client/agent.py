@@ -26,7 +26,7 @@ def build_onion(value: int, ann: Announcement, rng: Randomness | None = None) ->
     onion (analyzer innermost)."""
     report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, rng))
     keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
-    return seal_onion(report.encode(), keys, ann.deployment, ann.round_id)
+    return seal_onion(report.encode(), keys, ann.deployment, ann.round_id, rng)
 
 
 def wrap_envelope(
