@@ -184,7 +184,9 @@ class Coordinator:
             known[driving.round_id] = driving
         else:  # a restarted coordinator: the broker's retained announcement says
             with contextlib.suppress(TimeoutError):
-                current = await current_announcement(self.transport, self.deployment, RETAINED_WAIT)
+                current = await current_announcement(
+                    self.transport, self.deployment, RETAINED_WAIT, clock=self.clock
+                )
                 known[current.round_id] = current
         reports = []
         for rid in reserved:

@@ -69,10 +69,14 @@ class ClientAgent:
         self.credential = credential
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
 
+    def envelope(self, ann: Announcement) -> bytes:
+        """This user's report for the announced round, ready for mix 0 (send it, or resend
+        the same bytes until it is acknowledged)."""
+        return build_envelope(self.client_id, self.value, ann, self.credential, self.rng)
+
     async def answer(self, transport: Transport, ann: Announcement) -> None:
         """Send this user's report for the announced round to mix 0."""
-        payload = build_envelope(self.client_id, self.value, ann, self.credential, self.rng)
-        await transport.publish(Topics(ann.deployment).data(ann.round_id, 0), payload)
+        await transport.publish(Topics(ann.deployment).data(ann.round_id, 0), self.envelope(ann))
 
 
 async def current_announcement(

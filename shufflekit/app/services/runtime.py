@@ -226,8 +226,8 @@ async def serve_mix(
     elif i == 0:
         log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
-    spool = Spool(cfg.spool_path(f"mix{i}"))
     env = env or DEFAULT_ENV
+    spool = Spool(cfg.spool_path(f"mix{i}"), clock=env.clock)
     wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
     def node(t: Transport) -> MixNode:
@@ -261,7 +261,7 @@ async def serve_analyzer(
         estimator=cfg.analyzer.estimator,
         batch_timeout=cfg.analyzer.batch_timeout,
     )
-    spool = Spool(cfg.spool_path("analyzer"))
+    spool = Spool(cfg.spool_path("analyzer"), clock=env.clock)
 
     def node(t: Transport) -> Analyzer:
         return wiring.analyzer(t, key, spool=spool)

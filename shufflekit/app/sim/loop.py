@@ -9,8 +9,9 @@ in-memory transport and runs blocking calls (the SQLite ledger) inline.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from shufflekit.base.clock import VirtualClock
@@ -21,6 +22,13 @@ T = TypeVar("T")
 
 class SimulationStalled(InternalError):
     """Every task waits for something that no timer or message will ever bring."""
+
+
+GRID = 1_000_000  # virtual time is kept on a microsecond grid: no float drift between runs
+
+
+def _snap(t: float) -> float:
+    return math.ceil(round(t * GRID, 3)) / GRID
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -36,7 +44,7 @@ class _VirtualSelector(selectors.DefaultSelector):
             return events
         if timeout is None:
             raise SimulationStalled("every task is waiting and no timer is pending")
-        self._clock.advance(timeout)
+        self._clock.now = _snap(self._clock.now + timeout)
         return []
 
 
@@ -49,6 +57,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.clock.monotonic()
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """Timers land on the grid, so the same program always sees the same times."""
+        return super().call_at(_snap(when), callback, *args, context=context)
 
 
 def run_virtual(main: Coroutine[Any, Any, T], clock: VirtualClock | None = None) -> T:

@@ -90,12 +90,14 @@ class FaultyBroker:
         plan: FaultPlan | None = None,
         *,
         on_event: EventSink | None = None,
+        tap: Callable[[str, str, bytes], None] | None = None,
         persistence: bool = True,
     ) -> None:
         self.rng = rng
         self.plan = plan or FaultPlan()
         self.persistence = persistence
         self._emit = on_event or (lambda *a, **k: None)
+        self._tap = tap  # sees (sender, topic, payload) of every accepted publish: checkers
         self._sessions: dict[str, _Session] = {}
         self._retained: dict[str, bytes] = {}
         self._mids = itertools.count(1)
@@ -111,7 +113,8 @@ class FaultyBroker:
         self._emit("fault", kind=kind, **fields)
 
     def cut(self, client_id: str, reason: str = "disconnect") -> bool:
-        """Cut the connection of `client_id` (its session stays if persistent)."""
+        """Cut the connection of `client_id` (its session stays if persistent); `reason` is
+        the fault counted (a role's crash cuts its connection too)."""
         s = self._sessions.get(client_id)
         if s is None or s.conn is None:
             return False
@@ -201,6 +204,8 @@ class FaultyBroker:
             else:
                 self._retained.pop(topic, None)
         self._emit("publish", client=sender, topic=topic, retain=retain)
+        if self._tap is not None:
+            self._tap(sender, topic, payload)
         for s in list(self._sessions.values()):
             if s.wants(topic):
                 msg = FaultyMessage(topic, payload, next(self._mids))

@@ -1,0 +1,383 @@
+"""One seed of a whole deployment, simulated: the real services on a faulty broker and a
+virtual clock, with crashes, restarts and a flaky ledger, checked after every step.
+
+The mixes, the analyzer and the coordinator are the very `serve_*` loops of
+`shufflekit serve ...` (`ServiceEnv` hands them the simulated broker, the virtual clock,
+seeded randomness and inline ledger calls); the ledger is SQLite in a temporary folder; the
+clients are the real client agents, answering over one shared connection and retrying a
+report until the broker acknowledges it or the deadline passes. Only the transport, the
+clock, the randomness, the cipher (the seeded stand-in unless `real_crypto`) and the process
+boundaries are simulated. A crash drops a role's memory (its task and connection) and keeps
+exactly what it committed to disk (spool, ledger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.services.config import (
+    AnalyzerSettings,
+    CoordinatorSettings,
+    MixSettings,
+    ServiceConfig,
+)
+from shufflekit.app.services.keys import KeyFiles
+from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
+from shufflekit.app.sim.invariants import Checker, Violation
+from shufflekit.app.sim.loop import run_virtual
+from shufflekit.app.sim.trace import Trace, topic_parts
+from shufflekit.base.clock import VirtualClock
+from shufflekit.base.errors import InvalidReport, LedgerError, TransportError
+from shufflekit.base.random import SeededRandomness
+from shufflekit.client.agent import ClientAgent
+from shufflekit.core import standin
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Transport
+from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
+
+FAULT_KINDS = (
+    "drop",
+    "duplicate",
+    "delay",
+    "reorder",
+    "disconnect",
+    "broker_restart",
+    "crash",
+    "ledger_busy",
+)
+DEPLOYMENT = "sim"
+N_MIN = 10
+CLIENTS = "sim-clients"
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One seed's parameters (the deployment's are fixed: k = 4, eps0 = 1, n_min = 10)."""
+
+    seed: int
+    users: int = 200
+    mixes: int = 2
+    rounds: int = 2
+    faults: frozenset[str] = frozenset(FAULT_KINDS)
+    real_crypto: bool = False
+    keep_trace: bool = False
+    k: int = 4
+    eps0: float = 1.0
+    deadline: float = 20.0
+    batch_timeout: float = 10.0
+
+
+@dataclass
+class SeedOutcome:
+    """What one seed did and found."""
+
+    seed: int
+    rounds_run: int = 0
+    rounds_released: int = 0
+    rounds_refunded: int = 0
+    reports_acknowledged: int = 0
+    reports_counted: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    trace_sha256: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    tail: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _plan(spec: SimSpec, rng: SeededRandomness) -> FaultPlan:
+    """This seed's fault probabilities, each drawn up to a ceiling."""
+    ceiling = {"drop": 0.05, "duplicate": 0.05, "delay": 0.05, "reorder": 0.05, "disconnect": 0.003}
+    p = {k: (c * rng.random() if k in spec.faults else 0.0) for k, c in ceiling.items()}
+    return FaultPlan(LinkFaults(**p, max_delay=0.5 * spec.deadline))
+
+
+class World:
+    """The simulated deployment of one seed."""
+
+    def __init__(self, spec: SimSpec, folder: Path) -> None:
+        self.spec = spec
+        self.clock = VirtualClock()
+        self.rng = SeededRandomness(spec.seed)
+        self.trace = Trace(keep=spec.keep_trace)
+        self.checker = Checker(N_MIN, spec.eps0 * spec.rounds)
+        persistence = "broker_restart" not in spec.faults or self.rng.random() < 0.5
+        self.broker = FaultyBroker(
+            self.rng.fork("broker"),
+            _plan(spec, self.rng.fork("plan")),
+            on_event=self._broker_event,
+            tap=self._tap,
+            persistence=persistence,
+        )
+        self.cfg = self._config(folder)
+        self.ledger = Ledger(self.cfg.ledger_url())
+        self.ledger.init_budget(
+            Budget(DEPLOYMENT, spec.eps0 * spec.rounds, 1e-6, n_min=N_MIN, cost_model="ldp")
+        )
+        self.ledger_rng = self.rng.fork("ledger")
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.stops: dict[str, asyncio.Event] = {}
+        self.incarnation: dict[str, int] = {}
+        self.rounds_done = 0
+        self.coordinator_finished = asyncio.Event()
+        self.clients: FaultyTransport | None = None
+        self.seen_rounds: list[str] = []
+
+    # ------------------------------------------------------------------ set-up
+    def _config(self, folder: Path) -> ServiceConfig:
+        spec = self.spec
+        keys = folder / "keys"
+        keys.mkdir()
+        for i, name in enumerate([*(f"mix{i}" for i in range(spec.mixes)), "analyzer"]):
+            key_rng = self.rng.fork(f"key-{i}")
+            pair = KeyPair.generate(key_rng) if spec.real_crypto else KeyPair.standin(key_rng)
+            files = KeyFiles.of(keys, name)
+            files.private.touch(mode=0o600)
+            files.private.write_text(pair.private_b64() + "\n")
+            files.public.write_text(pair.public_b64() + "\n")
+        return ServiceConfig(
+            broker="mqtt://simulated.invalid:1883",
+            deployment=DEPLOYMENT,
+            mixes=spec.mixes,
+            keys_dir=keys,
+            state_dir=folder,
+            mix=MixSettings(batch_timeout=spec.batch_timeout),
+            analyzer=AnalyzerSettings(batch_timeout=spec.batch_timeout),
+            coordinator=CoordinatorSettings(
+                k=spec.k,
+                eps0=spec.eps0,
+                n_min=N_MIN,
+                deadline=spec.deadline,
+                interval=1.0,
+                ready_timeout=spec.batch_timeout,
+                batch_timeout=spec.batch_timeout,
+            ),
+        )
+
+    def roles(self) -> list[str]:
+        return [*(f"mix{i}" for i in range(self.spec.mixes)), "analyzer", "coordinator"]
+
+    # ------------------------------------------------------------------ events and checks
+    def event(self, actor: str, name: str, **fields: Any) -> None:
+        self.trace.add(self.clock.monotonic(), actor, name, **fields)
+
+    def _check(self) -> None:
+        """A violation stops the seed: every role is halted at the next scheduling point."""
+        if self.checker.violations:
+            asyncio.get_running_loop().call_soon(self._halt)
+
+    def _broker_event(self, name: str, **fields: Any) -> None:
+        actor = str(fields.pop("client", "broker"))
+        self.event(actor, name, **fields)
+
+    def _tap(self, sender: str, topic: str, payload: bytes) -> None:
+        parts = topic_parts(topic)
+        now = self.clock.monotonic()
+        self.checker.on_publish(now, sender, parts)
+        if parts["kind"] == "announce" and payload:
+            with contextlib.suppress(InvalidReport):
+                ann = Announcement.from_bytes(payload)
+                if isinstance(ann, Announcement) and ann.round_id not in self.seen_rounds:
+                    self.seen_rounds.append(ann.round_id)
+                    self.checker.round(ann.round_id).deadline = ann.deadline - self.clock.epoch
+                    asyncio.get_running_loop().create_task(self._answer(ann))
+        elif parts["kind"] == "result":
+            with contextlib.suppress(InvalidReport):
+                res = Result.from_bytes(payload)
+                if isinstance(res, Result):
+                    self.checker.on_result(now, res.round_id, res.batch_size)
+        self._check()
+
+    def _halt(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        self.coordinator_finished.set()
+
+    async def _offload(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Ledger calls, inline; sometimes the database is busy (a transient LedgerError)."""
+        await asyncio.sleep(0)
+        name = getattr(fn, "__name__", "call")
+        if "ledger_busy" in self.spec.faults and self.ledger_rng.random() < 0.03:
+            self.broker.injected["ledger_busy"] = self.broker.injected.get("ledger_busy", 0) + 1
+            self.event("ledger", "fault", kind="ledger_busy", call=name)
+            raise LedgerError("database is locked (simulated)")
+        out = fn(*args, **kwargs)
+        if name in ("reserve", "commit", "refund"):
+            status = self.ledger.status(DEPLOYMENT)
+            statuses = {r.round_id: r.status for r in status.rounds}
+            self.event("ledger", name, spent=round(status.epsilon_reserved, 9))
+            self.checker.on_ledger(self.clock.monotonic(), status.epsilon_reserved, statuses)
+            self._check()
+        return out
+
+    # ------------------------------------------------------------------ services
+    def _connector(
+        self, cfg: ServiceConfig, name: str, durable: Sequence[str]
+    ) -> Callable[[], Transport]:
+        cid = cfg.client_id(name)
+        return lambda: self.broker.connect(cid, persistent=bool(durable), durable_filters=durable)
+
+    def _env(self, role: str) -> ServiceEnv:
+        n = self.incarnation.get(role, 0)
+        return ServiceEnv(
+            connector=self._connector,
+            clock=self.clock,
+            rng=self.rng.fork(f"{role}-{n}"),
+            offload=self._offload,
+        )
+
+    def _emit(self, role: str) -> Callable[[dict[str, Any]], None]:
+        def emit(obj: dict[str, Any]) -> None:
+            if role == "coordinator":
+                self.rounds_done += 1
+                self.event(role, "round", released=obj.get("released"))
+            else:
+                self.event(role, "outcome", accepted=obj.get("accepted"))
+
+        return emit
+
+    def _serve(self, role: str, stop: asyncio.Event) -> Coroutine[Any, Any, int]:
+        env, emit = self._env(role), self._emit(role)
+        if role.startswith("mix"):
+            return serve_mix(self.cfg, int(role[3:]), stop, emit, env)
+        if role == "analyzer":
+            return serve_analyzer(self.cfg, stop, emit, env)
+        left = max(0, self.spec.rounds - self.rounds_done)
+        return serve_coordinator(self.cfg, stop, rounds=left, emit=emit, env=env)
+
+    def start(self, role: str) -> None:
+        self.incarnation[role] = self.incarnation.get(role, 0) + 1
+        self.stops[role] = stop = asyncio.Event()
+        self.event(role, "start", incarnation=self.incarnation[role])
+        task = asyncio.get_running_loop().create_task(self._serve(role, stop))
+        task.add_done_callback(functools.partial(self._ended, role))
+        self.tasks[role] = task
+
+    def _ended(self, role: str, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or self.tasks.get(role) is not task:
+            return
+        exc = task.exception()
+        if exc is not None:  # the process exited with an error: a supervisor restarts it
+            self.event(role, "exited", error=type(exc).__name__)
+            asyncio.get_running_loop().call_later(5.0, self.start, role)
+        elif role == "coordinator":
+            self.coordinator_finished.set()
+
+    def crash(self, role: str, restart_after: float) -> None:
+        """kill -9: the connection drops, memory is gone, disk stays; restart later."""
+        task = self.tasks.get(role)
+        if task is None or task.done():
+            return
+        self.broker.cut(self.cfg.client_id(role), reason="crash")
+        self.event(role, "crash", restart_after=round(restart_after, 6))
+        del self.tasks[role]
+        task.cancel()
+        asyncio.get_running_loop().call_later(restart_after, self.start, role)
+
+    # ------------------------------------------------------------------ clients
+    async def _clients_connection(self) -> FaultyTransport:
+        while self.clients is None or not self.clients._open:
+            conn = self.broker.connect(CLIENTS)
+            await conn.connect()
+            self.clients = conn
+        return self.clients
+
+    async def _answer(self, ann: Announcement) -> None:
+        """This round's users: each answers once at a random time, retrying until acked."""
+        crng = self.rng.fork(f"clients-{ann.round_id}")
+        lo = max(N_MIN, self.spec.users // 4)
+        n = lo + crng.randbelow(max(1, self.spec.users - lo + 1))
+        facts = self.checker.round(ann.round_id)
+        self.event(CLIENTS, "users", round=ann.round_id, n=n)
+        window = max(0.0, ann.seconds_left(self.clock))
+        users = []
+        for i in range(n):
+            agent = ClientAgent(f"u{i}", crng.randbelow(ann.k), rng=crng)
+            users.append(self._one_user(agent, ann, 0.8 * window * crng.random(), facts.acked))
+        await asyncio.gather(*users)
+
+    async def _one_user(
+        self, agent: ClientAgent, ann: Announcement, arrive: float, acked: dict[str, float]
+    ) -> None:
+        await asyncio.sleep(arrive)
+        payload = agent.envelope(ann)
+        topic = Topics(ann.deployment).data(ann.round_id, 0)
+        while ann.seconds_left(self.clock) > 0:
+            with contextlib.suppress(TransportError):
+                conn = await self._clients_connection()
+                await conn.publish(topic, payload)
+                acked.setdefault(agent.client_id, self.clock.monotonic())
+                return
+            await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ the run
+    def _schedule_faults(self) -> None:
+        srng = self.rng.fork("schedule")
+        span = self.spec.rounds * (self.spec.deadline + 5.0)
+        loop = asyncio.get_running_loop()
+        if "crash" in self.spec.faults:
+            for _ in range(2):
+                if srng.random() < 0.6:
+                    role = self.roles()[srng.randbelow(len(self.roles()))]
+                    at, after = span * srng.random(), 0.5 + 2 * self.spec.deadline * srng.random()
+                    loop.call_later(at, self.crash, role, after)
+        if "broker_restart" in self.spec.faults and srng.random() < 0.5:
+            loop.call_later(span * srng.random(), self.broker.restart)
+
+    async def run(self) -> None:
+        for role in self.roles():
+            self.start(role)
+        self._schedule_faults()
+        limit = self.spec.rounds * (3 * self.spec.deadline + 6 * self.spec.batch_timeout) + 120
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.coordinator_finished.wait(), limit)
+        if not self.checker.violations:
+            await asyncio.sleep(3 * self.spec.batch_timeout)  # let the hops settle
+        for stop in self.stops.values():
+            stop.set()
+        tasks = list(self.tasks.values())
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(t, 2 * self.spec.batch_timeout + 5)
+        if not self.checker.violations:
+            self.checker.at_end(self.clock.monotonic())
+
+    def outcome(self) -> SeedOutcome:
+        status = self.ledger.status(DEPLOYMENT)
+        facts = self.checker.rounds
+        released = [r for r in status.rounds if r.status == "committed"]
+        return SeedOutcome(
+            seed=self.spec.seed,
+            rounds_run=len(status.rounds),
+            rounds_released=len(released),
+            rounds_refunded=sum(1 for r in status.rounds if r.status == "refunded"),
+            reports_acknowledged=sum(len(f.acked) for f in facts.values()),
+            reports_counted=sum(f.results[0] for f in facts.values() if f.results),
+            faults=dict(sorted(self.broker.injected.items())),
+            violations=list(self.checker.violations),
+            trace_sha256=self.trace.sha256(),
+            events=self.trace.events,
+            tail=list(self.trace.tail),
+        )
+
+
+def run_seed(spec: SimSpec) -> SeedOutcome:
+    """Simulate one seed in a temporary folder on virtual time; what it did and found."""
+    with tempfile.TemporaryDirectory(prefix="shufflekit-sim-") as tmp:
+        cipher = contextlib.nullcontext() if spec.real_crypto else standin.allowed()
+        with cipher:
+            world = World(spec, Path(tmp))
+
+            run_virtual(world.run(), world.clock)
+            out = world.outcome()
+            world.ledger.engine.dispose()
+        return out
