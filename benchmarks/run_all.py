@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "gap": ("bench_gap.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
+    "chaos": ("bench_chaos.py", ["--quick"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

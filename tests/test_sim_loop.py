@@ -48,3 +48,26 @@ def test_waiting_for_nothing_is_reported_not_hung() -> None:
 
     with pytest.raises(SimulationStalled):
         run_virtual(main())
+
+
+def test_a_task_that_never_waits_is_a_livelock() -> None:
+    async def spin() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(spin(), asyncio.sleep(10))
+
+    with pytest.raises(SimulationStalled, match="livelock"):
+        run_virtual(main())
+
+
+def test_a_timer_a_hair_after_now_still_moves_time() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1e-10
+        while loop.time() < deadline:  # the pattern of a deadline loop
+            await asyncio.sleep(deadline - loop.time())
+        return loop.time()
+
+    assert 0 < run_virtual(main()) <= 1e-6

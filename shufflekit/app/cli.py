@@ -11,6 +11,7 @@ from rich.table import Table
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
+from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
@@ -33,6 +34,7 @@ app.add_typer(privacy_app, name="privacy")
 app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
+app.command()(chaos)
 
 
 @app.command()

@@ -127,6 +127,8 @@ async def next_message(
             stopper.cancel()
         if not get.done():
             get.cancel()
+        elif not get.cancelled():
+            get.exception()  # seen, even if we leave by cancellation
     if get.done() and not get.cancelled():
         return get.result()
     return None

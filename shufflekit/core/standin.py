@@ -108,7 +108,8 @@ def _stream(public: StandInPublic, info: bytes, enc: bytes, n: int) -> bytes:
 
 
 def _xor(data: bytes, stream: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(data, stream, strict=True))
+    n = len(data)
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream[:n], "big")).to_bytes(n, "big")
 
 
 def _tag(public: StandInPublic, info: bytes, enc: bytes, body: bytes) -> bytes:

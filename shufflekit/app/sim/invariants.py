@@ -8,6 +8,8 @@ budget_never_exceeded       spent plus reserved epsilon never passes the budget
 nothing_below_n_min         no result releases a batch smaller than n_min
 no_forward_after_refund     no hop forwards, and the analyzer publishes nothing, for a round
                             the ledger refunded
+progress                    the deployment never stalls or spins: some timer or message is
+                            always pending, and virtual time moves
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ INVARIANTS = (
     "budget_never_exceeded",
     "nothing_below_n_min",
     "no_forward_after_refund",
+    "progress",
 )
 EPS_SLACK = 1e-9
 

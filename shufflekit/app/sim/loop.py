@@ -24,11 +24,15 @@ class SimulationStalled(InternalError):
     """Every task waits for something that no timer or message will ever bring."""
 
 
+SPIN_LIMIT = 500_000  # iterations at one virtual instant before a livelock is declared
 GRID = 1_000_000  # virtual time is kept on a microsecond grid: no float drift between runs
 
 
 def _snap(t: float) -> float:
-    return math.ceil(round(t * GRID, 3)) / GRID
+    """The grid point at `t` (within float noise) or the next one after it."""
+    k = t * GRID
+    near = round(k)
+    return (near if abs(k - near) < 1e-3 else math.ceil(k)) / GRID
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -37,11 +41,19 @@ class _VirtualSelector(selectors.DefaultSelector):
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__()
         self._clock = clock
+        self._spins = 0  # loop iterations since virtual time last moved
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         events = super().select(0)
         if events or timeout == 0:
+            self._spins += 1
+            if self._spins > SPIN_LIMIT:
+                raise SimulationStalled(
+                    f"livelock: {SPIN_LIMIT:,} loop iterations at t = {self._clock.now:.6f} s "
+                    "without time moving (a task that never waits)"
+                )
             return events
+        self._spins = 0
         if timeout is None:
             raise SimulationStalled("every task is waiting and no timer is pending")
         self._clock.now = _snap(self._clock.now + timeout)
@@ -53,7 +65,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
-        super().__init__(_VirtualSelector(clock))
+        self._virtual = _VirtualSelector(clock)
+        super().__init__(self._virtual)
 
     def time(self) -> float:
         return self.clock.monotonic()
@@ -61,8 +74,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def call_at(  # type: ignore[override]
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
-        """Timers land on the grid, so the same program always sees the same times."""
-        return super().call_at(_snap(when), callback, *args, context=context)
+        """Timers land on the grid, so the same program always sees the same times; a timer
+        asked for any time after now fires at least one grid step later (never spins)."""
+        now = self.time()
+        at = _snap(when)
+        if when > now and at <= now:
+            at = _snap(now + 1 / GRID)
+        return super().call_at(at, callback, *args, context=context)
 
 
 def run_virtual(main: Coroutine[Any, Any, T], clock: VirtualClock | None = None) -> T:
@@ -71,5 +89,16 @@ def run_virtual(main: Coroutine[Any, Any, T], clock: VirtualClock | None = None)
     try:
         return loop.run_until_complete(main)
     finally:
+        loop._virtual._spins = 0  # let the tasks unwind even after a livelock
+        _cancel_all(loop)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """What `asyncio.run` does at the end: cancel what is left and let it unwind."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))

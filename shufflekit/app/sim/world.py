@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import tempfile
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,10 @@ from shufflekit.app.services.config import (
 from shufflekit.app.services.keys import KeyFiles
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
 from shufflekit.app.sim.invariants import Checker, Violation
-from shufflekit.app.sim.loop import run_virtual
+from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import InvalidReport, LedgerError, TransportError
+from shufflekit.base.errors import BudgetExceeded, InvalidReport, LedgerError, TransportError
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.core import standin
@@ -266,7 +267,10 @@ class World:
         if task.cancelled() or self.tasks.get(role) is not task:
             return
         exc = task.exception()
-        if exc is not None:  # the process exited with an error: a supervisor restarts it
+        if role == "coordinator" and isinstance(exc, BudgetExceeded):
+            self.event(role, "budget_exhausted")  # the operator's rounds end here
+            self.coordinator_finished.set()
+        elif exc is not None:  # the process exited with an error: a supervisor restarts it
             self.event(role, "exited", error=type(exc).__name__)
             asyncio.get_running_loop().call_later(5.0, self.start, role)
         elif role == "coordinator":
@@ -370,14 +374,33 @@ class World:
         )
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The services log every fault they ride out; in a simulation the trace says it all."""
+    loggers = [logging.getLogger(name) for name in ("shufflekit", "asyncio")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def run_seed(spec: SimSpec) -> SeedOutcome:
     """Simulate one seed in a temporary folder on virtual time; what it did and found."""
-    with tempfile.TemporaryDirectory(prefix="shufflekit-sim-") as tmp:
+    with _quiet(), tempfile.TemporaryDirectory(prefix="shufflekit-sim-") as tmp:
         cipher = contextlib.nullcontext() if spec.real_crypto else standin.allowed()
         with cipher:
             world = World(spec, Path(tmp))
 
-            run_virtual(world.run(), world.clock)
+            try:
+                run_virtual(world.run(), world.clock)
+            except SimulationStalled as exc:
+                world.checker.violations.append(
+                    Violation("progress", str(exc), world.clock.monotonic())
+                )
             out = world.outcome()
             world.ledger.engine.dispose()
         return out

@@ -1,0 +1,116 @@
+"""`shufflekit chaos`: the whole deployment as seeded simulations under injected faults."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from shufflekit.app.cli_common import JsonOpt
+from shufflekit.app.render import console, err_console, print_json, progress_bar
+from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport, default_workers, replay, run_chaos
+from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome
+from shufflekit.base.errors import UserError
+
+
+class PromiseBroken(UserError):
+    """A simulated seed broke an invariant (exit 1: the finding, not a usage error)."""
+
+    exit_code = 1
+
+
+def chaos(
+    seeds: Annotated[int, typer.Option(help="How many seeds to run.")] = 100,
+    first_seed: Annotated[int, typer.Option(help="The first seed.")] = 0,
+    seed: Annotated[
+        int | None, typer.Option(help="Replay this one seed and print its trace (JSON lines).")
+    ] = None,
+    users: Annotated[int, typer.Option(help="Users per round: each draws from U/4 to U.")] = 200,
+    mixes: Annotated[int, typer.Option(help="Mixes in the cascade.")] = 2,
+    rounds: Annotated[int, typer.Option(help="Rounds per seed.")] = 2,
+    faults: Annotated[
+        str, typer.Option(help=f"Comma-separated fault kinds: {', '.join(FAULT_KINDS)}.")
+    ] = ",".join(FAULT_KINDS),
+    real_crypto: Annotated[
+        bool, typer.Option("--real-crypto", help="The real HPKE onion instead of the stand-in.")
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes (default: one per core).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the real services on a simulated, faulty network and virtual clock, seed by seed,
+    checking every promise after every step; exit 1 if any seed broke one."""
+    cfg = ChaosConfig(
+        seeds=seeds,
+        first_seed=first_seed,
+        users=users,
+        mixes=mixes,
+        rounds=rounds,
+        faults=tuple(f.strip() for f in faults.split(",") if f.strip()),
+        real_crypto=real_crypto,
+        workers=workers or default_workers(),
+    )
+    if seed is not None:
+        _replay(cfg, seed)
+        return
+    with progress_bar("seeds", seeds, "seeds", quiet=json_out) as update:
+        report = run_chaos(cfg, lambda done, broken: update(done, f"seeds ({broken} broke)"))
+    out = report.as_dict()
+    if json_out:
+        print_json(out)
+    else:
+        _print(report, out)
+    if out["violations"]:
+        raise PromiseBroken(
+            f"{len({v['seed'] for v in out['violations']})} seed(s) broke a promise; "
+            f"replay one with: {out['violations'][0]['replay']}"
+        )
+
+
+def _replay(cfg: ChaosConfig, seed: int) -> None:
+    out = replay(cfg, seed)
+    for event in out.events:
+        sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
+    summary = _summary(out)
+    err_console.print(summary, markup=False, highlight=False, soft_wrap=True)
+    if out.violations:
+        raise PromiseBroken(f"seed {seed} broke: {out.violations[0].invariant}")
+
+
+def _summary(out: SeedOutcome) -> str:
+    return (
+        f"seed {out.seed}: {out.rounds_run} round(s), {out.rounds_released} released, "
+        f"{out.rounds_refunded} refunded; {out.reports_acknowledged} reports acknowledged, "
+        f"{out.reports_counted} counted; trace sha256 {out.trace_sha256[:16]}"
+    )
+
+
+def _print(report: ChaosReport, out: dict[str, object]) -> None:
+    _line(
+        f"{out['seeds_run']} seeds from {out['first_seed']} in {out['seconds']} s: "
+        f"{out['rounds_run']} rounds, {out['rounds_released']} released, "
+        f"{out['rounds_refunded']} refunded; {out['reports_acknowledged']} reports "
+        f"acknowledged, {out['reports_counted']} counted"
+    )
+    _line(f"faults injected: {out['faults_injected']}")
+    _line(f"trace sha256: {out['trace_sha256']}")
+    broken = [o for o in report.outcomes if o.violations]
+    if not broken:
+        _line("every invariant held after every step of every seed")
+        return
+    for o in broken[:5]:
+        for v in o.violations:
+            _line(f"seed {o.seed}, t = {v.t:.3f} s: {v.invariant}: {v.detail}")
+        _line(f"  replay: {report.config.replay_command(o.seed)}")
+        for event in o.tail[-8:]:
+            _line("  " + json.dumps(event, sort_keys=True))
+    if len(broken) > 5:
+        _line(f"... and {len(broken) - 5} more seed(s); --json lists every violation")
+
+
+def _line(text: str) -> None:
+    """One line for people, printed literally and never wrapped (pipes keep it whole)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
