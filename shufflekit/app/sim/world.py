@@ -132,6 +132,8 @@ class World:
         self.coordinator_finished = asyncio.Event()
         self.clients: FaultyTransport | None = None
         self.seen_rounds: list[str] = []
+        self.publishes: dict[str, int] = {}  # accepted publishes per role
+        self.crash_points: dict[str, tuple[int, float]] = {}  # role -> (nth publish, restart)
 
     # ------------------------------------------------------------------ set-up
     def _config(self, folder: Path) -> ServiceConfig:
@@ -183,6 +185,11 @@ class World:
     def _tap(self, sender: str, topic: str, payload: bytes) -> None:
         parts = topic_parts(topic)
         now = self.clock.monotonic()
+        role = sender.removeprefix(f"{self.cfg.client_id_prefix}-{DEPLOYMENT}-")
+        self.publishes[role] = n = self.publishes.get(role, 0) + 1
+        point = self.crash_points.get(role)
+        if point is not None and point[0] == n:  # a crash at a step: right after this publish
+            asyncio.get_running_loop().call_soon(self.crash, role, point[1])
         self.checker.on_publish(now, sender, parts)
         if parts["kind"] == "announce" and payload:
             with contextlib.suppress(InvalidReport):
@@ -329,11 +336,16 @@ class World:
         span = self.spec.rounds * (self.spec.deadline + 5.0)
         loop = asyncio.get_running_loop()
         if "crash" in self.spec.faults:
-            for _ in range(2):
+            roles = self.roles()
+            for _ in range(2):  # at a random time
                 if srng.random() < 0.6:
-                    role = self.roles()[srng.randbelow(len(self.roles()))]
+                    role = roles[srng.randbelow(len(roles))]
                     at, after = span * srng.random(), 0.5 + 2 * self.spec.deadline * srng.random()
                     loop.call_later(at, self.crash, role, after)
+            if srng.random() < 0.6:  # at a protocol step: right after a role's nth publish
+                role = roles[srng.randbelow(len(roles))]
+                nth = 1 + srng.randbelow(12)
+                self.crash_points[role] = (nth, 0.5 + 2 * self.spec.deadline * srng.random())
         if "broker_restart" in self.spec.faults and srng.random() < 0.5:
             loop.call_later(span * srng.random(), self.broker.restart)
 
