@@ -35,7 +35,7 @@ from scipy.stats import binom
 from shufflekit.accountant.compose_dpa import to_dp_accounting
 from shufflekit.accountant.composition import clear_caches, compose, compose_rounds, default_grid
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.pld_grid import discretise
+from shufflekit.accountant.numerics.grid import discretise
 
 ROUNDS = 1000
 DELTA = 1e-6
@@ -157,7 +157,7 @@ def scenario_b(lines: list[str]) -> None:
         f"B. {ROUNDS} rounds drawn from {len(distinct)} distinct (n, k, eps0), tight_pld "
         f"(built and cached in {build:.1f} s, not counted)"
     )
-    from shufflekit.accountant.pld_grid import clear_cache
+    from shufflekit.accountant.numerics.grid import clear_cache
 
     m_ref = 0
     for engine in ("fft", "dp_accounting"):

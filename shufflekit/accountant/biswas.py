@@ -47,17 +47,23 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from shufflekit.accountant._numerics import (
-    NEG_INF,
-    FloatArray,
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyResult,
+    Soundness,
     check_delta,
     check_epsilon,
-    log1mexp,
-    log_binom_pmf,
-    logsumexp,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
+from shufflekit.accountant.numerics.binomial import log_pmf
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import (
+    NEG_INF,
+    FloatArray,
+    log1mexp,
+    logsumexp,
+    logsumexp_rows,
+)
 from shufflekit.base.errors import InvalidParameters
 
 PRINTED = "biswas"
@@ -123,16 +129,18 @@ def _marginal(
         else:
             r = _window(s[:, 0], nx0, m, lk1)
         lmu = _lcomb(lf, nx0, r) + _lcomb(lf, m, s - r) + r * lk1
-        lg[a : a + chunk] = _lse_rows(lmu)
+        lg[a : a + chunk] = logsumexp_rows(lmu)
         tau = k2 * m + (e0 - k2) * (s - r)
         with np.errstate(divide="ignore", invalid="ignore"):
-            lt[a : a + chunk] = _lse_rows(np.where(tau > 0, lmu + np.log(np.abs(tau)), NEG_INF))
+            lt[a : a + chunk] = logsumexp_rows(
+                np.where(tau > 0, lmu + np.log(np.abs(tau)), NEG_INF)
+            )
             base = _lcomb(lf, nx0, r) + _lcomb(lf, m - 1, s - 1 - r) + r * lk1
             if variant == "corrected":
-                la[a : a + chunk] = _lse_rows(base)
+                la[a : a + chunk] = logsumexp_rows(base)
             else:
                 w = np.where(s - r > 0, np.log(np.maximum(s - r, 1.0)), NEG_INF)
-                la[a : a + chunk] = _lse_rows(base + w) - math.log(m)
+                la[a : a + chunk] = logsumexp_rows(base + w) - math.log(m)
     log_p1 = lk3 + lg
     log_p0 = lk3 - math.log(m) + lt
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -140,14 +148,6 @@ def _marginal(
     v = np.log(k2 + (e0 - k2) * np.minimum(ratio, 1.0))
     v[-1] = eps0  # exact value; removes a 1-ulp rounding that would make delta(eps0) > 0
     return log_p0, log_p1, v
-
-
-def _lse_rows(x: FloatArray) -> FloatArray:
-    m = np.max(x, axis=1)
-    mm = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        out = mm + np.log(np.sum(np.exp(x - mm[:, None]), axis=1))
-    return np.where(np.isfinite(m), out, NEG_INF)
 
 
 def _window(s: FloatArray, nx0: int, m: int, lk1: float) -> FloatArray:
@@ -221,18 +221,18 @@ def corrected_log_delta(
 @lru_cache(maxsize=32)
 def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArray, FloatArray]:
     """Exact x0-count laws for n_x0 = 0 (others elsewhere) or n-1 (others at x0): 1-D sums."""
-    e0 = math.exp(eps0)
-    p = e0 / (e0 + k - 1)  # keep
-    pb = 1.0 / (e0 + k - 1)  # report one given other value
+    rr = krr(k, eps0)
+    p = rr.p  # keep
+    pb = rr.q  # report one given other value
     s = np.arange(n + 1, dtype=np.int64)
     if nx0 == 0:  # others each report x0 w.p. pb
-        base_m1 = log_binom_pmf(n - 1, s - 1, pb)
-        base_0 = log_binom_pmf(n - 1, s, pb)
+        base_m1 = log_pmf(s - 1, n - 1, pb)
+        base_0 = log_pmf(s, n - 1, pb)
         lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     else:  # others each report x0 w.p. p
-        base_m1 = log_binom_pmf(n - 1, s - 1, p)
-        base_0 = log_binom_pmf(n - 1, s, p)
+        base_m1 = log_pmf(s - 1, n - 1, p)
+        base_0 = log_pmf(s, n - 1, p)
         lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     return lp0, lp1
@@ -304,7 +304,7 @@ def biswas_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     nx = _resolve_printed(mech, n_x0, histogram)
 
     def curve(e: float) -> float:
@@ -363,7 +363,7 @@ def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None)
 def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None) -> PrivacyResult:
     """epsilon(delta) of the corrected x0-count marginal: a LOWER bound on the tight epsilon."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     cands = _corrected_candidates(mech, n_x0)
 
     def curve(e: float) -> float:

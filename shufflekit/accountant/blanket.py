@@ -53,27 +53,26 @@ import time
 import numpy as np
 from scipy import special
 
-from shufflekit.accountant._numerics import (
-    NEG_INF,
+from shufflekit.accountant.clone_pair import (
     Bounds,
-    FloatArray,
-    IntArray,
     MixtureResult,
-    PLDAccumulator,
     add_clone_mixture_atoms,
-    binom_window,
     bucketed_mixture_log_delta,
-    check_delta,
-    check_epsilon,
     clone_pair_log_delta,
-    log_binom_cdf,
-    log_binom_pmf,
-    log_binom_sf,
-    logsumexp,
     mixture_log_delta,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    Soundness,
+    check_delta,
+    check_epsilon,
+)
 from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
+from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
+from shufflekit.accountant.numerics.grid import LossBinner
+from shufflekit.accountant.numerics.logspace import NEG_INF, FloatArray, IntArray, logsumexp
 from shufflekit.base.errors import InvalidParameters
 
 STRONG = "blanket-strong"
@@ -151,7 +150,7 @@ def strong_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     _check_form(form)
     log_t = math.log(delta) if delta > 0 else NEG_INF
 
@@ -182,17 +181,17 @@ def strong_pld(
     n, gamma = mech.n, mech.gamma
     p2 = 2.0 * gamma / mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, p2, k_sd) if n > 2000 else (0, n - 1)
+    lo, hi = sd_window(n - 1, p2, k_sd) if n > 2000 else (0, n - 1)
     ts = np.arange(lo, hi + 1, dtype=np.int64)
     if grid is None and int(np.sum(k_sd * np.sqrt(ts) + 5)) > 3_000_000:
         grid = 1e-5
-    acc = PLDAccumulator(grid)
+    acc = LossBinner(grid)
     shift = math.log1p(-gamma) if beta_mixture else 0.0
     if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, p2)) + shift)
+        acc.add_inf(float(log_cdf(lo - 1, n - 1, p2)) + shift)
     if hi < n - 1:
-        acc.add_inf(float(log_binom_sf(n - 1, hi + 1, p2)) + shift)
-    add_clone_mixture_atoms(acc, ts, log_binom_pmf(n - 1, ts, p2) + shift, np.ones(ts.shape))
+        acc.add_inf(float(log_sf(hi + 1, n - 1, p2)) + shift)
+    add_clone_mixture_atoms(acc, ts, log_pmf(ts, n - 1, p2) + shift, np.ones(ts.shape))
     if beta_mixture:
         acc.add(np.zeros(1), np.array([math.log(gamma)]))
     return acc.build(
@@ -221,8 +220,8 @@ def _weak_s_terms(mech: Mechanism, b: IntArray, s: IntArray) -> tuple[FloatArray
         ls = np.where(s == b + 1, 0.0, NEG_INF)
         return ls, np.full(s.shape, q1)
     p2 = 2.0 / k
-    la = math.log(pi) + log_binom_pmf(b, s - 1, p2)
-    lb = math.log1p(-pi) + log_binom_pmf(b, s, p2)
+    la = math.log(pi) + log_pmf(s - 1, b, p2)
+    lb = math.log1p(-pi) + log_pmf(s, b, p2)
     ls = np.logaddexp(la, lb)
     with np.errstate(invalid="ignore"):
         rho = np.where(ls > NEG_INF, np.exp(la - ls), 0.0)
@@ -251,10 +250,7 @@ def _weak_nodes(
         return clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
     p2 = 2.0 / mech.k
     k_sd = 9.0
-    mean = bs * p2
-    sd = np.sqrt(bs * p2 * (1.0 - p2))
-    lo = np.maximum(0, np.floor(mean - k_sd * sd).astype(np.int64) - 2)
-    hi = np.minimum(bs, np.ceil(mean + k_sd * sd).astype(np.int64) + 2)
+    lo, hi = sd_windows(bs, p2, k_sd)
     s_lo = np.maximum(lo, 1)
     lens = hi + 2 - s_lo
     starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
@@ -266,8 +262,8 @@ def _weak_nodes(
     core_up = np.logaddexp.reduceat(ls + d.upper, starts)
     core_lo = np.logaddexp.reduceat(ls + d.lower, starts)
     # P(S < lo) <= P(S' <= lo - 1);  P(S > hi + 1) <= P(S' >= hi + 1)
-    t_lo = np.where(lo > 0, log_binom_cdf(bs, lo - 1, p2), NEG_INF)
-    t_hi = np.where(hi < bs, log_binom_sf(bs, hi + 1, p2), NEG_INF)
+    t_lo = np.where(lo > 0, log_cdf(lo - 1, bs, p2), NEG_INF)
+    t_hi = np.where(hi < bs, log_sf(hi + 1, bs, p2), NEG_INF)
     tail_m = np.logaddexp(t_lo, t_hi)
     up = np.logaddexp(core_up, tail_m)
     bad = (tail_m > core_up + math.log(rel_tol) - 2.0) & ~((lo == 0) & (hi == bs)) & (up >= floor)
@@ -283,7 +279,7 @@ def _weak_node(
     p2 = 2.0 / mech.k
     bb = np.array([b], dtype=np.int64)
     while True:
-        lo, hi = binom_window(b, p2, k_sd)  # window of S' = S - Y
+        lo, hi = sd_window(b, p2, k_sd)  # window of S' = S - Y
         s = np.arange(max(lo, 1), hi + 2, dtype=np.int64)
         ls, q = _weak_s_terms(mech, np.broadcast_to(bb, s.shape), s)
         d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
@@ -291,9 +287,9 @@ def _weak_node(
         core_lo = logsumexp(ls + d.lower)
         tails = []
         if lo > 0:
-            tails.append(float(log_binom_cdf(b, lo - 1, p2)))
+            tails.append(float(log_cdf(lo - 1, b, p2)))
         if hi < b:
-            tails.append(float(log_binom_sf(b, hi + 1, p2)))
+            tails.append(float(log_sf(hi + 1, b, p2)))
         tail_m = logsumexp(np.asarray(tails)) if tails else NEG_INF
         full = lo == 0 and hi == b
         if full or tail_m <= core_up + math.log(rel_tol) - 2.0 or core_up == tail_m == NEG_INF:
@@ -368,7 +364,7 @@ def weak_delta(mech: Mechanism, epsilon: float, *, form: str = "hockey") -> Priv
 def weak_epsilon(mech: Mechanism, delta: float, *, form: str = "hockey") -> PrivacyResult:
     """epsilon(delta) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     _check_form(form)
     log_t = math.log(delta) if delta > 0 else NEG_INF
 
@@ -401,7 +397,7 @@ def weak_pld(
     """
     n, gamma, k = mech.n, mech.gamma, mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, gamma, k_sd)
+    lo, hi = sd_window(n - 1, gamma, k_sd)
     width = hi - lo + 1
     if buckets is None:  # as many nodes as an atom budget allows (atoms per node ~ s x n1)
         mean_b = (n - 1) * gamma
@@ -418,27 +414,27 @@ def weak_pld(
         pts = np.concatenate((np.linspace(lo, hi, buckets - buckets // 2), quant, [lo]))
         nodes = np.unique(np.clip(np.round(pts), lo, hi).astype(np.int64))
     bs = np.arange(lo, hi + 1, dtype=np.int64)
-    lw = log_binom_pmf(n - 1, bs, gamma)
+    lw = log_pmf(bs, n - 1, gamma)
     mass = np.logaddexp.reduceat(lw, nodes - lo)
     if hi < n - 1:  # above the window: dominated by the top node
-        mass[-1] = np.logaddexp(mass[-1], float(log_binom_sf(n - 1, hi + 1, gamma)))
+        mass[-1] = np.logaddexp(mass[-1], float(log_sf(hi + 1, n - 1, gamma)))
     if grid is None:
         grid = 1e-5
-    acc = PLDAccumulator(grid)
+    acc = LossBinner(grid)
     if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, gamma)))
+        acc.add_inf(float(log_cdf(lo - 1, n - 1, gamma)))
     for b, lm in zip(nodes.tolist(), mass.tolist(), strict=True):
         b = int(b)
         if k == 2:
             s = np.array([b + 1], dtype=np.int64)
         else:
-            slo, shi = binom_window(b, 2.0 / k, k_sd)
+            slo, shi = sd_window(b, 2.0 / k, k_sd)
             s = np.arange(slo, shi + 2, dtype=np.int64)
             tails = []
             if slo > 0:
-                tails.append(float(log_binom_cdf(b, slo - 1, 2.0 / k)))
+                tails.append(float(log_cdf(slo - 1, b, 2.0 / k)))
             if shi < b:
-                tails.append(float(log_binom_sf(b, shi + 1, 2.0 / k)))
+                tails.append(float(log_sf(shi + 1, b, 2.0 / k)))
             acc.add_inf(lm + logsumexp(np.asarray(tails)) if tails else NEG_INF)
         ls, q = _weak_s_terms(mech, np.full(s.shape, b), s)
         zero = s == 0  # no message in bins x0, x1: loss 0

@@ -10,18 +10,18 @@ the composed upper bound at `delta` at most `epsilon`?", for trial parameters:
 Search (documented tolerance): the feasibility of a trial is monotone in the parameter for the
 true privacy loss (smaller eps0 is a post-processing of larger eps0; more users hide the target
 better - observed, not proven, for n). The search brackets the answer by walking from a starting
-point (`_bracket`: steps predicted by extrapolation, at least x1.25, at most x16), then shrinks
-the bracket, always keeping a trial that was *checked feasible* as one end: interpolation of
+point (`bracket_boundary`: steps predicted by extrapolation, at least x1.25, at most x16), then
+shrinks the bracket, always keeping a trial that was *checked feasible* as one end: interpolation of
 log(composed epsilon) against eps0 (resp. log n) predicts the boundary and two trials straddle the
 prediction (so one good prediction ends the search), safeguarded by bisection so that the
-bracket at least halves every four steps (`_search`). It stops when
+bracket at least halves every four steps (`shrink_bracket`). It stops when
 hi/lo - 1 <= rtol (eps0, default 1e-3) or hi - lo <= max(1, rtol*hi) (n, default rtol 0:
 the exact integer). The returned value is always a trial whose composed upper bound was
 computed and met the target, and it is checked once more before returning (soundness does not
 depend on monotonicity; only optimality within the tolerance does).
 
-Per-round PLDs come from `pld_fn(Mechanism)` (default `accountant.tight.tight_pld`, imported
-lazily) and are cached by (pld_fn, n, k, eps0).
+Per-round PLDs come from `pld_fn(Mechanism)` (default `accountant.tight_upper.tight_pld`) and
+are cached by (pld_fn, n, k, eps0).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import Any
 
 from shufflekit.accountant.composition import PldFn, compose_rounds
 from shufflekit.accountant.core import Mechanism
-from shufflekit.base.errors import InvalidParameters, NotApplicable
+from shufflekit.accountant.numerics.roots import bracket_boundary, shrink_bracket
+from shufflekit.base.errors import InvalidParameters, NotApplicable, UnsoundResult
 
 #: Default relative tolerance of the eps0 search.
 EPS0_RTOL = 1e-3
@@ -145,7 +146,9 @@ def calibrate_eps0_detailed(
         return ev(e) <= epsilon
 
     start = eps0_start if eps0_start is not None else epsilon / (rounds + len(ev.spent))
-    lo, hi = _bracket(ev, epsilon, start, eps0_min, eps0_max, feasible_below=True, integer=False)
+    lo, hi = bracket_boundary(
+        ev, epsilon, start, eps0_min, eps0_max, feasible_below=True, integer=False
+    )
     if lo is None:
         raise NotApplicable(
             f"even eps0 = {eps0_min:g} does not meet epsilon={epsilon:g} at delta={delta:g} "
@@ -154,11 +157,11 @@ def calibrate_eps0_detailed(
     if hi is None:  # feasible up to the cap
         value = lo
     else:
-        value = _search(ev, epsilon, lo, hi, rtol=rtol, integer=False, log_x=False)
+        value = shrink_bracket(ev, epsilon, lo, hi, rtol=rtol, integer=False, log_x=False)
         hi = min(h for h in ev.memo if not feasible(h) and h > value)
     final = ev(value)
     if not final <= epsilon:  # pragma: no cover - guarded by construction
-        raise AssertionError("calibration returned an infeasible eps0")
+        raise UnsoundResult("calibration returned an infeasible eps0")
     return Calibration(
         parameter="eps0",
         value=float(value),
@@ -239,7 +242,7 @@ def calibrate_n_detailed(
         lambda x: Mechanism(int(x), k, eps0), rounds, delta, spent, pld_fn, engine, grid
     )
 
-    hi_feas, lo_inf = _bracket(
+    hi_feas, lo_inf = bracket_boundary(
         ev, epsilon, float(n_start), float(n_min), float(n_max), feasible_below=False, integer=True
     )
     if hi_feas is None:
@@ -250,10 +253,12 @@ def calibrate_n_detailed(
     if lo_inf is None:
         value = int(hi_feas)
     else:
-        value = int(_search(ev, epsilon, hi_feas, lo_inf, rtol=rtol, integer=True, log_x=True))
+        value = int(
+            shrink_bracket(ev, epsilon, hi_feas, lo_inf, rtol=rtol, integer=True, log_x=True)
+        )
     final = ev(float(value))
     if not final <= epsilon:  # pragma: no cover - guarded by construction
-        raise AssertionError("calibration returned an infeasible n")
+        raise UnsoundResult("calibration returned an infeasible n")
     infeasible_below = [x for x in ev.memo if x < value and ev.memo[x] > epsilon]
     return Calibration(
         parameter="n",
@@ -308,156 +313,3 @@ def calibrate_n(
             n_max=n_max,
         ).value
     )
-
-
-# ----------------------------------------------------------------------------- search helpers
-
-
-def _log_ratio(ev: Callable[[float], float], target: float, x: float) -> float:
-    """g(x) = log(ev(x) / target): <= 0 iff the trial meets the target."""
-    v = ev(x)
-    if v <= 0:
-        return -math.inf
-    if v == math.inf:
-        return math.inf
-    return math.log(v) - math.log(target)
-
-
-def _bracket(
-    ev: Callable[[float], float],
-    target: float,
-    start: float,
-    lo_cap: float,
-    hi_cap: float,
-    *,
-    feasible_below: bool,
-    integer: bool,
-) -> tuple[float | None, float | None]:
-    """(x_feas, x_inf): two evaluated trials on either side of the boundary.
-
-    Walks from `start` towards the boundary; the step factor is predicted by a secant of
-    g = log(ev/target) against log x through the last two trials (clamped to [1.25, 16]; 2 for
-    the first step). x_feas is None if the cap on the feasible side still fails; x_inf is None if
-    the cap on the other side still meets the target.
-    """
-    x = float(round(start)) if integer else float(start)
-    x = min(max(x, lo_cap), hi_cap)
-    gx = _log_ratio(ev, target, x)
-    feas = gx <= 0
-    up = feas == feasible_below  # move up when feasible below, or infeasible above
-    prev: tuple[float, float] | None = None
-    while True:
-        f = 2.0
-        if prev is not None and math.isfinite(gx) and math.isfinite(prev[1]) and gx != prev[1]:
-            ux, up_ = math.log(x), math.log(prev[0])
-            u_root = ux - gx * (ux - up_) / (gx - prev[1])
-            dist = (u_root - ux) if up else (ux - u_root)
-            if dist > 0:
-                f = min(16.0, max(1.25, math.exp(1.1 * dist)))
-        nxt = x * f if up else x / f
-        if integer:
-            nxt = float(max(round(nxt), x + 1) if up else min(round(nxt), x - 1))
-        nxt = min(max(nxt, lo_cap), hi_cap)
-        if nxt == x:  # at the cap
-            return (x, None) if feas else (None, x)
-        gn = _log_ratio(ev, target, nxt)
-        if (gn <= 0) != feas:
-            return (x, nxt) if feas else (nxt, x)
-        prev = (x, gx)
-        x, gx = nxt, gn
-
-
-def _search(
-    ev: Callable[[float], float],
-    target: float,
-    x_feas: float,
-    x_inf: float,
-    *,
-    rtol: float,
-    integer: bool,
-    log_x: bool,
-) -> float:
-    """Shrink the bracket [x_feas (meets the target), x_inf (does not)], in either order, to
-    the feasibility boundary; returns a point that was evaluated and met the target.
-
-    Each step predicts the root of g(x) = log(ev(x) / target) against u = log x (`log_x`, for n:
-    eps ~ n^-1/2) or u = x (for eps0: the composed epsilon grows roughly exponentially in eps0)
-    by inverse quadratic interpolation through the bracket ends and the last replaced end
-    (secant when only two points are usable) and evaluates it, nudged to the feasible side by
-    0.45 rtol; once the bracket is within ~30 tolerances it evaluates two points straddling the
-    prediction at +-0.45 rtol (relative; +-0.5 for integers at rtol 0), so an accurate
-    prediction closes the bracket at once. When three steps did not halve the bracket (in u), a
-    bisection step follows: the bracket shrinks geometrically whatever the curve.
-    """
-
-    def to_u(x: float) -> float:
-        return math.log(x) if log_x else x
-
-    def from_u(u: float) -> float:
-        return math.exp(u) if log_x else u
-
-    def done(a: float, b: float) -> bool:
-        lo, hi = min(a, b), max(a, b)
-        if integer:
-            return hi - lo <= max(1, int(rtol * hi))
-        return hi / lo - 1.0 <= rtol
-
-    def inside(x: float, a: float, b: float) -> bool:
-        return min(a, b) < x < max(a, b)
-
-    a, b = x_feas, x_inf
-    ga, gb = _log_ratio(ev, target, a), _log_ratio(ev, target, b)
-    c: tuple[float, float] | None = None  # the last replaced bracket end
-    bisect_next = False
-    spans: list[float] = []
-    while not done(a, b):
-        la, lb = to_u(a), to_u(b)
-        span = abs(lb - la)
-        mid = from_u(0.5 * (la + lb))
-        cands: list[float] = []
-        if not bisect_next and math.isfinite(ga) and math.isfinite(gb) and gb != ga:
-            t = -ga / (gb - ga)  # secant
-            if c is not None and math.isfinite(c[1]) and c[1] not in (ga, gb):
-                lc, gc = to_u(c[0]), c[1]
-                u = (
-                    la * gb * gc / ((ga - gb) * (ga - gc))
-                    + lb * ga * gc / ((gb - ga) * (gb - gc))
-                    + lc * ga * gb / ((gc - ga) * (gc - gb))
-                )
-                t_iqi = (u - la) / (lb - la)
-                if 0.0 < t_iqi < 1.0:
-                    t = t_iqi
-            t = min(0.98, max(0.02, t))
-            root = from_u(la + t * (lb - la))
-            w = max(0.5, 0.45 * rtol * root) if integer else 0.45 * rtol * root
-            d = 1.0 if b > a else -1.0
-            # straddle only once the bracket is within ~30 tolerances (before, one point)
-            near = (
-                (abs(b - a) <= 30 * max(1.0, rtol * root))
-                if integer
-                else (abs(b - a) <= 30 * rtol * root)
-            )
-            cands = [root - d * w, root + d * w] if near else [root - d * w]
-        cands.append(mid)  # used only if no straddle point fell inside
-        evaluated = False
-        for x in cands:
-            if evaluated and x == mid:
-                break
-            xs = float(round(x)) if integer else x
-            if not inside(xs, a, b):
-                continue
-            evaluated = True
-            gx = _log_ratio(ev, target, xs)
-            if gx <= 0:
-                c = (a, ga)
-                a, ga = xs, gx
-            else:
-                c = (b, gb)
-                b, gb = xs, gx
-            if done(a, b):
-                break
-        # bisect when three steps did not halve the bracket (superlinear steps are kept)
-        spans.append(span)
-        now = abs(to_u(b) - to_u(a))
-        bisect_next = len(spans) >= 3 and now > 0.5 * spans[-3]
-    return a

@@ -8,7 +8,7 @@ pair below is (eps, delta)-indistinguishable:
 
 This is the pair of the official implementation (apple/ml-shuffling-amplification, `onestep`
 and `deltacomp`; Koskela et al. call it the "lemma pair"). C is visible in both coordinates'
-sum, so given C = c it is the one-parameter clone pair of `_numerics.clone_pair_log_delta`:
+sum, so given C = c it is the one-parameter clone pair of `clone_pair.clone_pair_log_delta`:
 P_c = q (B+1) + (1-q) B, Q_c = (1-q) (B+1) + q B, B ~ Bin(c, 1/2). We compute its hockey-stick
 EXACTLY (closed form per c, log space, rigorous bounds for the truncated c-tails), which is
 never above the official code's stepped numerical upper bound (that code brackets the same
@@ -40,24 +40,27 @@ import time
 
 import numpy as np
 
-from shufflekit.accountant._numerics import (
-    NEG_INF,
+from shufflekit.accountant.clone_pair import (
     Bounds,
-    IntArray,
     MixtureResult,
-    PLDAccumulator,
     add_clone_mixture_atoms,
-    binom_window,
-    check_delta,
-    check_epsilon,
     clone_pair_log_delta,
-    log_binom_cdf,
-    log_binom_pmf,
-    log_binom_sf,
     mixture_log_delta,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    Soundness,
+    check_delta,
+    check_epsilon,
+)
 from shufflekit.accountant.ldp import cap_delta, cap_epsilon, epsilon_with_cap
+from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window
+from shufflekit.accountant.numerics.grid import LossBinner
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import NEG_INF, IntArray
+from shufflekit.accountant.numerics.roots import bisect
 from shufflekit.base.errors import NotApplicable
 
 METHOD = "clones"
@@ -66,7 +69,8 @@ SUMMARY_CLOSED = "Feldman-McMillan-Talwar closed form (official code's formula),
 
 
 def _q(eps0: float) -> float:
-    return 1.0 / (1.0 + math.exp(-eps0))
+    """q of the clones pair: the keep probability of binary randomized response at eps0."""
+    return krr(2, eps0).p
 
 
 def clones_log_delta(
@@ -114,14 +118,10 @@ def _closed_form_log_delta(n: int, eps0: float, epsilon: float) -> float:
     lo_ld = max(log_dmin + 1e-12, -1e6)
     if fmt_closed_form_epsilon_log(n, eps0, lo_ld) <= epsilon:
         return lo_ld
-    a, b = lo_ld, hi_ld  # eps_cf(a) > epsilon >= eps_cf(b)
-    while b - a > 1e-10 * max(1.0, abs(b)):
-        m = 0.5 * (a + b)
-        if fmt_closed_form_epsilon_log(n, eps0, m) > epsilon:
-            a = m
-        else:
-            b = m
-    return b
+    # eps_cf(lo_ld) > epsilon >= eps_cf(hi_ld)
+    return bisect(
+        lambda ld: fmt_closed_form_epsilon_log(n, eps0, ld) <= epsilon, lo_ld, hi_ld, rtol=1e-10
+    )[1]
 
 
 def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) -> PrivacyResult:
@@ -161,7 +161,7 @@ def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) 
 def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
     """epsilon(delta) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     log_t = math.log(delta) if delta > 0 else NEG_INF
     if closed_form:
         if delta <= 0:
@@ -206,16 +206,16 @@ def clones_pld(
     n, eps0 = mech.n, mech.eps0
     p = math.exp(-eps0)
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, p, k_sd) if n > 2000 else (0, n - 1)
+    lo, hi = sd_window(n - 1, p, k_sd) if n > 2000 else (0, n - 1)
     cs = np.arange(lo, hi + 1, dtype=np.int64)
     if grid is None and _atoms_estimate(cs, k_sd) > 3_000_000:
         grid = 1e-5
-    acc = PLDAccumulator(grid)
+    acc = LossBinner(grid)
     if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, p)))
+        acc.add_inf(float(log_cdf(lo - 1, n - 1, p)))
     if hi < n - 1:
-        acc.add_inf(float(log_binom_sf(n - 1, hi + 1, p)))
-    add_clone_mixture_atoms(acc, cs, log_binom_pmf(n - 1, cs, p), np.full(cs.shape, _q(eps0)))
+        acc.add_inf(float(log_sf(hi + 1, n - 1, p)))
+    add_clone_mixture_atoms(acc, cs, log_pmf(cs, n - 1, p), np.full(cs.shape, _q(eps0)))
     return acc.build(
         f"Feldman-McMillan-Talwar clones pair, n={n}, eps0={eps0:g}"
         + (f", losses rounded up to a {grid:g} grid" if grid else "")

@@ -36,9 +36,15 @@ from __future__ import annotations
 import math
 import time
 
-from shufflekit.accountant._numerics import NEG_INF, check_delta, check_epsilon
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyResult,
+    Soundness,
+    check_delta,
+    check_epsilon,
+)
 from shufflekit.accountant.ldp import cap_delta, cap_epsilon
+from shufflekit.accountant.numerics.logspace import NEG_INF
 from shufflekit.base.errors import NotApplicable
 
 ERLINGSSON = "erlingsson"
@@ -68,7 +74,7 @@ def erlingsson_epsilon(
 ) -> PrivacyResult:
     """eps = 12 eps0 sqrt(log(1/delta)/n); NotApplicable outside eps0<1/2, n>=1000, delta<1/100."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     if delta <= 0:
         raise NotApplicable("Erlingsson et al.'s bound needs delta > 0")
     bad = _erlingsson_violations(mech, delta)
@@ -118,7 +124,7 @@ def erlingsson_delta(
 def balle_epsilon(mech: Mechanism, delta: float, *, check_validity: bool = True) -> PrivacyResult:
     """Balle et al. Thm 3.1 inverted at the mechanism's gamma; NotApplicable when eps > 1."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     if delta <= 0:
         raise NotApplicable("Balle et al.'s Theorem 3.1 needs delta > 0")
     if mech.n < 2:

@@ -1,9 +1,10 @@
-"""Composition engine backed by Google's dp_accounting (`dp_accounting.pld`).
+"""Composition engine backed by Google's dp_accounting (`dp_accounting.pld`): the default engine,
+because it is maintained and widely used.
 
 Each distinct gridded round becomes a dp_accounting `PrivacyLossDistribution` over a
 `DensePLDPmf` with the same grid (`value_discretization_interval` = our step, losses
 (offset + i) * step, infinity mass, `pessimistic_estimate` = our side). The gridding itself is
-ours (`accountant.pld_grid`): dp_accounting's own constructors take rounded dictionaries
+ours (`numerics.grid`): dp_accounting's own constructors take rounded dictionaries
 (`create_from_rounded_probability`, equivalent and tested) but building the dense pmf directly
 avoids a Python dictionary per round.
 
@@ -26,18 +27,35 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
-from shufflekit.accountant.compose_fft import fp_error_estimate
-from shufflekit.accountant.pld_grid import ComposedGrid, GridPLD, compose_inf_mass
+from shufflekit.accountant.engine import (
+    ComposedGrid,
+    check_inputs,
+    compose_inf_mass,
+    fp_error_estimate,
+)
+from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.base.errors import AccountantError, InvalidParameters
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
+
+
+@dataclass(frozen=True)
+class DpAccountingEngine:
+    """dp_accounting as a `CompositionEngine` (truncating at most `truncation_total` in all)."""
+
+    truncation_total: float = DEFAULT_TRUNCATION_TOTAL
+    name: str = "dp_accounting"
+
+    def compose(self, grids: Sequence[GridPLD], counts: Sequence[int]) -> ComposedGrid:
+        return compose_dpa(grids, counts, truncation_total=self.truncation_total)
 
 
 class _Tracker:
@@ -132,14 +150,9 @@ def compose_dpa(
     t0 = time.perf_counter()
     grids = list(grids)
     counts = [int(c) for c in counts]
-    if not grids or len(grids) != len(counts):
-        raise InvalidParameters("need one count per PLD and at least one PLD")
-    if any(c < 0 for c in counts) or sum(counts) < 1:
-        raise InvalidParameters("counts must be >= 0 with at least one round")
+    check_inputs(grids, counts)
     step = grids[0].step
     upper = grids[0].upper
-    if any(g.step != step or g.upper != upper for g in grids):
-        raise InvalidParameters("all gridded PLDs must share one grid step and one side")
     if not (0.0 <= truncation_total < 1e-3):
         raise InvalidParameters(f"truncation_total must be in [0, 1e-3), got {truncation_total}")
     pairs = [(g, c) for g, c in zip(grids, counts, strict=True) if c > 0]

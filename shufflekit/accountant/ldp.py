@@ -23,8 +23,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shufflekit.accountant._numerics import NEG_INF, check_delta, check_epsilon, solve_epsilon
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    Soundness,
+    check_delta,
+    check_epsilon,
+)
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp
+from shufflekit.accountant.numerics.roots import solve_epsilon
 
 METHOD = "ldp"
 SUMMARY = "LDP bound of one k-RR(eps0) report, no amplification ((eps0, 0) and its profile)"
@@ -34,8 +43,7 @@ def ldp_log_delta_value(mech: Mechanism, epsilon: float) -> float:
     """log of the k-RR hockey-stick divergence at e^epsilon (-inf when epsilon >= eps0)."""
     if epsilon >= mech.eps0:
         return NEG_INF
-    log_norm = math.log(math.exp(mech.eps0) + mech.k - 1)
-    return mech.eps0 + math.log(-math.expm1(epsilon - mech.eps0)) - log_norm
+    return mech.eps0 + log1mexp(epsilon - mech.eps0) - krr(mech.k, mech.eps0).log_norm
 
 
 def ldp_epsilon_value(mech: Mechanism, delta: float) -> float:
@@ -43,7 +51,7 @@ def ldp_epsilon_value(mech: Mechanism, delta: float) -> float:
     if delta <= 0.0:
         return float(mech.eps0)
     # e^eps = e^eps0 - delta (e^eps0 + k - 1)
-    frac = delta * (1.0 + (mech.k - 1) * math.exp(-mech.eps0))
+    frac = delta / krr(mech.k, mech.eps0).p
     if frac >= 1.0:
         return 0.0
     e = max(0.0, mech.eps0 + math.log1p(-frac))
@@ -72,7 +80,7 @@ def ldp_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
 def ldp_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
     """epsilon(delta) of one k-RR report (about eps0 for any small delta)."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_delta(delta, allow_zero=True)
     return PrivacyResult(
         method=METHOD,
         epsilon=ldp_epsilon_value(mech, delta),
@@ -86,7 +94,7 @@ def ldp_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
 
 def ldp_pld(mech: Mechanism) -> PrivacyLossDistribution:
     """PLD of k-RR(x0) vs k-RR(x1): +eps0 w.p. p, -eps0 w.p. 1/(e^eps0+k-1), 0 otherwise."""
-    log_norm = math.log(math.exp(mech.eps0) + mech.k - 1)
+    log_norm = krr(mech.k, mech.eps0).log_norm
     losses = [mech.eps0, -mech.eps0]
     log_probs = [mech.eps0 - log_norm, -log_norm]
     if mech.k > 2:
