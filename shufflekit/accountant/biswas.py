@@ -53,6 +53,7 @@ from shufflekit.accountant.core import (
     Soundness,
     check_delta,
     check_epsilon,
+    check_mechanism,
 )
 from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
 from shufflekit.accountant.numerics.binomial import log_pmf
@@ -280,6 +281,7 @@ def biswas_delta(
 ) -> PrivacyResult:
     """delta(epsilon) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee (see module)."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_epsilon(epsilon)
     nx = _resolve_printed(mech, n_x0, histogram)
     ld = biswas_log_delta(mech, epsilon, n_x0=n_x0, histogram=histogram)
@@ -304,6 +306,7 @@ def biswas_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_delta(delta, allow_zero=True)
     nx = _resolve_printed(mech, n_x0, histogram)
 
@@ -346,6 +349,7 @@ def corrected_log_delta_max(mech: Mechanism, epsilon: float, n_x0: int | None = 
 def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None) -> PrivacyResult:
     """delta(epsilon) of the corrected x0-count marginal: a LOWER bound on the tight delta."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_epsilon(epsilon)
     cands = _corrected_candidates(mech, n_x0)
     res = PrivacyResult(
@@ -363,6 +367,7 @@ def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None)
 def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None) -> PrivacyResult:
     """epsilon(delta) of the corrected x0-count marginal: a LOWER bound on the tight epsilon."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_delta(delta, allow_zero=True)
     cands = _corrected_candidates(mech, n_x0)
 

@@ -68,6 +68,7 @@ from shufflekit.accountant.core import (
     Soundness,
     check_delta,
     check_epsilon,
+    check_mechanism,
 )
 from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
@@ -125,6 +126,7 @@ def strong_delta(
 ) -> PrivacyResult:
     """delta(epsilon) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_epsilon(epsilon)
     mr = strong_log_delta(mech, epsilon, form=form, beta_mixture=beta_mixture)
     res = PrivacyResult(
@@ -150,6 +152,7 @@ def strong_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_delta(delta, allow_zero=True)
     _check_form(form)
     log_t = math.log(delta) if delta > 0 else NEG_INF
@@ -178,6 +181,7 @@ def strong_pld(
 
     Truncated mass counts as infinite loss; with `grid`, losses are rounded up and merged.
     """
+    check_mechanism(mech)
     n, gamma = mech.n, mech.gamma
     p2 = 2.0 * gamma / mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
@@ -342,6 +346,7 @@ def weak_log_delta(
 def weak_delta(mech: Mechanism, epsilon: float, *, form: str = "hockey") -> PrivacyResult:
     """delta(epsilon) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_epsilon(epsilon)
     mr = weak_log_delta(mech, epsilon, form=form)
     res = PrivacyResult(
@@ -364,6 +369,7 @@ def weak_delta(mech: Mechanism, epsilon: float, *, form: str = "hockey") -> Priv
 def weak_epsilon(mech: Mechanism, delta: float, *, form: str = "hockey") -> PrivacyResult:
     """epsilon(delta) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_delta(delta, allow_zero=True)
     _check_form(form)
     log_t = math.log(delta) if delta > 0 else NEG_INF
@@ -395,6 +401,7 @@ def weak_pld(
     pessimistic at most at n ~ 1e3..1e4, more in far tails at n >= 1e5. Cost: seconds at
     n <= 1e4, 20-40 s at n = 1e5 (tens of millions of atoms are generated and merged).
     """
+    check_mechanism(mech)
     n, gamma, k = mech.n, mech.gamma, mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
     lo, hi = sd_window(n - 1, gamma, k_sd)

@@ -54,6 +54,7 @@ from shufflekit.accountant.core import (
     Soundness,
     check_delta,
     check_epsilon,
+    check_mechanism,
 )
 from shufflekit.accountant.ldp import cap_delta, cap_epsilon, epsilon_with_cap
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window
@@ -127,6 +128,7 @@ def _closed_form_log_delta(n: int, eps0: float, epsilon: float) -> float:
 def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) -> PrivacyResult:
     """delta(epsilon) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_epsilon(epsilon)
     if closed_form:
         ld = _closed_form_log_delta(mech.n, mech.eps0, epsilon)
@@ -161,6 +163,7 @@ def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) 
 def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
     """epsilon(delta) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
+    check_mechanism(mech)
     check_delta(delta, allow_zero=True)
     log_t = math.log(delta) if delta > 0 else NEG_INF
     if closed_form:
@@ -203,6 +206,7 @@ def clones_pld(
     Truncated mass (C outside a window, B outside its window per c) is counted as infinite
     loss. With `grid`, losses are rounded up to multiples of it and merged (pessimistic).
     """
+    check_mechanism(mech)
     n, eps0 = mech.n, mech.eps0
     p = math.exp(-eps0)
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)

@@ -41,7 +41,7 @@ from shufflekit.accountant.engine import (
     fp_error_estimate,
 )
 from shufflekit.accountant.numerics.grid import GridPLD
-from shufflekit.base.errors import AccountantError, InvalidParameters
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
@@ -83,7 +83,7 @@ def _dense(p: dpa_pld.PrivacyLossDistribution) -> pld_pmf.DensePLDPmf:
         pmf = p._pmf_remove.to_dense_pmf()
         _ = (pmf._probs, pmf._lower_loss, pmf._infinity_mass, pmf._discretization)
     except AttributeError as exc:  # pragma: no cover - depends on the installed version
-        raise AccountantError(
+        raise AccuracyError(
             "unsupported dp_accounting version: cannot read its dense PLD pmf "
             f"({exc}); use engine='fft'"
         ) from exc
@@ -123,7 +123,8 @@ def _self_compose(
         c >>= 1
         if c:
             base = _compose2(base, base, tr)
-    assert result is not None
+    if result is None:  # count >= 1, so at least one bit is set
+        raise UnsoundResult(f"self-composition of {count} rounds produced nothing")
     return result
 
 

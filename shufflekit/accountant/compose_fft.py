@@ -43,7 +43,7 @@ from shufflekit.accountant.engine import (
 )
 from shufflekit.accountant.numerics.grid import LAMBDAS, GridPLD
 from shufflekit.accountant.numerics.logspace import FloatArray
-from shufflekit.base.errors import AccuracyError, InvalidParameters
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Default bound on the aliasing error (delta units) that the window is sized for.
 DEFAULT_ALIAS_TARGET = 1e-18
@@ -132,7 +132,8 @@ def compose_fft(
         if c > 1:
             x = x**c
         prod = x if prod is None else prod * x
-    assert prod is not None
+    if prod is None:  # check_inputs: at least one round
+        raise UnsoundResult("no round to compose")
     b = sfft.irfft(prod, n=m)
     probs = np.roll(b, -(o % m))
 

@@ -57,7 +57,7 @@ from shufflekit.accountant.tight_upper import (
     upper_bound,
     upper_log_delta,
 )
-from shufflekit.base.errors import AccuracyError, InvalidParameters
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 __all__ = [
     "attack_log_delta",
@@ -268,8 +268,10 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
         eps_u = min(eps_u, eps_k2)
     t2 = time.perf_counter()
     if eps_l > eps_u * (1 + 4 * rtol) + 1e-12:
-        raise AccuracyError(
-            f"tight: attack epsilon {eps_l} exceeds the upper bound {eps_u}: numerical failure"
+        raise UnsoundResult(
+            f"tight: attack epsilon {eps_l} exceeds the upper bound {eps_u} at n={mech.n}, "
+            f"k={mech.k}, eps0={mech.eps0}, delta={delta}: an upper bound below its own lower "
+            "bound is never output"
         )
     details: dict[str, Any] = {
         "worst_dataset": worst,

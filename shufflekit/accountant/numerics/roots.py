@@ -65,7 +65,10 @@ def solve_epsilon(
         a = b
         step *= 2.0
         b = min(lo + step, hi)
-    root = float(optimize.brentq(f, a, b, xtol=0.25 * xtol, rtol=0.25 * rtol))
+    try:
+        root = float(optimize.brentq(f, a, b, xtol=0.25 * xtol, rtol=0.25 * rtol))
+    except (ValueError, RuntimeError) as exc:  # a NaN curve, or no convergence in 100 steps
+        raise AccuracyError(f"epsilon search failed in [{a:g}, {b:g}]: {exc}") from exc
     # outward rounding: step away from the root until the point is on the safe side
     step = 0.5 * (xtol + rtol * abs(root))
     if side == "upper":
