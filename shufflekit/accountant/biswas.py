@@ -55,7 +55,7 @@ from shufflekit.accountant.core import (
     check_epsilon,
     check_mechanism,
 )
-from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
+from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_pmf
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import (
@@ -81,6 +81,9 @@ NOTE_CORRECTED = (
     "lower bound: exact delta of the x0-count of one dataset (n_x0 others at x0), a "
     "post-processing of one dataset's view; never enforce with it"
 )
+
+_PRINTED = Label(PRINTED, NOTE_PRINTED, Soundness.NOT_A_GUARANTEE)
+_CORRECTED = Label(CORRECTED, NOTE_CORRECTED, Soundness.LOWER_BOUND)
 
 _DENSE_LIMIT = 4_000_000  # (n_x0 + 1) (m + 1) up to this: exact sums over every r
 
@@ -283,18 +286,9 @@ def biswas_delta(
     t0 = time.perf_counter()
     check_mechanism(mech)
     check_epsilon(epsilon)
-    nx = _resolve_printed(mech, n_x0, histogram)
+    details = _printed_details(mech, n_x0, histogram)
     ld = biswas_log_delta(mech, epsilon, n_x0=n_x0, histogram=histogram)
-    res = PrivacyResult(
-        method=PRINTED,
-        epsilon=float(epsilon),
-        log_delta=ld,
-        soundness=Soundness.NOT_A_GUARANTEE,
-        note=NOTE_PRINTED,
-        seconds=time.perf_counter() - t0,
-        details={"n_x0": nx if histogram is not None else nx[0], "eq15": histogram is not None},
-    )
-    return cap_delta(res, mech)
+    return delta_result(mech, epsilon, ld, _PRINTED, t0, details)
 
 
 def biswas_epsilon(
@@ -308,25 +302,21 @@ def biswas_epsilon(
     t0 = time.perf_counter()
     check_mechanism(mech)
     check_delta(delta, allow_zero=True)
-    nx = _resolve_printed(mech, n_x0, histogram)
+    details = _printed_details(mech, n_x0, histogram)
 
     def curve(e: float) -> float:
         return biswas_log_delta(mech, e, n_x0=n_x0, histogram=histogram)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return PrivacyResult(
-        method=PRINTED,
-        epsilon=eps,
-        log_delta=math.log(delta) if delta > 0 else NEG_INF,
-        soundness=Soundness.NOT_A_GUARANTEE,
-        note=NOTE_PRINTED + ("; capped by the LDP bound" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={
-            "n_x0": nx if histogram is not None else nx[0],
-            "eq15": histogram is not None,
-            "ldp_cap_applied": capped,
-        },
+    return solved_epsilon_result(
+        mech, delta, curve, _PRINTED, t0, details, cap_note="capped by the LDP bound"
     )
+
+
+def _printed_details(
+    mech: Mechanism, n_x0: int | None, histogram: Sequence[int] | None
+) -> dict[str, object]:
+    nx = _resolve_printed(mech, n_x0, histogram)
+    return {"n_x0": nx if histogram is not None else nx[0], "eq15": histogram is not None}
 
 
 def _corrected_candidates(mech: Mechanism, n_x0: int | None) -> list[int]:
@@ -351,17 +341,9 @@ def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None)
     t0 = time.perf_counter()
     check_mechanism(mech)
     check_epsilon(epsilon)
-    cands = _corrected_candidates(mech, n_x0)
-    res = PrivacyResult(
-        method=CORRECTED,
-        epsilon=float(epsilon),
-        log_delta=corrected_log_delta_max(mech, epsilon, n_x0),
-        soundness=Soundness.LOWER_BOUND,
-        note=NOTE_CORRECTED,
-        seconds=time.perf_counter() - t0,
-        details={"n_x0_candidates": cands, "both_directions": True},
-    )
-    return cap_delta(res, mech)
+    details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
+    ld = corrected_log_delta_max(mech, epsilon, n_x0)
+    return delta_result(mech, epsilon, ld, _CORRECTED, t0, details)
 
 
 def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None) -> PrivacyResult:
@@ -369,18 +351,11 @@ def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None)
     t0 = time.perf_counter()
     check_mechanism(mech)
     check_delta(delta, allow_zero=True)
-    cands = _corrected_candidates(mech, n_x0)
+    details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
 
     def curve(e: float) -> float:
         return corrected_log_delta_max(mech, e, n_x0)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="lower")
-    return PrivacyResult(
-        method=CORRECTED,
-        epsilon=eps,
-        log_delta=math.log(delta) if delta > 0 else NEG_INF,
-        soundness=Soundness.LOWER_BOUND,
-        note=NOTE_CORRECTED + ("; equals the LDP cap" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={"n_x0_candidates": cands, "both_directions": True, "ldp_cap_applied": capped},
+    return solved_epsilon_result(
+        mech, delta, curve, _CORRECTED, t0, details, side="lower", cap_note="equals the LDP cap"
     )

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 from scipy import special
@@ -58,6 +59,8 @@ from shufflekit.accountant.clone_pair import (
     MixtureResult,
     add_clone_mixture_atoms,
     bucketed_mixture_log_delta,
+    clone_mixture_atoms,
+    clone_mixture_log_delta,
     clone_pair_log_delta,
     mixture_log_delta,
 )
@@ -65,12 +68,11 @@ from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    Soundness,
     check_delta,
     check_epsilon,
     check_mechanism,
 )
-from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
+from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
 from shufflekit.accountant.numerics.grid import LossBinner
 from shufflekit.accountant.numerics.logspace import NEG_INF, FloatArray, IntArray, logsumexp
@@ -103,75 +105,37 @@ def strong_log_delta(
 ) -> MixtureResult:
     """log delta(epsilon) of the A_s pair (Theorem 8), uncapped."""
     _check_form(form)
-    gamma = mech.gamma
-    p = gamma / mech.k
-    tail = form == "tail"
-
-    def component(ts: IntArray) -> Bounds:
-        return clone_pair_log_delta(ts, np.ones(ts.shape), epsilon, tail=tail)
-
-    shift = math.log1p(-gamma) if beta_mixture else 0.0
-    mr = mixture_log_delta(
-        mech.n - 1,
-        2.0 * p,
-        component,
-        monotone=not tail,
-        stop_below=stop_below - shift,
+    shift = math.log1p(-mech.gamma) if beta_mixture else 0.0
+    p2 = 2.0 * (mech.gamma / mech.k)
+    return clone_mixture_log_delta(
+        mech.n - 1, p2, 1.0, epsilon, tail=form == "tail", shift=shift, stop_below=stop_below
     )
-    return MixtureResult(mr.upper + shift, mr.lower + shift, mr.log_tail_mass, mr.window)
 
 
 def strong_delta(
     mech: Mechanism, epsilon: float, *, form: str = "hockey", beta_mixture: bool = False
 ) -> PrivacyResult:
     """delta(epsilon) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
-    t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
-    mr = strong_log_delta(mech, epsilon, form=form, beta_mixture=beta_mixture)
-    res = PrivacyResult(
-        method=STRONG,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note=_strong_note(form, beta_mixture),
-        seconds=time.perf_counter() - t0,
-        details={
-            "form": form,
-            "beta_mixture": beta_mixture,
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "t_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+
+    def log_delta() -> MixtureResult:
+        return strong_log_delta(mech, epsilon, form=form, beta_mixture=beta_mixture)
+
+    details = {"form": form, "beta_mixture": beta_mixture}
+    return _delta(mech, epsilon, log_delta, _strong_label(form, beta_mixture), details, "t_window")
 
 
 def strong_epsilon(
     mech: Mechanism, delta: float, *, form: str = "hockey", beta_mixture: bool = False
 ) -> PrivacyResult:
     """epsilon(delta) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
-    t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
-    _check_form(form)
-    log_t = math.log(delta) if delta > 0 else NEG_INF
 
-    def curve(e: float) -> float:
+    def log_delta(e: float, log_t: float) -> MixtureResult:
         return strong_log_delta(
             mech, e, form=form, beta_mixture=beta_mixture, stop_below=log_t - 5.0
-        ).upper
+        )
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return _eps_result(
-        STRONG,
-        eps,
-        log_t,
-        capped,
-        _strong_note(form, beta_mixture),
-        t0,
-        {"form": form, "beta_mixture": beta_mixture},
-    )
+    details = {"form": form, "beta_mixture": beta_mixture}
+    return _epsilon(mech, delta, log_delta, _strong_label(form, beta_mixture), details)
 
 
 def strong_pld(
@@ -183,33 +147,23 @@ def strong_pld(
     """
     check_mechanism(mech)
     n, gamma = mech.n, mech.gamma
-    p2 = 2.0 * gamma / mech.k
-    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = sd_window(n - 1, p2, k_sd) if n > 2000 else (0, n - 1)
-    ts = np.arange(lo, hi + 1, dtype=np.int64)
-    if grid is None and int(np.sum(k_sd * np.sqrt(ts) + 5)) > 3_000_000:
-        grid = 1e-5
-    acc = LossBinner(grid)
     shift = math.log1p(-gamma) if beta_mixture else 0.0
-    if lo > 0:
-        acc.add_inf(float(log_cdf(lo - 1, n - 1, p2)) + shift)
-    if hi < n - 1:
-        acc.add_inf(float(log_sf(hi + 1, n - 1, p2)) + shift)
-    add_clone_mixture_atoms(acc, ts, log_pmf(ts, n - 1, p2) + shift, np.ones(ts.shape))
+    acc = clone_mixture_atoms(n - 1, 2.0 * gamma / mech.k, 1.0, tau=tau, grid=grid, shift=shift)
     if beta_mixture:
         acc.add(np.zeros(1), np.array([math.log(gamma)]))
     return acc.build(
         f"Koskela et al. Thm 8 pair (A_s{', exact with target blanket bit' if beta_mixture else ''}"
         f"), n={n}, k={mech.k}, eps0={mech.eps0:g}"
-        + (f", losses rounded up to a {grid:g} grid" if grid else "")
+        + (f", losses rounded up to a {acc.step:g} grid" if acc.step else "")
         + "; truncated mass counted as infinite loss"
     )
 
 
-def _strong_note(form: str, beta_mixture: bool) -> str:
+def _strong_label(form: str, beta_mixture: bool) -> Label:
+    _check_form(form)
     what = _FORM_TEXT[form]
     extra = ", exact A_s with the target's blanket bit" if beta_mixture else ""
-    return f"Koskela et al. Thm 8 pair{extra}, {what}; joint multinomial law"
+    return Label(STRONG, f"Koskela et al. Thm 8 pair{extra}, {what}; joint multinomial law")
 
 
 # ----------------------------------------------------------------------------- weak (Thm 10)
@@ -345,42 +299,20 @@ def weak_log_delta(
 
 def weak_delta(mech: Mechanism, epsilon: float, *, form: str = "hockey") -> PrivacyResult:
     """delta(epsilon) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
-    t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
-    mr = weak_log_delta(mech, epsilon, form=form)
-    res = PrivacyResult(
-        method=WEAK,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note=_weak_note(form),
-        seconds=time.perf_counter() - t0,
-        details={
-            "form": form,
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "b_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+
+    def log_delta() -> MixtureResult:
+        return weak_log_delta(mech, epsilon, form=form)
+
+    return _delta(mech, epsilon, log_delta, _weak_label(form), {"form": form}, "b_window")
 
 
 def weak_epsilon(mech: Mechanism, delta: float, *, form: str = "hockey") -> PrivacyResult:
     """epsilon(delta) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
-    t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
-    _check_form(form)
-    log_t = math.log(delta) if delta > 0 else NEG_INF
 
-    def curve(e: float) -> float:
-        return weak_log_delta(
-            mech, e, form=form, stop_below=log_t - 5.0, stop_above=log_t + 2.0
-        ).upper
+    def log_delta(e: float, log_t: float) -> MixtureResult:
+        return weak_log_delta(mech, e, form=form, stop_below=log_t - 5.0, stop_above=log_t + 2.0)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return _eps_result(WEAK, eps, log_t, capped, _weak_note(form), t0, {"form": form})
+    return _epsilon(mech, delta, log_delta, _weak_label(form), {"form": form})
 
 
 def weak_pld(
@@ -456,31 +388,52 @@ def weak_pld(
     )
 
 
-def _weak_note(form: str) -> str:
+def _weak_label(form: str) -> Label:
+    _check_form(form)
     what = _FORM_TEXT[form]
-    return f"Koskela et al. Thm 10 pair (others' blanket bits known), {what}; joint law"
+    return Label(
+        WEAK, f"Koskela et al. Thm 10 pair (others' blanket bits known), {what}; joint law"
+    )
 
 
 # ----------------------------------------------------------------------------- shared
 
 
-def _eps_result(
-    method: str,
-    eps: float,
-    log_t: float,
-    capped: bool,
-    note: str,
-    t0: float,
+def _delta(
+    mech: Mechanism,
+    epsilon: float,
+    log_delta: Callable[[], MixtureResult],
+    label: Label,
+    details: dict[str, object],
+    window: str,
+) -> PrivacyResult:
+    """A pair's delta at `epsilon`, with its lower estimate and truncation in `details`."""
+    t0 = time.perf_counter()
+    check_mechanism(mech)
+    check_epsilon(epsilon)
+    mr = log_delta()
+    details |= {
+        "lower_log_delta_of_pair": mr.lower,
+        "log_truncated_tail_bound": mr.log_tail_mass,
+        window: mr.window,
+    }
+    return delta_result(mech, epsilon, mr.upper, label, t0, details)
+
+
+def _epsilon(
+    mech: Mechanism,
+    delta: float,
+    log_delta: Callable[[float, float], MixtureResult],
+    label: Label,
     details: dict[str, object],
 ) -> PrivacyResult:
-    if capped:
-        note += "; capped by the LDP bound (k-RR profile, (eps0, 0))"
-    return PrivacyResult(
-        method=method,
-        epsilon=eps,
-        log_delta=log_t,
-        soundness=Soundness.SOUND_UPPER,
-        note=note,
-        seconds=time.perf_counter() - t0,
-        details={**details, "ldp_cap_applied": capped},
-    )
+    """A pair's epsilon at `delta`; `log_delta(eps, log target)` may stop early far from it."""
+    t0 = time.perf_counter()
+    check_mechanism(mech)
+    check_delta(delta, allow_zero=True)
+    log_t = math.log(delta) if delta > 0 else NEG_INF
+
+    def curve(e: float) -> float:
+        return log_delta(e, log_t).upper
+
+    return solved_epsilon_result(mech, delta, curve, label, t0, details)

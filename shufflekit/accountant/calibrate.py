@@ -1,4 +1,5 @@
-"""Calibration: the largest eps0, or the smallest n, that keeps a run of rounds within budget.
+"""Calibration: the largest eps0, or the smallest n, that keeps a run of rounds within budget, so
+an operator can choose a round's parameters from the privacy target instead of by trial.
 
 Both searches ask the composition accountant (`accountant.composition`) the same question, "is
 the composed upper bound at `delta` at most `epsilon`?", for trial parameters:
@@ -11,10 +12,10 @@ Search (documented tolerance): the feasibility of a trial is monotone in the par
 true privacy loss (smaller eps0 is a post-processing of larger eps0; more users hide the target
 better - observed, not proven, for n). The search brackets the answer by walking from a starting
 point (`bracket_boundary`: steps predicted by extrapolation, at least x1.25, at most x16), then
-shrinks the bracket, always keeping a trial that was *checked feasible* as one end: interpolation of
-log(composed epsilon) against eps0 (resp. log n) predicts the boundary and two trials straddle the
-prediction (so one good prediction ends the search), safeguarded by bisection so that the
-bracket at least halves every four steps (`shrink_bracket`). It stops when
+shrinks the bracket, always keeping a trial that was *checked feasible* as one end:
+interpolation of log(composed epsilon) against eps0 (resp. log n) predicts the boundary and two
+trials straddle the prediction (so one good prediction ends the search), safeguarded by
+bisection so that the bracket at least halves every four steps (`shrink_bracket`). It stops when
 hi/lo - 1 <= rtol (eps0, default 1e-3) or hi - lo <= max(1, rtol*hi) (n, default rtol 0:
 the exact integer). The returned value is always a trial whose composed upper bound was
 computed and met the target, and it is checked once more before returning (soundness does not
@@ -26,11 +27,12 @@ are cached by (pld_fn, n, k, eps0).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from shufflekit.accountant.composition import PldFn, compose_rounds
 from shufflekit.accountant.core import Mechanism
@@ -39,6 +41,32 @@ from shufflekit.base.errors import InvalidParameters, NotApplicable, UnsoundResu
 
 #: Default relative tolerance of the eps0 search.
 EPS0_RTOL = 1e-3
+
+
+class CompositionOptions(TypedDict, total=False):
+    """How each trial is composed: per-round PLDs (`pld_fn`, default `tight_pld`), the engine
+    ("dp_accounting" or "fft") and grid step, and rounds already `spent` before the new ones."""
+
+    pld_fn: PldFn | None
+    engine: str
+    grid: float | None
+    spent: Sequence[Mechanism]
+
+
+class Eps0Options(CompositionOptions, total=False):
+    """`calibrate_eps0`'s options: the search's relative tolerance and range of eps0."""
+
+    rtol: float
+    eps0_min: float
+    eps0_max: float
+
+
+class NOptions(CompositionOptions, total=False):
+    """`calibrate_n`'s options: the search's relative tolerance (0: exact) and range of n."""
+
+    rtol: float
+    n_min: int
+    n_max: int
 
 
 @dataclass(frozen=True)
@@ -58,18 +86,10 @@ class Calibration:
     trials: list[tuple[float, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "parameter": self.parameter,
-            "value": self.value,
-            "achieved_epsilon": self.achieved_epsilon,
-            "target_epsilon": self.target_epsilon,
-            "delta": self.delta,
-            "rounds": self.rounds,
-            "evaluations": self.evaluations,
-            "bracket": list(self.bracket),
-            "seconds": self.seconds,
-            "engine": self.engine,
-        }
+        """Plain data for reports and --json (every field but the trials)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["trials"]
+        return out | {"bracket": list(self.bracket)}
 
 
 def _check_common(rounds: int, epsilon: float, delta: float) -> None:
@@ -89,10 +109,11 @@ class _Evaluator:
         make: Callable[[float], Mechanism],
         rounds: int,
         delta: float,
-        spent: Sequence[Mechanism],
-        pld_fn: PldFn | None,
-        engine: str,
-        grid: float | None,
+        *,
+        pld_fn: PldFn | None = None,
+        engine: str = "dp_accounting",
+        grid: float | None = None,
+        spent: Sequence[Mechanism] = (),
     ) -> None:
         self.make, self.rounds, self.delta = make, rounds, delta
         self.spent = list(spent)
@@ -116,6 +137,53 @@ class _Evaluator:
         return eps
 
 
+def _calibrate(
+    ev: _Evaluator,
+    parameter: str,
+    epsilon: float,
+    t0: float,
+    *,
+    start: float,
+    caps: tuple[float, float],
+    larger_fails: bool,
+    rtol: float,
+    unreachable: str,
+) -> Calibration:
+    """The boundary of `ev(x) <= epsilon` in x (eps0: larger values fail; n: smaller values
+    fail), searched from `start` within `caps`, checked once more, with its bracket."""
+    integer = parameter == "n"
+    feas, infeas = bracket_boundary(
+        ev, epsilon, start, *caps, feasible_below=larger_fails, integer=integer
+    )
+    if feas is None:
+        cap = caps[0] if larger_fails else caps[1]
+        raise NotApplicable(f"{unreachable} (composed bound {ev(cap):.4g})")
+    value = feas
+    if infeas is not None:  # n is searched in log n (its epsilon falls like n^-1/2)
+        value = shrink_bracket(ev, epsilon, feas, infeas, rtol=rtol, integer=integer, log_x=integer)
+    final = ev(value)
+    if not final <= epsilon:  # pragma: no cover - guarded by construction
+        raise UnsoundResult(f"calibration returned an infeasible {parameter}")
+    failed = [x for x, e in ev.memo.items() if e > epsilon and (x > value) == larger_fails]
+    if larger_fails:
+        bracket = (value, min(failed) if failed else math.inf)
+    else:
+        bracket = (max(failed) if failed else 0.0, value)
+    return Calibration(
+        parameter=parameter,
+        value=float(value),
+        achieved_epsilon=final,
+        target_epsilon=float(epsilon),
+        delta=float(ev.delta),
+        rounds=ev.rounds,
+        evaluations=len(ev.memo),
+        bracket=bracket,
+        seconds=time.perf_counter() - t0,
+        engine=ev.engine,
+        trials=sorted(ev.memo.items()),
+    )
+
+
 def calibrate_eps0_detailed(
     n: int,
     k: int,
@@ -123,14 +191,11 @@ def calibrate_eps0_detailed(
     epsilon: float,
     delta: float,
     *,
-    pld_fn: PldFn | None = None,
-    engine: str = "dp_accounting",
-    grid: float | None = None,
-    spent: Sequence[Mechanism] = (),
     rtol: float = EPS0_RTOL,
     eps0_min: float = 1e-3,
     eps0_max: float = 30.0,
     eps0_start: float | None = None,
+    **composition: Unpack[CompositionOptions],
 ) -> Calibration:
     """Largest eps0 (within rtol) such that the composition meets (epsilon, delta); details."""
     t0 = time.perf_counter()
@@ -140,78 +205,32 @@ def calibrate_eps0_detailed(
         raise InvalidParameters(f"rtol must be in (0, 1), got {rtol!r}")
     if not (0 < eps0_min < eps0_max and math.isfinite(eps0_max)):
         raise InvalidParameters("need 0 < eps0_min < eps0_max < inf")
-    ev = _Evaluator(lambda e: Mechanism(n, k, float(e)), rounds, delta, spent, pld_fn, engine, grid)
-
-    def feasible(e: float) -> bool:
-        return ev(e) <= epsilon
-
-    start = eps0_start if eps0_start is not None else epsilon / (rounds + len(ev.spent))
-    lo, hi = bracket_boundary(
-        ev, epsilon, start, eps0_min, eps0_max, feasible_below=True, integer=False
-    )
-    if lo is None:
-        raise NotApplicable(
-            f"even eps0 = {eps0_min:g} does not meet epsilon={epsilon:g} at delta={delta:g} "
-            f"after {len(ev.spent)} spent rounds (composed bound {ev(eps0_min):.4g})"
-        )
-    if hi is None:  # feasible up to the cap
-        value = lo
-    else:
-        value = shrink_bracket(ev, epsilon, lo, hi, rtol=rtol, integer=False, log_x=False)
-        hi = min(h for h in ev.memo if not feasible(h) and h > value)
-    final = ev(value)
-    if not final <= epsilon:  # pragma: no cover - guarded by construction
-        raise UnsoundResult("calibration returned an infeasible eps0")
-    return Calibration(
-        parameter="eps0",
-        value=float(value),
-        achieved_epsilon=final,
-        target_epsilon=float(epsilon),
-        delta=float(delta),
-        rounds=rounds,
-        evaluations=len(ev.memo),
-        bracket=(float(value), float(hi) if hi is not None else math.inf),
-        seconds=time.perf_counter() - t0,
-        engine=engine,
-        trials=sorted(ev.memo.items()),
+    ev = _Evaluator(lambda e: Mechanism(n, k, float(e)), rounds, delta, **composition)
+    return _calibrate(
+        ev,
+        "eps0",
+        epsilon,
+        t0,
+        start=eps0_start if eps0_start is not None else epsilon / (rounds + len(ev.spent)),
+        caps=(eps0_min, eps0_max),
+        larger_fails=True,
+        rtol=rtol,
+        unreachable=f"even eps0 = {eps0_min:g} does not meet epsilon={epsilon:g} at "
+        f"delta={delta:g} after {len(ev.spent)} spent rounds",
     )
 
 
 def calibrate_eps0(
-    n: int,
-    k: int,
-    rounds: int,
-    epsilon: float,
-    delta: float,
-    *,
-    pld_fn: PldFn | None = None,
-    engine: str = "dp_accounting",
-    grid: float | None = None,
-    spent: Sequence[Mechanism] = (),
-    rtol: float = EPS0_RTOL,
-    eps0_min: float = 1e-3,
-    eps0_max: float = 30.0,
+    n: int, k: int, rounds: int, epsilon: float, delta: float, **options: Unpack[Eps0Options]
 ) -> float:
     """Largest eps0 such that `rounds` rounds at n users (after `spent`) meet (epsilon, delta).
 
     The value returned was checked: its composed upper bound is <= epsilon. It is within
-    relative tolerance `rtol` of the largest such eps0 if feasibility is monotone in eps0.
-    Raises NotApplicable if even eps0_min fails; returns eps0_max if that still meets it.
+    relative tolerance `rtol` (default 1e-3) of the largest such eps0 if feasibility is
+    monotone in eps0. Raises NotApplicable if even eps0_min (1e-3) fails; returns eps0_max (30)
+    if that still meets it. Options: `Eps0Options`.
     """
-    return calibrate_eps0_detailed(
-        n,
-        k,
-        rounds,
-        epsilon,
-        delta,
-        pld_fn=pld_fn,
-        engine=engine,
-        grid=grid,
-        spent=spent,
-        rtol=rtol,
-        eps0_min=eps0_min,
-        eps0_max=eps0_max,
-    ).value
+    return calibrate_eps0_detailed(n, k, rounds, epsilon, delta, **options).value
 
 
 def calibrate_n_detailed(
@@ -221,14 +240,11 @@ def calibrate_n_detailed(
     epsilon: float,
     delta: float,
     *,
-    pld_fn: PldFn | None = None,
-    engine: str = "dp_accounting",
-    grid: float | None = None,
-    spent: Sequence[Mechanism] = (),
     rtol: float = 0.0,
     n_min: int = 1,
     n_max: int = 10**9,
     n_start: int = 1000,
+    **composition: Unpack[CompositionOptions],
 ) -> Calibration:
     """Smallest n (exact, or within rtol) such that the composition meets (epsilon, delta)."""
     t0 = time.perf_counter()
@@ -238,78 +254,29 @@ def calibrate_n_detailed(
         raise InvalidParameters(f"rtol must be in [0, 1), got {rtol!r}")
     if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
         raise InvalidParameters("need integers 1 <= n_min <= n_max")
-    ev = _Evaluator(
-        lambda x: Mechanism(int(x), k, eps0), rounds, delta, spent, pld_fn, engine, grid
-    )
-
-    hi_feas, lo_inf = bracket_boundary(
-        ev, epsilon, float(n_start), float(n_min), float(n_max), feasible_below=False, integer=True
-    )
-    if hi_feas is None:
-        raise NotApplicable(
-            f"even n = {n_max} users do not meet epsilon={epsilon:g} at delta={delta:g} with "
-            f"eps0={eps0:g}, k={k}, {rounds} rounds (composed bound {ev(float(n_max)):.4g})"
-        )
-    if lo_inf is None:
-        value = int(hi_feas)
-    else:
-        value = int(
-            shrink_bracket(ev, epsilon, hi_feas, lo_inf, rtol=rtol, integer=True, log_x=True)
-        )
-    final = ev(float(value))
-    if not final <= epsilon:  # pragma: no cover - guarded by construction
-        raise UnsoundResult("calibration returned an infeasible n")
-    infeasible_below = [x for x in ev.memo if x < value and ev.memo[x] > epsilon]
-    return Calibration(
-        parameter="n",
-        value=float(value),
-        achieved_epsilon=final,
-        target_epsilon=float(epsilon),
-        delta=float(delta),
-        rounds=rounds,
-        evaluations=len(ev.memo),
-        bracket=(max(infeasible_below) if infeasible_below else 0.0, float(value)),
-        seconds=time.perf_counter() - t0,
-        engine=engine,
-        trials=sorted(ev.memo.items()),
+    ev = _Evaluator(lambda x: Mechanism(int(x), k, eps0), rounds, delta, **composition)
+    return _calibrate(
+        ev,
+        "n",
+        epsilon,
+        t0,
+        start=float(n_start),
+        caps=(float(n_min), float(n_max)),
+        larger_fails=False,
+        rtol=rtol,
+        unreachable=f"even n = {n_max} users do not meet epsilon={epsilon:g} at delta={delta:g} "
+        f"with eps0={eps0:g}, k={k}, {rounds} rounds",
     )
 
 
 def calibrate_n(
-    eps0: float,
-    k: int,
-    rounds: int,
-    epsilon: float,
-    delta: float,
-    *,
-    pld_fn: PldFn | None = None,
-    engine: str = "dp_accounting",
-    grid: float | None = None,
-    spent: Sequence[Mechanism] = (),
-    rtol: float = 0.0,
-    n_min: int = 1,
-    n_max: int = 10**9,
+    eps0: float, k: int, rounds: int, epsilon: float, delta: float, **options: Unpack[NOptions]
 ) -> int:
     """Smallest n such that `rounds` rounds of k-RR(eps0) (after `spent`) meet (epsilon, delta).
 
     The value returned was checked feasible. With rtol = 0 (default) it is the exact smallest
     integer if feasibility is monotone in n (observed, not proven); with rtol > 0 the search
     stops when the bracket is within rtol * n (fewer PLD evaluations at large n).
-    Raises NotApplicable if n_max users do not suffice.
+    Raises NotApplicable if n_max (1e9) users do not suffice. Options: `NOptions`.
     """
-    return int(
-        calibrate_n_detailed(
-            eps0,
-            k,
-            rounds,
-            epsilon,
-            delta,
-            pld_fn=pld_fn,
-            engine=engine,
-            grid=grid,
-            spent=spent,
-            rtol=rtol,
-            n_min=n_min,
-            n_max=n_max,
-        ).value
-    )
+    return int(calibrate_n_detailed(eps0, k, rounds, epsilon, delta, **options).value)

@@ -7,7 +7,9 @@ the clones bound and both blanket bounds (each is a mixture of clone pairs), in 
   and, conditionally on the observed blanket size, the weak-adversary pair are all mixtures of it.
 - `mixture_log_delta` / `bucketed_mixture_log_delta`: delta of a mixture over an ancillary
   (observed) binomial variable, with rigorous bounds for the truncated tails.
-- `add_clone_mixture_atoms`: the privacy-loss atoms of such a mixture, for its PLD.
+- `clone_mixture_log_delta` / `clone_mixture_atoms`: the delta and the PLD atoms of a mixture of
+  clone pairs with one q over C ~ Bin(n, p) (the clones pair, the strong-adversary pair);
+  `add_clone_mixture_atoms` for any weights and q (the weak-adversary pair).
 
 Floating-point allowance: every closed-form hockey-stick is a difference of two tails; the
 upper bound adds `REL_ERR` times the sum of the two magnitudes (and the lower bound subtracts
@@ -153,25 +155,18 @@ def mixture_log_delta(
         cs = np.arange(lo, hi + 1, dtype=np.int64)
         lw = log_pmf(cs, n_outer, p_outer)
         comp = component(cs)
-        core_up = logsumexp(lw + comp.upper)
-        core_lo = logsumexp(lw + comp.lower)
-        tails = []
-        if lo > 0:
-            d0 = float(component(np.array([0], dtype=np.int64)).upper[0]) if monotone else 0.0
-            tails.append(float(log_cdf(lo - 1, n_outer, p_outer)) + d0)
-        if hi < n_outer:
-            d_top = float(comp.upper[-1]) if monotone else 0.0
-            tails.append(float(log_sf(hi + 1, n_outer, p_outer)) + d_top)
-        tail = logsumexp(np.array(tails)) if tails else NEG_INF
-        full = lo == 0 and hi == n_outer
-        upper = logsumexp(np.array([core_up, tail])) + UPPER_INFLATE
-        if (
-            full
-            or tail <= core_up + math.log(rel_tol)
-            or (core_up == NEG_INF and tail == NEG_INF)
-            or upper < stop_below
-        ):
-            return MixtureResult(upper, core_lo, tail, (lo, hi))
+
+        def delta_0() -> float:
+            return float(component(np.array([0], dtype=np.int64)).upper[0]) if monotone else 0.0
+
+        done = _with_tails(
+            (n_outer, p_outer, lo, hi),
+            (logsumexp(lw + comp.upper), logsumexp(lw + comp.lower)),
+            (delta_0, float(comp.upper[-1]) if monotone else 0.0),
+            (math.log(rel_tol), 0.0, stop_below),
+        )
+        if done is not None:
+            return done
         k_sd *= 1.5
 
 
@@ -243,22 +238,49 @@ def bucketed_mixture_log_delta(
                 break
             new = {(nodes[j] + nodes[j + 1]) // 2 for j in split}
             nodes = sorted(set(nodes) | new)
-        tails = []
-        if lo > 0:
-            tails.append(float(log_cdf(lo - 1, n_outer, p_outer)) + ev(0)[0])
-        if hi < n_outer:
-            tails.append(float(log_sf(hi + 1, n_outer, p_outer)) + ev(hi)[0])
-        tail = logsumexp(np.array(tails)) if tails else NEG_INF
-        full = lo == 0 and hi == n_outer
-        upper = logsumexp(np.array([core_up, tail])) + UPPER_INFLATE
-        if (
-            full
-            or tail <= core_up + math.log(rel_tol) - 2.0
-            or core_up == tail == NEG_INF
-            or upper < stop_below
-        ):
-            return MixtureResult(upper, core_lo, tail, (lo, hi))
+        done = _with_tails(
+            (n_outer, p_outer, lo, hi),
+            (core_up, core_lo),
+            (lambda: ev(0)[0], ev(hi)[0]),
+            (math.log(rel_tol), 2.0, stop_below),
+        )
+        if done is not None:
+            return done
         k_sd *= 2.0
+
+
+def _with_tails(
+    window: tuple[int, float, int, int],
+    core: tuple[float, float],
+    tail_deltas: tuple[Callable[[], float], float],
+    stop: tuple[float, float, float],
+) -> MixtureResult | None:
+    """A mixture's log delta from its window [lo, hi] of Bin(n, p), or None to widen it.
+
+    window = (n, p, lo, hi); core = log (upper, lower) of the sum over the window;
+    tail_deltas = (delta below the window, as a callable: it costs an evaluation, delta above);
+    stop = (log rel_tol, extra margin, stop_below). The exact binomial mass outside the window,
+    times those deltas, is added to the upper bound; the window is final once that is below
+    rel_tol (less the margin) of the core, covers everything, or the bound is below stop_below.
+    """
+    n_outer, p_outer, lo, hi = window
+    core_up, core_lo = core
+    log_rel_tol, margin, stop_below = stop
+    tails = []
+    if lo > 0:
+        tails.append(float(log_cdf(lo - 1, n_outer, p_outer)) + tail_deltas[0]())
+    if hi < n_outer:
+        tails.append(float(log_sf(hi + 1, n_outer, p_outer)) + tail_deltas[1])
+    tail = logsumexp(np.array(tails)) if tails else NEG_INF
+    upper = logsumexp(np.array([core_up, tail])) + UPPER_INFLATE
+    if (
+        (lo == 0 and hi == n_outer)
+        or tail <= core_up + log_rel_tol - margin
+        or (core_up == NEG_INF and tail == NEG_INF)
+        or upper < stop_below
+    ):
+        return MixtureResult(upper, core_lo, tail, (lo, hi))
+    return None
 
 
 def add_clone_mixture_atoms(
@@ -310,3 +332,59 @@ def add_clone_mixture_atoms(
         mass = np.where(valid, lP + log_wc[sl, None], NEG_INF)
         acc.add(loss, mass)
         i = j
+
+
+def clone_mixture_log_delta(
+    n_outer: int,
+    p_outer: float,
+    q: float,
+    epsilon: float,
+    *,
+    tail: bool = False,
+    shift: float = 0.0,
+    stop_below: float = NEG_INF,
+) -> MixtureResult:
+    """log delta(epsilon) of sum_c Bin(n_outer, p_outer)(c) (P_c, Q_c), all with the same q.
+
+    `shift` is added to every log delta (a mixture weight, e.g. log(1 - gamma)); `tail` gives
+    P(L >= eps) instead, which is not monotone in c (its truncated tails count with delta 1).
+    """
+
+    def component(cs: IntArray) -> Bounds:
+        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon, tail=tail)
+
+    mr = mixture_log_delta(
+        n_outer, p_outer, component, monotone=not tail, stop_below=stop_below - shift
+    )
+    return MixtureResult(mr.upper + shift, mr.lower + shift, mr.log_tail_mass, mr.window)
+
+
+def clone_mixture_atoms(
+    n_outer: int,
+    p_outer: float,
+    q: float,
+    *,
+    tau: float,
+    grid: float | None,
+    shift: float = 0.0,
+) -> LossBinner:
+    """The privacy-loss atoms of sum_c Bin(n_outer, p_outer)(c) (P_c, Q_c) (one q), collected.
+
+    For n_outer >= 2000, c is cut to a window of exact tail mass ~tau, the rest counted as
+    infinite loss (and B per c, see `add_clone_mixture_atoms`). Losses are rounded up to `grid`
+    (1e-5 by default once more than 3e6 atoms are expected; exact atoms otherwise). `shift` is
+    added to every log mass. Add any other component, then `build` the PLD.
+    """
+    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
+    lo, hi = sd_window(n_outer, p_outer, k_sd) if n_outer >= 2000 else (0, n_outer)
+    cs = np.arange(lo, hi + 1, dtype=np.int64)
+    if grid is None and int(np.sum(k_sd * np.sqrt(cs) + 5)) > 3_000_000:
+        grid = 1e-5
+    acc = LossBinner(grid)
+    if lo > 0:
+        acc.add_inf(float(log_cdf(lo - 1, n_outer, p_outer)) + shift)
+    if hi < n_outer:
+        acc.add_inf(float(log_sf(hi + 1, n_outer, p_outer)) + shift)
+    weights = log_pmf(cs, n_outer, p_outer) + shift
+    add_clone_mixture_atoms(acc, cs, weights, np.full(cs.shape, q))
+    return acc

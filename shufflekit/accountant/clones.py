@@ -38,35 +38,36 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-
 from shufflekit.accountant.clone_pair import (
-    Bounds,
     MixtureResult,
-    add_clone_mixture_atoms,
-    clone_pair_log_delta,
-    mixture_log_delta,
+    clone_mixture_atoms,
+    clone_mixture_log_delta,
 )
 from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    Soundness,
     check_delta,
     check_epsilon,
     check_mechanism,
 )
-from shufflekit.accountant.ldp import cap_delta, cap_epsilon, epsilon_with_cap
-from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window
-from shufflekit.accountant.numerics.grid import LossBinner
+from shufflekit.accountant.ldp import (
+    Label,
+    delta_result,
+    epsilon_result,
+    solved_epsilon_result,
+)
 from shufflekit.accountant.numerics.krr import krr
-from shufflekit.accountant.numerics.logspace import NEG_INF, IntArray
+from shufflekit.accountant.numerics.logspace import NEG_INF
 from shufflekit.accountant.numerics.roots import bisect
 from shufflekit.base.errors import NotApplicable
 
 METHOD = "clones"
 SUMMARY = "Feldman-McMillan-Talwar clones pair (any eps0-LDP randomizer), exact hockey-stick"
 SUMMARY_CLOSED = "Feldman-McMillan-Talwar closed form (official code's formula), validity-checked"
+
+_EXACT = Label(METHOD, "exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)")
+_CLOSED = Label(METHOD, "Feldman-McMillan-Talwar closed form (official code's formula)")
 
 
 def _q(eps0: float) -> float:
@@ -78,12 +79,7 @@ def clones_log_delta(
     n: int, eps0: float, epsilon: float, *, stop_below: float = NEG_INF
 ) -> MixtureResult:
     """log delta(epsilon) of the clones pair: rigorous upper bound and a lower estimate."""
-    q = _q(eps0)
-
-    def component(cs: IntArray) -> Bounds:
-        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon)
-
-    return mixture_log_delta(n - 1, math.exp(-eps0), component, stop_below=stop_below)
+    return clone_mixture_log_delta(n - 1, math.exp(-eps0), _q(eps0), epsilon, stop_below=stop_below)
 
 
 def fmt_closed_form_epsilon_log(n: int, eps0: float, log_delta: float) -> float:
@@ -132,32 +128,15 @@ def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) 
     check_epsilon(epsilon)
     if closed_form:
         ld = _closed_form_log_delta(mech.n, mech.eps0, epsilon)
-        res = PrivacyResult(
-            method=METHOD,
-            epsilon=float(epsilon),
-            log_delta=ld,
-            soundness=Soundness.SOUND_UPPER,
-            note="Feldman-McMillan-Talwar closed form (official code's formula)",
-            seconds=time.perf_counter() - t0,
-            details={"variant": "closed_form"},
-        )
-        return cap_delta(res, mech)
+        return delta_result(mech, epsilon, ld, _CLOSED, t0, {"variant": "closed_form"})
     mr = clones_log_delta(mech.n, mech.eps0, epsilon)
-    res = PrivacyResult(
-        method=METHOD,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)",
-        seconds=time.perf_counter() - t0,
-        details={
-            "variant": "numerical",
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "c_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+    details = {
+        "variant": "numerical",
+        "lower_log_delta_of_pair": mr.lower,
+        "log_truncated_tail_bound": mr.log_tail_mass,
+        "c_window": mr.window,
+    }
+    return delta_result(mech, epsilon, mr.upper, _EXACT, t0, details)
 
 
 def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
@@ -170,32 +149,12 @@ def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) 
         if delta <= 0:
             raise NotApplicable("the closed form needs delta > 0")
         eps = fmt_closed_form_epsilon_log(mech.n, mech.eps0, log_t)
-        res = PrivacyResult(
-            method=METHOD,
-            epsilon=eps,
-            log_delta=log_t,
-            soundness=Soundness.SOUND_UPPER,
-            note="Feldman-McMillan-Talwar closed form (official code's formula)",
-            seconds=time.perf_counter() - t0,
-            details={"variant": "closed_form"},
-        )
-        return cap_epsilon(res, mech, delta)
+        return epsilon_result(mech, delta, eps, _CLOSED, t0, {"variant": "closed_form"})
 
     def curve(e: float) -> float:
         return clones_log_delta(mech.n, mech.eps0, e, stop_below=log_t - 5.0).upper
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    res = PrivacyResult(
-        method=METHOD,
-        epsilon=eps,
-        log_delta=log_t,
-        soundness=Soundness.SOUND_UPPER,
-        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)"
-        + ("; capped by the LDP bound (k-RR profile, (eps0, 0))" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={"variant": "numerical", "ldp_cap_applied": capped},
-    )
-    return res
+    return solved_epsilon_result(mech, delta, curve, _EXACT, t0, {"variant": "numerical"})
 
 
 def clones_pld(
@@ -208,24 +167,9 @@ def clones_pld(
     """
     check_mechanism(mech)
     n, eps0 = mech.n, mech.eps0
-    p = math.exp(-eps0)
-    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = sd_window(n - 1, p, k_sd) if n > 2000 else (0, n - 1)
-    cs = np.arange(lo, hi + 1, dtype=np.int64)
-    if grid is None and _atoms_estimate(cs, k_sd) > 3_000_000:
-        grid = 1e-5
-    acc = LossBinner(grid)
-    if lo > 0:
-        acc.add_inf(float(log_cdf(lo - 1, n - 1, p)))
-    if hi < n - 1:
-        acc.add_inf(float(log_sf(hi + 1, n - 1, p)))
-    add_clone_mixture_atoms(acc, cs, log_pmf(cs, n - 1, p), np.full(cs.shape, _q(eps0)))
+    acc = clone_mixture_atoms(n - 1, math.exp(-eps0), _q(eps0), tau=tau, grid=grid)
     return acc.build(
         f"Feldman-McMillan-Talwar clones pair, n={n}, eps0={eps0:g}"
-        + (f", losses rounded up to a {grid:g} grid" if grid else "")
+        + (f", losses rounded up to a {acc.step:g} grid" if acc.step else "")
         + "; truncated mass counted as infinite loss"
     )
-
-
-def _atoms_estimate(cs: IntArray, k_sd: float) -> int:
-    return int(np.sum(k_sd * np.sqrt(cs) + 5))

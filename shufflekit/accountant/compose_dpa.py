@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,17 +44,6 @@ from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResu
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
-
-
-@dataclass(frozen=True)
-class DpAccountingEngine:
-    """dp_accounting as a `CompositionEngine` (truncating at most `truncation_total` in all)."""
-
-    truncation_total: float = DEFAULT_TRUNCATION_TOTAL
-    name: str = "dp_accounting"
-
-    def compose(self, grids: Sequence[GridPLD], counts: Sequence[int]) -> ComposedGrid:
-        return compose_dpa(grids, counts, truncation_total=self.truncation_total)
 
 
 class _Tracker:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.fft as sfft
@@ -49,17 +48,6 @@ from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResu
 DEFAULT_ALIAS_TARGET = 1e-18
 #: Largest window (grid points) the engine accepts; beyond it AccuracyError (coarser grid).
 MAX_FFT_POINTS = 1 << 25
-
-
-@dataclass(frozen=True)
-class FftEngine:
-    """The Fourier accountant as a `CompositionEngine` (window sized for `alias_target`)."""
-
-    alias_target: float = DEFAULT_ALIAS_TARGET
-    name: str = "fft"
-
-    def compose(self, grids: Sequence[GridPLD], counts: Sequence[int]) -> ComposedGrid:
-        return compose_fft(grids, counts, alias_target=self.alias_target)
 
 
 def compose_fft(

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from shufflekit.accountant.attack_pld import dataset_pld
-from shufflekit.accountant.compose_dpa import DpAccountingEngine
-from shufflekit.accountant.compose_fft import FftEngine
+from shufflekit.accountant.compose_dpa import compose_dpa
+from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.engine import ComposedGrid, CompositionEngine
+from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
@@ -65,11 +65,11 @@ def make_engine(
 ) -> CompositionEngine:
     """The engine called `engine` ("dp_accounting" or "fft"), with its own option if given."""
     if engine == "fft":
-        return FftEngine() if alias_target is None else FftEngine(alias_target=alias_target)
+        opts = {} if alias_target is None else {"alias_target": alias_target}
+        return GridEngine(engine, compose_fft, opts)
     if engine == "dp_accounting":
-        if truncation_total is None:
-            return DpAccountingEngine()
-        return DpAccountingEngine(truncation_total=truncation_total)
+        opts = {} if truncation_total is None else {"truncation_total": truncation_total}
+        return GridEngine(engine, compose_dpa, opts)
     raise InvalidParameters(f"engine must be one of {ENGINES}, got {engine!r}")
 
 

@@ -3,45 +3,39 @@ what it returns (`ComposedGrid`), and the pieces every engine shares.
 
 An engine composes privacy loss distributions that are already on one loss grid
 (`numerics.grid.discretise`); `accountant.composition` picks one by name and turns its output
-into queryable bounds. Two implement it: `compose_dpa.DpAccountingEngine` (Google's
-dp_accounting, the default) and `compose_fft.FftEngine` (our Fourier accountant).
+into queryable bounds. Two implement it, each a `GridEngine` over its compose function:
+`compose_dpa.compose_dpa` (Google's dp_accounting, the default) and `compose_fft.compose_fft`
+(our Fourier accountant).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from shufflekit.accountant.numerics.grid import GridPLD
-from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
+from shufflekit.accountant.numerics.grid import GridMasses, GridPLD
+from shufflekit.accountant.numerics.logspace import logsumexp
 from shufflekit.base.errors import InvalidParameters
 
 _U = 2.0**-53
 
 
 @dataclass(frozen=True, eq=False)
-class ComposedGrid:
+class ComposedGrid(GridMasses):
     """A composed PLD on the grid, as an engine returns it (before any query).
 
-    Entry i of `probs` is the P-mass at loss (offset + i) * step (raw engine output: may hold
-    round-off of either sign). `inf_mass` / `log_inf_mass`: mass at +inf (upper side: input
-    infinite mass and truncations, composed exactly). The three error terms are additive
-    bounds on |delta_engine(eps) - delta_exact_grid(eps)| for every eps:
+    `probs` is the raw engine output: it may hold round-off of either sign. `inf_mass` (upper
+    side): input infinite mass and truncations, composed exactly. The three error terms are
+    additive bounds on |delta_engine(eps) - delta_exact_grid(eps)| for every eps:
     `alias_error` (FFT wrap-around, a Chernoff bound), `truncation_slack` (mass an engine moved
     to +inf: already inside `inf_mass`, so only looseness, reported for the accuracy check),
     `fp_error` (floating-point estimate of FFT round-off).
     """
 
-    step: float
-    offset: int
-    probs: FloatArray
-    inf_mass: float
-    log_inf_mass: float
-    upper: bool
     rounds: int
     alias_error: float = 0.0
     truncation_slack: float = 0.0
@@ -82,6 +76,18 @@ class CompositionEngine(Protocol):
     def compose(self, grids: Sequence[GridPLD], counts: Sequence[int]) -> ComposedGrid:
         """The composition of counts[i] copies of grids[i]."""
         ...
+
+
+@dataclass(frozen=True)
+class GridEngine:
+    """A `CompositionEngine` from a compose function and the options it is always called with."""
+
+    name: str
+    compose_fn: Callable[..., ComposedGrid]  # (grids, counts, **options)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def compose(self, grids: Sequence[GridPLD], counts: Sequence[int]) -> ComposedGrid:
+        return self.compose_fn(grids, counts, **self.options)
 
 
 def check_inputs(grids: Sequence[GridPLD], counts: Sequence[int]) -> None:

@@ -42,10 +42,11 @@ from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    Soundness,
+    check_delta,
     check_epsilon,
     check_mechanism,
 )
+from shufflekit.accountant.ldp import Label
 from shufflekit.accountant.numerics.roots import newton_root
 from shufflekit.accountant.tight_k2 import K2Bound, k2_bounds
 from shufflekit.accountant.tight_upper import (
@@ -69,6 +70,7 @@ __all__ = [
 ]
 
 METHOD = "tight"
+_LABEL = Label(METHOD, "")  # a sound upper bound; each result's note says how it was obtained
 _K2_MAX_N = 2_000_000  # k = 2: the certified branch-and-bound bound up to this n (cost ~ n)
 
 
@@ -129,17 +131,8 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     eps = check_epsilon(epsilon)
     t0 = time.perf_counter()
     if eps >= mech.eps0:
-        return PrivacyResult(
-            method=METHOD,
-            epsilon=eps,
-            log_delta=-math.inf,
-            soundness=Soundness.SOUND_UPPER,
-            lower_epsilon=eps,
-            lower_log_delta=-math.inf,
-            note="epsilon >= eps0: delta = 0 by the LDP bound of k-RR",
-            seconds=time.perf_counter() - t0,
-            details={"capped_by_ldp": True},
-        )
+        note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
+        return _LABEL.result(eps, -math.inf, t0, {"capped_by_ldp": True}, note, (eps, -math.inf))
     up, drop, nb, limited = upper_bound(mech, eps)
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
@@ -171,17 +164,7 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     }
     if mech.k == 2:
         details |= _k2_details(mech, k2)
-    return PrivacyResult(
-        method=METHOD,
-        epsilon=eps,
-        log_delta=up,
-        soundness=Soundness.SOUND_UPPER,
-        lower_epsilon=eps,
-        lower_log_delta=low,
-        note=note,
-        seconds=t2 - t0,
-        details=details,
-    )
+    return _LABEL.result(eps, up, t0, details, note, (eps, low))
 
 
 def _guess_epsilon(mech: Mechanism, log_delta: float) -> float:
@@ -198,8 +181,7 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     `lower_epsilon` DOWN (the attack's delta at it is >= delta), each to relative `rtol`.
     """
     check_mechanism(mech)
-    if not isinstance(delta, float | int) or not (0 < float(delta) < 1):
-        raise InvalidParameters(f"delta must be in (0, 1), got {delta!r}")
+    delta = check_delta(delta)
     if not (0 < rtol < 0.1):
         raise InvalidParameters(f"rtol must be in (0, 0.1), got {rtol!r}")
     t0 = time.perf_counter()
@@ -291,17 +273,8 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
         details |= k2_note or _k2_details(mech, None)
         if k2_note:
             upper_note = _K2_NOTE
-    return PrivacyResult(
-        method=METHOD,
-        epsilon=eps_u,
-        log_delta=ld,
-        soundness=Soundness.SOUND_UPPER,
-        lower_epsilon=eps_l,
-        lower_log_delta=ld,
-        note=f"upper: {upper_note}; lower: {worst}",
-        seconds=t2 - t0,
-        details=details,
-    )
+    note = f"upper: {upper_note}; lower: {worst}"
+    return _LABEL.result(eps_u, ld, t0, details, note, (eps_l, ld))
 
 
 def attack_pld(

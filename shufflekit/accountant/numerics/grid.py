@@ -63,12 +63,10 @@ LAMBDAS: FloatArray = np.geomspace(1e-3, 2e3, 28)
 
 
 @dataclass(frozen=True, eq=False)
-class GridPLD:
-    """A PLD on the grid: atom i has loss (offset + i) * step and P-mass probs[i].
-
-    `inf_mass` is the P-mass at loss +inf (for an upper bound it includes the truncated mass,
-    `truncated_mass` of it); `upper` says which side of the input this grid bounds.
-    """
+class GridMasses:
+    """P-masses on the loss grid: entry i at loss (offset + i) * step, `inf_mass` (and its log,
+    which may be below float range) at loss +inf; `upper` says which side of the true
+    distribution they bound (upper: a dominating pair; lower: below an attack)."""
 
     step: float
     offset: int
@@ -76,10 +74,6 @@ class GridPLD:
     inf_mass: float
     log_inf_mass: float
     upper: bool
-    truncated_mass: float = 0.0
-    method: str = "split"
-    key: str = ""
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def losses(self) -> FloatArray:
@@ -89,6 +83,17 @@ class GridPLD:
     @property
     def size(self) -> int:
         return int(self.probs.size)
+
+
+@dataclass(frozen=True, eq=False)
+class GridPLD(GridMasses):
+    """One round's PLD on the grid (`discretise`): for an upper bound `inf_mass` includes the
+    truncated mass, `truncated_mass` of it; `method` is how atoms were moved to the grid."""
+
+    truncated_mass: float = 0.0
+    method: str = "split"
+    key: str = ""
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def finite_mass(self) -> float:
         return float(np.sum(self.probs))
