@@ -24,7 +24,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from shufflekit.accountant.core import Mechanism, check_epsilon, check_mechanism
+from shufflekit.accountant.core import Mechanism, check_query
 from shufflekit.accountant.numerics.binomial import (
     log_cdf,
     log_interval,
@@ -221,8 +221,8 @@ def attack_log_delta(
     cheap: skip "all others at z", whose windows grow with depth (tens of seconds at n = 1e5
     for delta below 1e-300, where only its log could be reported anyway).
     """
-    check_mechanism(mech)
-    eps = check_epsilon(epsilon)
+    check_query(mech, epsilon)
+    eps = float(epsilon)
     if eps >= mech.eps0:
         return -math.inf, "none (eps >= eps0: LDP bound)", {}
     log_tau = max(log_tau, -500.0)  # windows beyond e^-500 only cost time for a lower bound

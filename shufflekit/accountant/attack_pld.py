@@ -5,10 +5,11 @@ dataset's PLD over rounds gives a LOWER bound on the composed privacy loss.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_mechanism
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import log_interval, log_pmf, tail_window
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -153,6 +154,17 @@ def _pld_k2_m(
     return [lp0[ok] - lp1[ok]], [lp0[ok]]
 
 
+class AttackPldOptions(TypedDict, total=False):
+    """How an attack's PLD is discretised (`dataset_pld`): loss grid `loss_step` (default: the
+    loss span / `n_atoms`, 20000), windows at tail level e^`log_tau` (-36), and for k >= 4 the
+    number of h_z bins per T of "all_at_z" (`z_bins`, 4)."""
+
+    loss_step: float | None
+    n_atoms: int
+    log_tau: float
+    z_bins: int
+
+
 def check_options(direction: str, log_tau: float, z_bins: int) -> None:
     """InvalidParameters for an impossible direction, truncation level or number of h_z bins."""
     if direction not in ("x0|x1", "x1|x0"):
@@ -185,7 +197,7 @@ def dataset_pld(
     also only lowers every delta. For k >= 4, "all_at_z" lets the adversary see h_z only in
     `z_bins` bins per T (a post-processing, hence still a lower bound; more bins are tighter).
     """
-    check_mechanism(mech)
+    check_query(mech)
     check_options(direction, log_tau, z_bins)
     reverse = direction == "x1|x0"
     if dataset == "all_at_x1":  # relabel x0 <-> x1: the reverse order of "all at x0"

@@ -47,14 +47,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from shufflekit.accountant.core import (
-    Mechanism,
-    PrivacyResult,
-    Soundness,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
-)
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_query
 from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_pmf
 from shufflekit.accountant.numerics.krr import krr
@@ -284,8 +277,7 @@ def biswas_delta(
 ) -> PrivacyResult:
     """delta(epsilon) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee (see module)."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     details = _printed_details(mech, n_x0, histogram)
     ld = biswas_log_delta(mech, epsilon, n_x0=n_x0, histogram=histogram)
     return delta_result(mech, epsilon, ld, _PRINTED, t0, details)
@@ -300,8 +292,7 @@ def biswas_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     details = _printed_details(mech, n_x0, histogram)
 
     def curve(e: float) -> float:
@@ -339,8 +330,7 @@ def corrected_log_delta_max(mech: Mechanism, epsilon: float, n_x0: int | None = 
 def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None) -> PrivacyResult:
     """delta(epsilon) of the corrected x0-count marginal: a LOWER bound on the tight delta."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
     ld = corrected_log_delta_max(mech, epsilon, n_x0)
     return delta_result(mech, epsilon, ld, _CORRECTED, t0, details)
@@ -349,8 +339,7 @@ def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None)
 def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None) -> PrivacyResult:
     """epsilon(delta) of the corrected x0-count marginal: a LOWER bound on the tight epsilon."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
 
     def curve(e: float) -> float:

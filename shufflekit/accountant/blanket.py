@@ -68,9 +68,7 @@ from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
+    check_query,
 )
 from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
@@ -145,7 +143,7 @@ def strong_pld(
 
     Truncated mass counts as infinite loss; with `grid`, losses are rounded up and merged.
     """
-    check_mechanism(mech)
+    check_query(mech)
     n, gamma = mech.n, mech.gamma
     shift = math.log1p(-gamma) if beta_mixture else 0.0
     acc = clone_mixture_atoms(n - 1, 2.0 * gamma / mech.k, 1.0, tau=tau, grid=grid, shift=shift)
@@ -333,7 +331,7 @@ def weak_pld(
     pessimistic at most at n ~ 1e3..1e4, more in far tails at n >= 1e5. Cost: seconds at
     n <= 1e4, 20-40 s at n = 1e5 (tens of millions of atoms are generated and merged).
     """
-    check_mechanism(mech)
+    check_query(mech)
     n, gamma, k = mech.n, mech.gamma, mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
     lo, hi = sd_window(n - 1, gamma, k_sd)
@@ -409,8 +407,7 @@ def _delta(
 ) -> PrivacyResult:
     """A pair's delta at `epsilon`, with its lower estimate and truncation in `details`."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     mr = log_delta()
     details |= {
         "lower_log_delta_of_pair": mr.lower,
@@ -429,8 +426,7 @@ def _epsilon(
 ) -> PrivacyResult:
     """A pair's epsilon at `delta`; `log_delta(eps, log target)` may stop early far from it."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     log_t = math.log(delta) if delta > 0 else NEG_INF
 
     def curve(e: float) -> float:

@@ -47,9 +47,7 @@ from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
+    check_query,
 )
 from shufflekit.accountant.ldp import (
     Label,
@@ -124,8 +122,7 @@ def _closed_form_log_delta(n: int, eps0: float, epsilon: float) -> float:
 def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) -> PrivacyResult:
     """delta(epsilon) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     if closed_form:
         ld = _closed_form_log_delta(mech.n, mech.eps0, epsilon)
         return delta_result(mech, epsilon, ld, _CLOSED, t0, {"variant": "closed_form"})
@@ -142,8 +139,7 @@ def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) 
 def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
     """epsilon(delta) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     log_t = math.log(delta) if delta > 0 else NEG_INF
     if closed_form:
         if delta <= 0:
@@ -165,7 +161,7 @@ def clones_pld(
     Truncated mass (C outside a window, B outside its window per c) is counted as infinite
     loss. With `grid`, losses are rounded up to multiples of it and merged (pessimistic).
     """
-    check_mechanism(mech)
+    check_query(mech)
     n, eps0 = mech.n, mech.eps0
     acc = clone_mixture_atoms(n - 1, math.exp(-eps0), _q(eps0), tau=tau, grid=grid)
     return acc.build(

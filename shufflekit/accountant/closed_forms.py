@@ -36,14 +36,7 @@ from __future__ import annotations
 import math
 import time
 
-from shufflekit.accountant.core import (
-    Mechanism,
-    PrivacyResult,
-    Soundness,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
-)
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_query
 from shufflekit.accountant.ldp import Label, delta_result, epsilon_result
 from shufflekit.accountant.numerics.logspace import NEG_INF
 from shufflekit.base.errors import NotApplicable
@@ -75,8 +68,7 @@ def erlingsson_epsilon(
 ) -> PrivacyResult:
     """eps = 12 eps0 sqrt(log(1/delta)/n); NotApplicable outside eps0<1/2, n>=1000, delta<1/100."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     if delta <= 0:
         raise NotApplicable("Erlingsson et al.'s bound needs delta > 0")
     bad = _erlingsson_violations(mech, delta)
@@ -90,8 +82,7 @@ def erlingsson_delta(
 ) -> PrivacyResult:
     """delta = exp(-n eps^2 / (144 eps0^2)); NotApplicable outside the theorem's range."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     log_delta = -mech.n * epsilon**2 / (144.0 * mech.eps0**2)
     delta = math.exp(log_delta) if log_delta > -745 else 0.0
     bad = _erlingsson_violations(mech, None)
@@ -107,8 +98,7 @@ def erlingsson_delta(
 def balle_epsilon(mech: Mechanism, delta: float, *, check_validity: bool = True) -> PrivacyResult:
     """Balle et al. Thm 3.1 inverted at the mechanism's gamma; NotApplicable when eps > 1."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     if delta <= 0:
         raise NotApplicable("Balle et al.'s Theorem 3.1 needs delta > 0")
     if mech.n < 2:
@@ -123,8 +113,7 @@ def balle_epsilon(mech: Mechanism, delta: float, *, check_validity: bool = True)
 def balle_delta(mech: Mechanism, epsilon: float, *, check_validity: bool = True) -> PrivacyResult:
     """delta = 2 exp(-(n-1) gamma eps^2 / (14 k)) for 27k/((n-1) gamma) <= eps <= 1."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     if mech.n < 2:
         raise NotApplicable("Balle et al.'s Theorem 3.1 needs n >= 2")
     g, k, m = mech.gamma, mech.k, mech.n - 1

@@ -33,12 +33,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
-from shufflekit.accountant.engine import (
-    ComposedGrid,
-    check_inputs,
-    compose_inf_mass,
-    fp_error_estimate,
-)
+from shufflekit.accountant.engine import ComposedGrid, fp_error_estimate, grid_rounds
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
@@ -137,15 +132,11 @@ def compose_dpa(
 ) -> ComposedGrid:
     """Compose `counts[i]` copies of `grids[i]` with dp_accounting (all on one step and side)."""
     t0 = time.perf_counter()
-    grids = list(grids)
-    counts = [int(c) for c in counts]
-    check_inputs(grids, counts)
-    step = grids[0].step
-    upper = grids[0].upper
+    rs = grid_rounds(grids, counts)
+    upper = rs.upper
     if not (0.0 <= truncation_total < 1e-3):
         raise InvalidParameters(f"truncation_total must be in [0, 1e-3), got {truncation_total}")
-    pairs = [(g, c) for g, c in zip(grids, counts, strict=True) if c > 0]
-    total = sum(c for _, c in pairs)
+    pairs = list(zip(rs.grids, rs.counts, strict=True))
     n_ops = sum(max(0, 2 * c.bit_length()) for _, c in pairs) + len(pairs)
     tr = _Tracker(truncation_total / max(1, n_ops))
 
@@ -159,23 +150,22 @@ def compose_dpa(
 
     # dp_accounting composes infinity masses linearly; recompute ours exactly in log space and
     # add the truncation it moved there (upper side only).
-    inf_mass, log_inf = compose_inf_mass([g for g, _ in pairs], [c for _, c in pairs], upper)
+    inf_mass, log_inf = rs.inf_mass, rs.log_inf_mass
     dpa_inf = float(d._infinity_mass)
     if upper:
         extra = max(0.0, dpa_inf - inf_mass)
         if extra > 0:
             log_inf = float(np.logaddexp(log_inf, math.log(extra)))
             inf_mass = min(1.0, inf_mass + extra)
-    trunc_in = float(sum(c * g.truncated_mass for g, c in pairs))
     return ComposedGrid(
-        step=step,
+        step=rs.step,
         offset=int(d._lower_loss),
         probs=np.asarray(d._probs, dtype=np.float64),
         inf_mass=inf_mass,
         log_inf_mass=log_inf,
         upper=upper,
-        rounds=total,
-        truncation_slack=trunc_in + (tr.trunc if upper else 0.0),
+        rounds=rs.total,
+        truncation_slack=rs.truncated_mass + (tr.trunc if upper else 0.0),
         fp_error=tr.fp,
         details={
             "engine": "dp_accounting",

@@ -30,16 +30,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.fft as sfft
 
-from shufflekit.accountant.engine import (
-    ComposedGrid,
-    check_inputs,
-    compose_inf_mass,
-    fp_error_estimate,
-)
+from shufflekit.accountant.engine import ComposedGrid, GridRounds, fp_error_estimate, grid_rounds
 from shufflekit.accountant.numerics.grid import LAMBDAS, GridPLD
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
@@ -64,29 +60,31 @@ def compose_fft(
     reproductions of the seed's [-L, L) grid); the aliasing bound is then computed for it.
     """
     t0 = time.perf_counter()
-    grids = list(grids)
-    counts = [int(c) for c in counts]
-    check_inputs(grids, counts)
-    step = grids[0].step
-    upper = grids[0].upper
-    total = sum(counts)
-    inf_mass, log_inf = compose_inf_mass(grids, counts, upper)
-    trunc = float(sum(c * g.truncated_mass for g, c in zip(grids, counts, strict=True)))
+    rs = grid_rounds(grids, counts)
+    if rs.total == 1 and window is None:  # nothing to convolve
+        g = rs.grids[0]
+        offset, probs, alias, fp = g.offset, g.probs.copy(), 0.0, 0.0
+        details: dict[str, Any] = {"engine": "fft", "m": g.size, "fft": False, "seconds": 0.0}
+    else:
+        offset, probs, alias, fp, details = _convolve(rs, alias_target, max_points, window)
+        details["seconds"] = time.perf_counter() - t0
+    return ComposedGrid(
+        **rs.shared_fields(),
+        offset=offset,
+        probs=probs,
+        rounds=rs.total,
+        alias_error=alias,
+        truncation_slack=rs.truncated_mass,
+        fp_error=fp,
+        details=details,
+    )
 
-    if total == 1 and window is None:
-        g = grids[counts.index(1)]
-        return ComposedGrid(
-            step=step,
-            offset=g.offset,
-            probs=g.probs.copy(),
-            inf_mass=inf_mass,
-            log_inf_mass=log_inf,
-            upper=upper,
-            rounds=1,
-            truncation_slack=trunc,
-            details={"engine": "fft", "m": g.size, "fft": False, "seconds": 0.0},
-        )
 
+def _convolve(
+    rs: GridRounds, alias_target: float, max_points: int, window: tuple[int, int] | None
+) -> tuple[int, FloatArray, float, float, dict[str, Any]]:
+    """(offset, probs, aliasing bound, round-off estimate, details) of the FFT composition."""
+    grids, counts, step = rs.grids, rs.counts, rs.step
     # deterministic support of the composition (grid indices, inclusive)
     det_lo = sum(c * g.offset for g, c in zip(grids, counts, strict=True))
     det_hi = sum(c * (g.offset + g.size - 1) for g, c in zip(grids, counts, strict=True))
@@ -114,40 +112,24 @@ def compose_fft(
     # characteristic functions: product over distinct rounds
     prod: np.ndarray | None = None
     for g, c in zip(grids, counts, strict=True):
-        if c == 0:
-            continue
         x = sfft.rfft(_circular(g, m))
         if c > 1:
             x = x**c
         prod = x if prod is None else prod * x
-    if prod is None:  # check_inputs: at least one round
+    if prod is None:  # grid_rounds: at least one round
         raise UnsoundResult("no round to compose")
     b = sfft.irfft(prod, n=m)
-    probs = np.roll(b, -(o % m))
-
-    fp = _fp_error(grids, counts, m, b)
-    return ComposedGrid(
-        step=step,
-        offset=o,
-        probs=np.asarray(probs, dtype=np.float64),
-        inf_mass=inf_mass,
-        log_inf_mass=log_inf,
-        upper=upper,
-        rounds=total,
-        alias_error=alias,
-        truncation_slack=trunc,
-        fp_error=fp,
-        details={
-            "engine": "fft",
-            "m": m,
-            "window_first_index": o,
-            "window_losses": (o * step, (o + m - 1) * step),
-            "L_equivalent": m * step / 2.0,
-            "fft": True,
-            "distinct_rounds": sum(1 for c in counts if c > 0),
-            "seconds": time.perf_counter() - t0,
-        },
-    )
+    probs = np.asarray(np.roll(b, -(o % m)), dtype=np.float64)
+    details = {
+        "engine": "fft",
+        "m": m,
+        "window_first_index": o,
+        "window_losses": (o * step, (o + m - 1) * step),
+        "L_equivalent": m * step / 2.0,
+        "fft": True,
+        "distinct_rounds": len(grids),
+    }
+    return o, probs, alias, _fp_error(grids, counts, m, b), details
 
 
 def _choose_window(

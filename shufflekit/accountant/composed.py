@@ -33,6 +33,7 @@ import numpy as np
 import scipy.signal as ssignal
 
 from shufflekit.accountant.core import PrivacyResult, Soundness, check_delta, check_epsilon
+from shufflekit.accountant.numerics.grid import GridMasses
 from shufflekit.accountant.numerics.logspace import FloatArray, log1mexp, log_of, log_sub, logsumexp
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
@@ -41,36 +42,32 @@ DEFAULT_MAX_ERROR_FRACTION = 0.1
 
 
 @dataclass(frozen=True, eq=False)
-class ComposedPLD:
-    """A composed PLD (one side: "upper" = sound upper bound, "lower" = attack lower bound)."""
+class ComposedPLD(GridMasses):
+    """A composed PLD on the grid, one side: `upper` (a sound upper bound) or not (the
+    composed attack, a lower bound), from `engine`, with its error terms."""
 
-    engine: str
-    side: str
-    rounds: int
-    step: float
-    offset: int
-    probs: FloatArray
-    inf_mass: float
-    log_inf_mass: float
-    error_bound: float
-    eps_discretisation_bound: float
+    engine: str = ""
+    rounds: int = 0
+    error_bound: float = 0.0
+    eps_discretisation_bound: float = 0.0
     truncation_slack: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
     max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION
     bracket_lower: ComposedPLD | None = None
 
     @property
-    def soundness(self) -> Soundness:
-        return Soundness.SOUND_UPPER if self.side == "upper" else Soundness.LOWER_BOUND
+    def side(self) -> str:
+        """ "upper" or "lower"."""
+        return "upper" if self.upper else "lower"
 
     @property
-    def upper(self) -> bool:
-        return self.side == "upper"
+    def soundness(self) -> Soundness:
+        return Soundness.SOUND_UPPER if self.upper else Soundness.LOWER_BOUND
 
     # ---- cached arrays
     @cached_property
     def _x(self) -> FloatArray:
-        return (self.offset + np.arange(self.probs.size, dtype=np.float64)) * self.step
+        return self.losses
 
     @cached_property
     def _pos(self) -> FloatArray:

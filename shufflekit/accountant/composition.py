@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -143,47 +143,64 @@ def _group(
 
 
 def _wrap(
-    cg: ComposedGrid, engine: str, side: str, max_error_fraction: float, extra: dict[str, Any]
+    cg: ComposedGrid, engine: str, max_error_fraction: float, extra: dict[str, Any]
 ) -> ComposedPLD:
-    details = dict(cg.details)
-    details.update(
-        alias_error=cg.alias_error,
-        fp_error=cg.fp_error,
-        truncation_slack=cg.truncation_slack,
-        **extra,
-    )
+    errors = {
+        "alias_error": cg.alias_error,
+        "fp_error": cg.fp_error,
+        "truncation_slack": cg.truncation_slack,
+    }
     return ComposedPLD(
+        **cg.masses(),
         engine=engine,
-        side=side,
         rounds=cg.rounds,
-        step=cg.step,
-        offset=cg.offset,
-        probs=cg.probs,
-        inf_mass=cg.inf_mass,
-        log_inf_mass=cg.log_inf_mass,
         error_bound=cg.alias_error + cg.fp_error,
-        truncation_slack=cg.truncation_slack,
         eps_discretisation_bound=cg.rounds * cg.step,
-        details=details,
+        truncation_slack=cg.truncation_slack,
+        details=cg.details | errors | extra,
         max_error_fraction=max_error_fraction,
     )
+
+
+class ComposeOptions(TypedDict, total=False):
+    """Options of `compose` and `compose_lower`.
+
+    engine:    "dp_accounting" (default) or "fft" (own Fourier accountant).
+    counts:    counts[i] = how many identical rounds plds[i] stands for (default 1 each).
+    grid:      loss-grid step (default `default_grid(total rounds)`).
+    tail_mass: per-round mass cut from the PLD tails (default 0; upper tail counted as
+               infinite loss for an upper bound).
+    group_identical: merge rounds with identical PLDs (by content) into counts (default True).
+    max_error_fraction: share of a delta asked for that numerical slack may take before
+               AccuracyError (default 0.1).
+    alias_target / truncation_total: the fft / dp_accounting engine's own error budget.
+    """
+
+    engine: str
+    counts: Sequence[int] | None
+    grid: float | None
+    tail_mass: float
+    group_identical: bool
+    max_error_fraction: float
+    alias_target: float | None
+    truncation_total: float | None
 
 
 def _compose_side(
     plds: Sequence[PrivacyLossDistribution],
     *,
     upper: bool,
-    engine: str,
-    counts: Sequence[int] | None,
-    grid: float | None,
     rounding: str,
     keep_inf: bool,
-    tail_mass: float,
-    group_identical: bool,
     bracket: bool,
-    max_error_fraction: float,
-    alias_target: float | None,
-    truncation_total: float | None,
+    engine: str = "dp_accounting",
+    counts: Sequence[int] | None = None,
+    grid: float | None = None,
+    tail_mass: float = DEFAULT_TAIL_MASS,
+    group_identical: bool = True,
+    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
+    alias_target: float | None = None,
+    truncation_total: float | None = None,
 ) -> ComposedPLD:
     """`compose` (upper) and `compose_lower` (lower): grid every round, run the engine, wrap."""
     if not (0.0 < max_error_fraction <= 1.0):
@@ -210,13 +227,13 @@ def _compose_side(
     side = "upper" if upper else "lower"
     grids = gridded(side, rounding if upper else None)
     t1 = time.perf_counter()
-    extra: dict[str, Any] = {"rounding": rounding if upper else "down"}
+    extra: dict[str, Any] = {"rounding": rounding}
     if upper:
         extra |= {"discretise_seconds": t1 - t0, "total_seconds": 0.0}
-    out = _wrap(eng.compose(grids, cs), engine, side, max_error_fraction, extra)
+    out = _wrap(eng.compose(grids, cs), engine, max_error_fraction, extra)
     if bracket:
         low = eng.compose(gridded("lower", None), cs)
-        low_pld = _wrap(low, engine, "lower", max_error_fraction, {"rounding": "down"})
+        low_pld = _wrap(low, engine, max_error_fraction, {"rounding": "down"})
         out = dataclasses.replace(out, bracket_lower=low_pld)
     out.details["total_seconds"] = time.perf_counter() - t0
     return out
@@ -225,78 +242,37 @@ def _compose_side(
 def compose(
     plds: Sequence[PrivacyLossDistribution],
     *,
-    engine: str = "dp_accounting",
-    counts: Sequence[int] | None = None,
-    grid: float | None = None,
     rounding: str = "split",
-    tail_mass: float = DEFAULT_TAIL_MASS,
-    group_identical: bool = True,
     bracket: bool = False,
-    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
-    alias_target: float | None = None,
-    truncation_total: float | None = None,
+    **options: Unpack[ComposeOptions],
 ) -> ComposedPLD:
     """Sound upper bound on the composition of dominating-pair PLDs, one per round.
 
     plds:      per-round PLDs (accountant.core.PrivacyLossDistribution), e.g. `tight_pld(mech)`.
-    counts:    counts[i] = how many identical rounds plds[i] stands for (default 1 each).
-    engine:    "dp_accounting" (default) or "fft" (own Fourier accountant).
-    grid:      loss-grid step (default `default_grid(total rounds)`).
     rounding:  "split" (default; dominates each input, second-order bias) or "up" (round up).
-    tail_mass: per-round mass cut from the PLD tails (upper tail counted as infinite loss).
-    group_identical: merge rounds with identical PLDs (by content) into counts.
     bracket:   also compose the rounded-down grids, for `epsilon_bracket`.
+    options:   `ComposeOptions` (engine, counts, grid, ...).
     """
     return _compose_side(
-        plds,
-        upper=True,
-        engine=engine,
-        counts=counts,
-        grid=grid,
-        rounding=rounding,
-        keep_inf=True,
-        tail_mass=tail_mass,
-        group_identical=group_identical,
-        bracket=bracket,
-        max_error_fraction=max_error_fraction,
-        alias_target=alias_target,
-        truncation_total=truncation_total,
+        plds, upper=True, rounding=rounding, keep_inf=True, bracket=bracket, **options
     )
 
 
 def compose_lower(
     plds: Sequence[PrivacyLossDistribution],
     *,
-    engine: str = "dp_accounting",
-    counts: Sequence[int] | None = None,
-    grid: float | None = None,
     keep_inf: bool = False,
-    tail_mass: float = DEFAULT_TAIL_MASS,
-    group_identical: bool = True,
-    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION,
-    alias_target: float | None = None,
-    truncation_total: float | None = None,
+    **options: Unpack[ComposeOptions],
 ) -> ComposedPLD:
     """Lower bound on the composition of attack PLDs (`attack_pld`): a composed attack.
 
     Losses are rounded down, truncated mass dropped, the input's infinite-loss mass dropped
     unless keep_inf=True (it may contain truncated mass), engine errors subtracted. The result
-    is below the true privacy loss of running the rounds on the attack's dataset.
+    is below the true privacy loss of running the rounds on the attack's dataset. options:
+    `ComposeOptions`, as for `compose`.
     """
     return _compose_side(
-        plds,
-        upper=False,
-        engine=engine,
-        counts=counts,
-        grid=grid,
-        rounding="down",
-        keep_inf=keep_inf,
-        tail_mass=tail_mass,
-        group_identical=group_identical,
-        bracket=False,
-        max_error_fraction=max_error_fraction,
-        alias_target=alias_target,
-        truncation_total=truncation_total,
+        plds, upper=False, rounding="down", keep_inf=keep_inf, bracket=False, **options
     )
 
 

@@ -113,10 +113,22 @@ class PrivacyLossDistribution:
         return logsumexp(terms)
 
 
-def check_mechanism(mech: Mechanism) -> None:
-    """InvalidParameters unless `mech` is a Mechanism (e.g. not a bare (n, k, eps0) tuple)."""
+def check_query(
+    mech: Mechanism,
+    epsilon: float | None = None,
+    *,
+    delta: float | None = None,
+    zero_delta: bool = True,
+) -> None:
+    """InvalidParameters unless `mech` is a Mechanism (not, e.g., a bare (n, k, eps0) tuple) and
+    the epsilon (`check_epsilon`) or delta (`check_delta`; 0 allowed with `zero_delta`: most
+    bounds answer it with the LDP epsilon) asked about is valid."""
     if not isinstance(mech, Mechanism):
         raise InvalidParameters(f"expected a Mechanism, got {type(mech).__name__}")
+    if epsilon is not None:
+        check_epsilon(epsilon)
+    if delta is not None:
+        check_delta(delta, allow_zero=zero_delta)
 
 
 def check_epsilon(epsilon: float, *, real_line: bool = False) -> float:

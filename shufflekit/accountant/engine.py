@@ -90,20 +90,55 @@ class GridEngine:
         return self.compose_fn(grids, counts, **self.options)
 
 
-def check_inputs(grids: Sequence[GridPLD], counts: Sequence[int]) -> None:
-    """InvalidParameters unless the rounds can be composed: one count per grid, counts >= 0
-    adding up to at least one round, one grid step and one side for all."""
+@dataclass(frozen=True)
+class GridRounds:
+    """An engine's validated input: the rounds with a count > 0, their common grid step and
+    side, and the exact composition of their infinite masses (and of the truncated part)."""
+
+    grids: list[GridPLD]
+    counts: list[int]
+    step: float
+    upper: bool
+    inf_mass: float
+    log_inf_mass: float
+    truncated_mass: float
+
+    @property
+    def total(self) -> int:
+        """Number of rounds composed."""
+        return sum(self.counts)
+
+    def shared_fields(self) -> dict[str, Any]:
+        """The fields every composition of these rounds has in common (step, side, inf mass)."""
+        return {
+            "step": self.step,
+            "inf_mass": self.inf_mass,
+            "log_inf_mass": self.log_inf_mass,
+            "upper": self.upper,
+        }
+
+
+def grid_rounds(grids: Sequence[GridPLD], counts: Sequence[int]) -> GridRounds:
+    """`GridRounds` of counts[i] copies of grids[i]; InvalidParameters unless they can be
+    composed: one count per grid, counts >= 0 adding up to at least one round, one grid step
+    and one side for all."""
     if not grids:
         raise InvalidParameters("nothing to compose: the list of PLDs is empty")
     if len(grids) != len(counts):
         raise InvalidParameters(f"{len(grids)} PLDs but {len(counts)} counts")
-    if any(c < 0 for c in counts) or sum(counts) < 1:
+    cs = [int(c) for c in counts]
+    if any(c < 0 for c in cs) or sum(cs) < 1:
         raise InvalidParameters("counts must be >= 0 with at least one round")
-    step = grids[0].step
+    step, upper = grids[0].step, grids[0].upper
     if any(g.step != step for g in grids):
         raise InvalidParameters("all gridded PLDs must share one grid step")
-    if any(g.upper != grids[0].upper for g in grids):
+    if any(g.upper != upper for g in grids):
         raise InvalidParameters("cannot mix upper-bound and lower-bound PLDs in one composition")
+    kept = [(g, c) for g, c in zip(grids, cs, strict=True) if c > 0]
+    gs, ks = [g for g, _ in kept], [c for _, c in kept]
+    inf_mass, log_inf = compose_inf_mass(gs, ks, upper)
+    truncated = float(sum(c * g.truncated_mass for g, c in kept))
+    return GridRounds(gs, ks, step, upper, inf_mass, log_inf, truncated)
 
 
 def fp_error_estimate(vector_l2: float, output_l2: float, ops: float, m: int) -> float:

@@ -30,9 +30,7 @@ from shufflekit.accountant.core import (
     PrivacyLossDistribution,
     PrivacyResult,
     Soundness,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
+    check_query,
 )
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp
@@ -69,8 +67,7 @@ def ldp_epsilon_value(mech: Mechanism, delta: float) -> float:
 def ldp_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     """delta(epsilon) of one k-RR report: the LDP bound (eps0, 0) with its full profile."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     return PrivacyResult(
         method=METHOD,
         epsilon=float(epsilon),
@@ -85,8 +82,7 @@ def ldp_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
 def ldp_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
     """epsilon(delta) of one k-RR report (about eps0 for any small delta)."""
     t0 = time.perf_counter()
-    check_mechanism(mech)
-    check_delta(delta, allow_zero=True)
+    check_query(mech, delta=delta)
     return PrivacyResult(
         method=METHOD,
         epsilon=ldp_epsilon_value(mech, delta),
@@ -100,7 +96,7 @@ def ldp_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
 
 def ldp_pld(mech: Mechanism) -> PrivacyLossDistribution:
     """PLD of k-RR(x0) vs k-RR(x1): +eps0 w.p. p, -eps0 w.p. 1/(e^eps0+k-1), 0 otherwise."""
-    check_mechanism(mech)
+    check_query(mech)
     log_norm = krr(mech.k, mech.eps0).log_norm
     losses = [mech.eps0, -mech.eps0]
     log_probs = [mech.eps0 - log_norm, -log_norm]

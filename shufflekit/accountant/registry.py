@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp, tight
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
@@ -149,32 +150,32 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
             "blanket-strong-tail",
             up,
             "Koskela et al. Thm 8 literally: tail P(L >= eps) of the A_s pair (looser)",
-            lambda m, e: blanket.strong_delta(m, e, form="tail"),
-            lambda m, d: blanket.strong_epsilon(m, d, form="tail"),
+            partial(blanket.strong_delta, form="tail"),
+            partial(blanket.strong_epsilon, form="tail"),
             blanket.strong_pld,
         ),
         Method(
             "blanket-strong-exact",
             up,
             "Koskela et al. A_s with the target's blanket bit (exact A_s view), hockey-stick",
-            lambda m, e: blanket.strong_delta(m, e, beta_mixture=True),
-            lambda m, d: blanket.strong_epsilon(m, d, beta_mixture=True),
-            lambda m: blanket.strong_pld(m, beta_mixture=True),
+            partial(blanket.strong_delta, beta_mixture=True),
+            partial(blanket.strong_epsilon, beta_mixture=True),
+            partial(blanket.strong_pld, beta_mixture=True),
         ),
         Method(
             "blanket-weak-tail",
             up,
             "Koskela et al. Thm 10/11 literally: tail P(L >= eps) of the A_w pair (looser, slow)",
-            lambda m, e: blanket.weak_delta(m, e, form="tail"),
-            lambda m, d: blanket.weak_epsilon(m, d, form="tail"),
+            partial(blanket.weak_delta, form="tail"),
+            partial(blanket.weak_epsilon, form="tail"),
             blanket.weak_pld,
         ),
         Method(
             "clones-closed",
             up,
             clones.SUMMARY_CLOSED,
-            lambda m, e: clones.clones_delta(m, e, closed_form=True),
-            lambda m, d: clones.clones_epsilon(m, d, closed_form=True),
+            partial(clones.clones_delta, closed_form=True),
+            partial(clones.clones_epsilon, closed_form=True),
             None,
         ),
     ]

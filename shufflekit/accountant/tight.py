@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from shufflekit.accountant.attack import attack_log_delta
-from shufflekit.accountant.attack_pld import check_options, dataset_pld
+from shufflekit.accountant.attack_pld import AttackPldOptions, check_options, dataset_pld
 from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
-    check_delta,
-    check_epsilon,
-    check_mechanism,
+    check_query,
 )
 from shufflekit.accountant.ldp import Label
 from shufflekit.accountant.numerics.roots import newton_root
@@ -127,8 +125,8 @@ def _k2_epsilon(
 # ----------------------------------------------------------------------------- public API
 def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     """Tight delta(epsilon) of one round: sound upper bound and best exact attack."""
-    check_mechanism(mech)
-    eps = check_epsilon(epsilon)
+    check_query(mech, epsilon)
+    eps = float(epsilon)
     t0 = time.perf_counter()
     if eps >= mech.eps0:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
@@ -180,8 +178,8 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     `epsilon` is rounded UP (delta_upper(epsilon) <= delta is verified at the returned point),
     `lower_epsilon` DOWN (the attack's delta at it is >= delta), each to relative `rtol`.
     """
-    check_mechanism(mech)
-    delta = check_delta(delta)
+    check_query(mech, delta=delta, zero_delta=False)
+    delta = float(delta)
     if not (0 < rtol < 0.1):
         raise InvalidParameters(f"rtol must be in (0, 0.1), got {rtol!r}")
     t0 = time.perf_counter()
@@ -283,45 +281,34 @@ def attack_pld(
     dataset: str = "auto",
     direction: str = "x0|x1",
     m: int | None = None,
-    loss_step: float | None = None,
-    n_atoms: int = 20000,
-    log_tau: float = -36.0,
     ref_delta: float = 1e-6,
-    z_bins: int = 4,
+    **options: Unpack[AttackPldOptions],
 ) -> PrivacyLossDistribution:
     """PLD of an explicit worst-case dataset (`attack_pld.dataset_pld`): composing it gives a
     LOWER bound. dataset="auto" picks the dataset whose exact delta is largest at the attack
     epsilon of `tight_epsilon(mech, ref_delta)` (small-n dense families are not offered here),
-    with its direction; any other value is passed on with the other options."""
-    check_mechanism(mech)
-    check_options(direction, log_tau, z_bins)
+    with its direction; any other value is passed on with `direction`, `m` and `options`
+    (`AttackPldOptions`: loss_step, n_atoms, log_tau, z_bins)."""
+    check_query(mech)
+    check_options(direction, options.get("log_tau", -36.0), options.get("z_bins", 4))
     if dataset == "auto":
         res = tight_epsilon(mech, ref_delta)
         eps_ref = min(res.lower_epsilon or 0.0, mech.eps0 * (1 - 1e-9))
         cands = attack_log_delta(mech, eps_ref)[2]
-        options: dict[str, tuple[str, bool, int | None]] = {
+        choices: dict[str, tuple[str, bool, int | None]] = {
             "all others at x0 (x0|x1)": ("all_at_x0", False, None),
             "all others at x1 (x0|x1)": ("all_at_x0", True, None),
             "all others at x0, event 'all n reports x0'": ("all_at_x0", False, None),
         }
         if mech.k >= 3:
-            options["all others at z"] = ("all_at_z", False, None)
+            choices["all others at z"] = ("all_at_z", False, None)
         best_val = -math.inf
         choice: tuple[str, bool, int | None] = ("all_at_x0", False, None)
         for name, val in cands.items():
-            if name in options and val > best_val:
-                best_val, choice = val, options[name]
+            if name in choices and val > best_val:
+                best_val, choice = val, choices[name]
             elif mech.k == 2 and name.split(" ")[0].isdigit() and val > best_val:
                 best_val, choice = val, ("k2_m", False, int(name.split(" ")[0]))
         dataset, reverse, m = choice
         direction = "x1|x0" if reverse else "x0|x1"
-    return dataset_pld(
-        mech,
-        dataset=dataset,
-        direction=direction,
-        m=m,
-        loss_step=loss_step,
-        n_atoms=n_atoms,
-        log_tau=log_tau,
-        z_bins=z_bins,
-    )
+    return dataset_pld(mech, dataset=dataset, direction=direction, m=m, **options)

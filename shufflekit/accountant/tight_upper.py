@@ -37,12 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shufflekit.accountant.core import (
-    Mechanism,
-    PrivacyLossDistribution,
-    check_epsilon,
-    check_mechanism,
-)
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import (
     log_cdf,
     log_interval,
@@ -198,8 +193,8 @@ def upper_bound(
 
 def upper_log_delta(mech: Mechanism, epsilon: float) -> float:
     """Natural log of the sound upper bound on the tight delta(epsilon) (-inf when 0)."""
-    check_mechanism(mech)
-    return upper_bound(mech, check_epsilon(epsilon))[0]
+    check_query(mech, epsilon)
+    return upper_bound(mech, float(epsilon))[0]
 
 
 def tight_pld(
@@ -223,7 +218,7 @@ def tight_pld(
     upper bound. Truncated mass (B below its window, T and c0 outside theirs, each bounded by
     binomial tails, at level e^log_tau per window) is put in `log_inf_mass`, never renormalised.
     """
-    check_mechanism(mech)
+    check_query(mech)
     if not (log_tau < -5):
         raise InvalidParameters("log_tau must be < -5")
     g = mech.gamma

@@ -36,7 +36,7 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,10 @@ class GridMasses:
     @property
     def size(self) -> int:
         return int(self.probs.size)
+
+    def masses(self) -> dict[str, Any]:
+        """The `GridMasses` fields, to build another kind of grid on the same masses."""
+        return {f.name: getattr(self, f.name) for f in fields(GridMasses)}
 
 
 @dataclass(frozen=True, eq=False)
