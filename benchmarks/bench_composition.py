@@ -5,7 +5,7 @@ PLDs are synthetic shuffle-shaped pairs (a binary RR(eps0) report among Bin(N, 1
 reports, N and eps0 drawn per round, a few thousand atoms each) because building 1,000 distinct
 `tight_pld`s would take far longer than composing them; their cost is not composition.
 Scenario B (a deployment): 1,000 rounds drawn from 20 distinct (n, k, eps0), per-round PLDs
-from `accountant.tight.tight_pld` (built once each, timed separately); identical rounds are
+from `accountant.tight_upper.tight_pld` (built once each, timed separately); identical rounds are
 grouped and self-composed.
 
 For each engine: cold wall-clock seconds of `compose` (gridding included, caches cleared),

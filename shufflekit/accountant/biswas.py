@@ -1,4 +1,5 @@
-"""Biswas, Jung, Palamidessi, "Tight DP guarantees for the shuffle model with k-RR" (FPS 2023).
+"""Biswas, Jung, Palamidessi, "Tight DP guarantees for the shuffle model with k-RR" (FPS 2023),
+as printed and corrected: kept to reproduce their tables and to show why neither is a guarantee.
 
 `biswas`: Theorem 4.1 / Corollary 1, eq. (6), EXACTLY AS PRINTED, with the others' count
 `n_x0` (number of the other n-1 users holding x0) as a parameter:

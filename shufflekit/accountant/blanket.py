@@ -1,4 +1,5 @@
-"""Privacy-blanket bounds of Koskela, Heikkilä, Honkela (Theorems 8, 10, 11), computed exactly.
+"""Privacy-blanket bounds of Koskela, Heikkilä, Honkela (Theorems 8, 10, 11), computed exactly:
+published sound upper bounds, offered beside `tight` so users can compare.
 
 Write k-RR(eps0) as: with probability gamma = k/(e^eps0 + k - 1) report a uniform value (the
 "blanket"), otherwise the true value. Two adversaries STRONGER than ours (they see the view of

@@ -1,4 +1,5 @@
-"""`clones`: Feldman, McMillan, Talwar, "Hiding among the clones" (FOCS 2021), any eps0-LDP.
+"""`clones`: Feldman, McMillan, Talwar, "Hiding among the clones" (FOCS 2021): sound for any
+eps0-LDP randomizer, hence blind to k; offered for comparison.
 
 Their theorem: shuffling n reports of ANY eps0-LDP randomizer is (eps, delta)-DP whenever the
 pair below is (eps, delta)-indistinguishable:

@@ -1,4 +1,5 @@
-"""Closed-form amplification bounds, each only inside the validity range of its theorem.
+"""Closed-form amplification bounds (Erlingsson et al., Balle et al.), each only inside the
+validity range of its theorem: the quick published formulas, for comparison.
 
 `erlingsson`: Erlingsson, Feldman, Mironov, Raghunathan, Talwar, Thakurta, "Amplification by
 shuffling" (SODA 2019). For any eps0-LDP randomizer with eps0 < 1/2, n >= 1000 and

@@ -1,4 +1,5 @@
-"""Shared value types of the accountant: one round's mechanism, privacy results, soundness labels.
+"""Shared value types of the accountant (a round's mechanism, results, soundness labels, PLDs)
+and the checks of a query: the contract between bounds, engines, ledger and CLI.
 
 Every method (tight, blanket, clones, closed forms, Biswas et al.) takes a `Mechanism` and answers
 with a `PrivacyResult`; composition works on `PrivacyLossDistribution`s. These types are the

@@ -1,4 +1,5 @@
-"""`ldp`: the local guarantee alone, no amplification: the cap of every other method.
+"""`ldp`: the local guarantee alone, no amplification: the cap of every other method (the
+minimum of two sound bounds is sound), and the labelled, capped results every bound returns.
 
 Shuffled k-RR releases a post-processing of all n reports, and the target's report is
 independent of the other users' reports. So the round is at least as private as one k-RR(eps0)

@@ -1,4 +1,5 @@
-"""Cost models: how the ledger turns recorded rounds into a total (epsilon, delta).
+"""Cost models: how the ledger turns recorded rounds into a total (epsilon, delta), so a budget
+is enforced with a declared, sound composition.
 
 The ledger never sums what a model did not promise to be summable: it hands the model the
 whole list of rounds and asks for the composed epsilon at the budget's delta.

@@ -1,4 +1,5 @@
-"""Registry of every per-round bound for shuffled k-RR, each with its soundness label.
+"""Registry of every per-round bound for shuffled k-RR, each with its soundness label, so the CLI
+and reports can list, compare and look them up by name.
 
     from shufflekit.accountant.registry import get_method, all_methods
     m = get_method("blanket-weak")

@@ -1,4 +1,5 @@
-"""k = 2: the exact tight delta(epsilon), certified from above and below by branch and bound.
+"""k = 2: the exact tight delta(epsilon), certified from above and below by branch and bound,
+because for binary RR the blanket bound alone is 10-30% loose.
 
 For k = 2 every dataset of the other n-1 users is "m of them at x0, the rest at x1" for some
 m in 0..n-1, and swapping the labels x0 <-> x1 maps the order (x1 | x0) at m to (x0 | x1) at
