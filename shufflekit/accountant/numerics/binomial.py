@@ -48,22 +48,37 @@ _DEEP = -600.0  # below this log pmf the ratio series is used instead of the inc
 
 def _stirlerr(n: FloatArray) -> FloatArray:
     """log(n!) - log(sqrt(2 pi n) (n/e)^n) for integer-valued n >= 0 (array)."""
-    out = np.empty_like(n)
     small = n < 16
+    if not small.any():  # the usual case: no masking (same values, elementwise arithmetic)
+        return _stirlerr_series(n)
+    out = np.empty_like(n)
     out[small] = _STIRLERR_TABLE[n[small].astype(np.int64)]
-    m = n[~small]
-    nn = m * m
-    out[~small] = (
-        1.0 / 12 - (1.0 / 360 - (1.0 / 1260 - (1.0 / 1680 - 1.0 / 1188 / nn) / nn) / nn) / nn
-    ) / m
+    out[~small] = _stirlerr_series(n[~small])
     return out
+
+
+def _stirlerr_series(m: FloatArray) -> FloatArray:
+    nn = m * m
+    return np.asarray(
+        (1.0 / 12 - (1.0 / 360 - (1.0 / 1260 - (1.0 / 1680 - 1.0 / 1188 / nn) / nn) / nn) / nn) / m,
+        dtype=np.float64,
+    )
 
 
 def _bd0(x: FloatArray, np_: FloatArray) -> FloatArray:
     """x log(x/np) + np - x, accurate also when x is close to np (Loader's deviance term)."""
-    out = np.empty_like(x)
     close = np.abs(x - np_) < 0.1 * (x + np_)
-    xc, mc = x[close], np_[close]
+    if close.all():  # no masking when every term takes the same branch (same values)
+        return _bd0_close(x, np_)
+    out = np.empty_like(x)
+    out[close] = _bd0_close(x[close], np_[close])
+    xf, mf = x[~close], np_[~close]
+    out[~close] = xf * np.log(xf / mf) + mf - xf
+    return out
+
+
+def _bd0_close(xc: FloatArray, mc: FloatArray) -> FloatArray:
+    """`_bd0` for |x - np| < 0.1 (x + np): the series in v = (x - np)/(x + np)."""
     v = (xc - mc) / (xc + mc)
     s = (xc - mc) * v
     ej = 2.0 * xc * v
@@ -71,10 +86,7 @@ def _bd0(x: FloatArray, np_: FloatArray) -> FloatArray:
     for j in range(1, 12):  # |v| < 0.1: 11 terms reach 1e-22 relative
         ej = ej * v2
         s = s + ej / (2 * j + 1)
-    out[close] = s
-    xf, mf = x[~close], np_[~close]
-    out[~close] = xf * np.log(xf / mf) + mf - xf
-    return out
+    return np.asarray(s, dtype=np.float64)
 
 
 def _check_p(p: float) -> None:
