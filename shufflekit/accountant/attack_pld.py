@@ -12,7 +12,7 @@ import numpy as np
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import log_interval, log_pmf, tail_window
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
-from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp_rows
 from shufflekit.base.errors import InvalidParameters
 
 
@@ -139,12 +139,7 @@ def _pld_k2_m(
     sc = np.concatenate([[s[0] - 1], s]).astype(np.float64)
     for i0 in range(0, sc.size, 256):
         blk = sc[i0 : i0 + 256]
-        mat = la[None, :] + log_pmf(blk[:, None] - ar[None, :], m2, q)
-        mx = np.max(mat, axis=1)
-        with np.errstate(invalid="ignore"):
-            lc[i0 : i0 + 256] = np.where(
-                np.isfinite(mx), mx + np.log(np.sum(np.exp(mat - mx[:, None]), axis=1)), -np.inf
-            )
+        lc[i0 : i0 + 256] = logsumexp_rows(la[None, :] + log_pmf(blk[:, None] - ar[None, :], m2, q))
     lcm1, lc0 = lc[:-1], lc[1:]
     lp0 = np.logaddexp(math.log(p) + lcm1, math.log(q) + lc0)
     lp1 = np.logaddexp(math.log(q) + lcm1, math.log(p) + lc0)

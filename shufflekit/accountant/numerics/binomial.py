@@ -267,6 +267,8 @@ def log_sf(x: ArrayLike, n: ArrayLike, p: float, deep_mode: str = "exact") -> Fl
     if np.any(left):
         # P(X >= j) = 1 - P(X <= j-1) = 1 - P(n - X >= n - j + 1)
         lc = log_sf(nn[left] - j[left] + 1, nn[left], 1.0 - p, _FLIP[deep_mode])
+        # log(1 - e^lc) as log1p(-e^lc): `log1mexp`'s branch below -log 2, where lc lies but next
+        # to the median; written out so that the values (and tight's numbers) stay as they are
         res[left] = np.log1p(-np.exp(np.minimum(lc, 0.0)))
     out[mid] = res
     return out
