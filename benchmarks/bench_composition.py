@@ -5,7 +5,7 @@ PLDs are synthetic shuffle-shaped pairs (a binary RR(eps0) report among Bin(N, 1
 reports, N and eps0 drawn per round, a few thousand atoms each) because building 1,000 distinct
 `tight_pld`s would take far longer than composing them; their cost is not composition.
 Scenario B (a deployment): 1,000 rounds drawn from 20 distinct (n, k, eps0), per-round PLDs
-from `accountant.tight.tight_pld` (built once each, timed separately); identical rounds are
+from `accountant.tight_upper.tight_pld` (built once each, timed separately); identical rounds are
 grouped and self-composed.
 
 For each engine: cold wall-clock seconds of `compose` (gridding included, caches cleared),
@@ -35,7 +35,7 @@ from scipy.stats import binom
 from shufflekit.accountant.compose_dpa import to_dp_accounting
 from shufflekit.accountant.composition import clear_caches, compose, compose_rounds, default_grid
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.pld_grid import discretise
+from shufflekit.accountant.numerics.grid import discretise
 
 ROUNDS = 1000
 DELTA = 1e-6
@@ -157,7 +157,7 @@ def scenario_b(lines: list[str]) -> None:
         f"B. {ROUNDS} rounds drawn from {len(distinct)} distinct (n, k, eps0), tight_pld "
         f"(built and cached in {build:.1f} s, not counted)"
     )
-    from shufflekit.accountant.pld_grid import clear_cache
+    from shufflekit.accountant.numerics.grid import clear_cache
 
     m_ref = 0
     for engine in ("fft", "dp_accounting"):

@@ -37,7 +37,7 @@ from _timing import load_line
 from scipy.stats import binom
 
 # Imported once in the parent, before any cell is forked: every cell runs the same code even if
-# accountant/tight.py is edited while the table runs (its hash goes in the report).
+# shufflekit/accountant/tight.py is edited while the table runs (its hash goes in the report).
 from shufflekit.accountant import tight
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.registry import get_method
@@ -175,7 +175,7 @@ def describe(c: Cell) -> str:
 
 
 def code_version() -> str:
-    """Which `tight` ran: a hash of accountant/tight.py as imported, and its git state."""
+    """Which `tight` ran: a hash of shufflekit/accountant/tight.py as imported, and git state."""
     src = Path(tight.__file__)
 
     def git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -188,7 +188,7 @@ def code_version() -> str:
     except OSError:
         head, dirty = "?", False
     state = f"last commit {head}" + (", with uncommitted changes" if dirty else "")
-    return f"accountant/tight.py sha256 {TIGHT_SHA} ({state})"
+    return f"shufflekit/accountant/tight.py sha256 {TIGHT_SHA} ({state})"
 
 
 def reference_seconds(n: int) -> float:

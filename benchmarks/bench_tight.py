@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> str:
         f"machine: {platform.machine()}, python {platform.python_version()}, "
         f"numpy {np.__version__}, scipy {scipy.__version__}",
         load_line(),
-        f"accountant/tight.py sha256 {TIGHT_SHA}",
+        f"shufflekit/accountant/tight.py sha256 {TIGHT_SHA}",
         "",
     ]
     for n in SIZES:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp
+from shufflekit.accountant import registry as registry_module
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
 from shufflekit.accountant.registry import (
     PRIMARY_NAMES,
@@ -418,13 +420,20 @@ def test_get_method_unknown_lists_valid_names() -> None:
         assert name in str(info.value)
 
 
-def test_registry_does_not_import_tight_eagerly() -> None:
+def test_public_api_and_plain_imports() -> None:
+    """The package's documented API imports as written, in a fresh interpreter, and no module
+    of the accountant imports another by name (`importlib`): the registry's lazy import of
+    `tight` only kept it usable while `tight` was being written, and is gone."""
     code = (
-        "import sys, shufflekit.accountant.registry; "
-        "print('shufflekit.accountant.tight' in sys.modules)"
+        "from shufflekit.accountant import (Budget, Ledger, Mechanism, calibrate_eps0, "
+        "compose_rounds, tight_delta, tight_epsilon); "
+        "from shufflekit.accountant import registry, tight; "
+        "print(registry.get_method('tight').pld is tight.tight_pld)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "True"
+    package = Path(registry_module.__file__).parent
+    assert [p.name for p in package.rglob("*.py") if "importlib" in p.read_text()] == []
 
 
 def test_every_method_reports_its_label_and_the_cap() -> None:

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shufflekit.accountant import blanket, clones
-from shufflekit.accountant._numerics import clone_pair_log_delta
 from shufflekit.accountant.biswas import biswas_delta
+from shufflekit.accountant.clone_pair import clone_pair_log_delta
 from shufflekit.accountant.core import Mechanism, Soundness
 from shufflekit.accountant.registry import all_methods, get_method
 from shufflekit.base.errors import NotApplicable

@@ -26,7 +26,6 @@ from shufflekit.accountant.compose_dpa import compose_dpa, to_dp_accounting
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composition import (
     ComposedPLD,
-    PldCost,
     compose,
     compose_bounds,
     compose_lower,
@@ -36,7 +35,8 @@ from shufflekit.accountant.composition import (
     epsilon_for_delta,
 )
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, Soundness
-from shufflekit.accountant.pld_grid import clear_cache, discretise
+from shufflekit.accountant.numerics.grid import clear_cache, discretise
+from shufflekit.accountant.policy import PldCost
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ENGINES = ["dp_accounting", "fft"]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from shufflekit.accountant.ledger import Budget, Ledger, budgets
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.ledger_schema import budgets
 from shufflekit.base.errors import BudgetExceeded, InvalidParameters, LedgerError, LedgerNotFound
 
 
@@ -363,3 +364,35 @@ def test_expired_reservation_stops_counting_and_cannot_be_committed(ledger_url: 
         led.commit("ttl", "r1", 100)
     led.reserve("ttl", "r2", 4, 1.0)
     assert [h["action"] for h in led.history("ttl")].count("expire") == 1
+
+
+class _ManualClock:
+    """A clock that moves only when told (the ledger reads `time()`)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+def test_the_ledger_stamps_and_expires_by_its_clock(ledger_url: str) -> None:
+    clock = _ManualClock(1_000.0)
+    led = Ledger(ledger_url, clock=clock)
+    led.init_budget(Budget("clk", 2.0, 1e-6, n_min=10, reservation_ttl=60.0, cost_model="ldp"))
+    led.reserve("clk", "r1", 4, 2.0)
+    clock.now += 59.0  # not yet expired: the wall clock plays no part
+    with pytest.raises(BudgetExceeded):
+        led.reserve("clk", "r2", 4, 1.0)
+    clock.now += 2.0
+    assert led.status("clk").epsilon_reserved == 0.0
+    history = led.history("clk")
+    assert [h["at"] for h in history] == [1_000.0, 1_000.0, 1_059.0, 1_061.0]
+    assert [h["action"] for h in history] == ["init", "reserve", "reserve", "expire"]
+    assert history[-1]["detail"] == {"at": 1_061.0}

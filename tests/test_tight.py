@@ -8,9 +8,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from shufflekit.accountant import tight
-from shufflekit.accountant._logbinom import log_interval, log_pmf, log_pos_part, log_sf, tail_window
+from shufflekit.accountant import tight, tight_upper
 from shufflekit.accountant.core import Mechanism, Soundness
+from shufflekit.accountant.numerics.binomial import (
+    log_interval,
+    log_pmf,
+    log_pos_part,
+    log_sf,
+    tail_window,
+)
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 from tests.bruteforce_oracle import dataset_delta, exact_delta_curve
 
@@ -187,9 +193,9 @@ def test_invalid_parameters() -> None:
 
 def test_accuracy_error_instead_of_a_wrong_number(monkeypatch: pytest.MonkeyPatch) -> None:
     def too_big(*args: object, **kwargs: object) -> object:
-        raise tight._TooBigError
+        raise tight_upper.TooBigError
 
-    monkeypatch.setattr(tight, "_blanket_grid", too_big)
+    monkeypatch.setattr(tight_upper, "blanket_grid", too_big)
     with pytest.raises(AccuracyError):
         tight.tight_delta(Mechanism(100, 3, 1.0), 0.5)
 
@@ -233,7 +239,7 @@ def test_attack_pld_small_n_matches_oracle() -> None:
     assert "attack" in auto.description and auto.losses.size > 0
 
 
-# ----------------------------------------------------------------------------- _logbinom
+# ----------------------------------------------------------------------------- numerics.binomial
 def _exact_half(n: int) -> list[Fraction]:
     return [Fraction(math.comb(n, x), 2**n) for x in range(n + 1)]
 
@@ -300,7 +306,7 @@ def test_default_is_no_looser_than_the_unbucketed_blanket() -> None:
 
 
 def test_scalar_tail_window_is_the_vectorised_one() -> None:
-    from shufflekit.accountant._logbinom import tail_window_int
+    from shufflekit.accountant.numerics.binomial import tail_window_int
 
     for n, p, log_tau in [
         (0, 0.3, -40.0),

@@ -1,9 +1,26 @@
-"""Privacy maths of shufflekit: shuffled k-RR bounds, composition, calibration, budget ledger.
+"""shufflekit's privacy accountant: sound, tight (epsilon, delta) of shuffled k-RR rounds, their
+composition, calibration, and the budget ledger. A pure library (no I/O but the ledger):
 
-A pure library (no I/O but the ledger), usable on its own: `from accountant import ...`.
+    from shufflekit.accountant import Mechanism, tight_epsilon, tight_delta, compose_rounds
+    from shufflekit.accountant import calibrate_eps0, Ledger, Budget
+
+    mech = Mechanism(n=100_000, k=10, eps0=4.0)
+    tight_epsilon(mech, 1e-6).epsilon               # one round: sound upper bound ...
+    tight_epsilon(mech, 1e-6).lower_epsilon         # ... and the best attack below it
+    tight_delta(mech, 0.5).delta                    # delta at an epsilon (log_delta: no underflow)
+    compose_rounds([mech, Mechanism(50_000, 4, 2.0)]).epsilon(1e-6)  # R rounds, any mix
+    calibrate_eps0(n=10_000, k=10, rounds=3, epsilon=1.0, delta=1e-6)  # largest eps0 that fits
+    ledger = Ledger("sqlite:///ledger.db")          # reserve / commit / refund against a Budget
+
+Every other bound (blanket, clones, closed forms, Biswas et al., LDP) is in
+`accountant.registry`; errors are the `shufflekit.base.errors` classes re-exported here.
 """
 
+from shufflekit.accountant.calibrate import calibrate_eps0
+from shufflekit.accountant.composition import compose_rounds
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.tight import tight_delta, tight_epsilon
 from shufflekit.base.errors import (
     AccountantError,
     AccuracyError,
@@ -11,17 +28,25 @@ from shufflekit.base.errors import (
     InvalidParameters,
     LedgerError,
     NotApplicable,
+    UnsoundResult,
 )
 
 __all__ = [
     "AccountantError",
     "AccuracyError",
+    "Budget",
     "BudgetExceeded",
     "InvalidParameters",
+    "Ledger",
     "LedgerError",
     "Mechanism",
     "NotApplicable",
     "PrivacyLossDistribution",
     "PrivacyResult",
     "Soundness",
+    "UnsoundResult",
+    "calibrate_eps0",
+    "compose_rounds",
+    "tight_delta",
+    "tight_epsilon",
 ]

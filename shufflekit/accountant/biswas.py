@@ -1,4 +1,5 @@
-"""Biswas, Jung, Palamidessi, "Tight DP guarantees for the shuffle model with k-RR" (FPS 2023).
+"""Biswas, Jung, Palamidessi, "Tight DP guarantees for the shuffle model with k-RR" (FPS 2023),
+as printed and corrected: kept to reproduce their tables and to show why neither is a guarantee.
 
 `biswas`: Theorem 4.1 / Corollary 1, eq. (6), EXACTLY AS PRINTED, with the others' count
 `n_x0` (number of the other n-1 users holding x0) as a parameter:
@@ -47,17 +48,17 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from shufflekit.accountant._numerics import (
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_query
+from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
+from shufflekit.accountant.numerics.binomial import log_pmf
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import (
     NEG_INF,
     FloatArray,
-    check_delta,
-    check_epsilon,
     log1mexp,
-    log_binom_pmf,
     logsumexp,
+    logsumexp_rows,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
-from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
 from shufflekit.base.errors import InvalidParameters
 
 PRINTED = "biswas"
@@ -74,6 +75,9 @@ NOTE_CORRECTED = (
     "lower bound: exact delta of the x0-count of one dataset (n_x0 others at x0), a "
     "post-processing of one dataset's view; never enforce with it"
 )
+
+_PRINTED = Label(PRINTED, NOTE_PRINTED, Soundness.NOT_A_GUARANTEE)
+_CORRECTED = Label(CORRECTED, NOTE_CORRECTED, Soundness.LOWER_BOUND)
 
 _DENSE_LIMIT = 4_000_000  # (n_x0 + 1) (m + 1) up to this: exact sums over every r
 
@@ -123,16 +127,18 @@ def _marginal(
         else:
             r = _window(s[:, 0], nx0, m, lk1)
         lmu = _lcomb(lf, nx0, r) + _lcomb(lf, m, s - r) + r * lk1
-        lg[a : a + chunk] = _lse_rows(lmu)
+        lg[a : a + chunk] = logsumexp_rows(lmu)
         tau = k2 * m + (e0 - k2) * (s - r)
         with np.errstate(divide="ignore", invalid="ignore"):
-            lt[a : a + chunk] = _lse_rows(np.where(tau > 0, lmu + np.log(np.abs(tau)), NEG_INF))
+            lt[a : a + chunk] = logsumexp_rows(
+                np.where(tau > 0, lmu + np.log(np.abs(tau)), NEG_INF)
+            )
             base = _lcomb(lf, nx0, r) + _lcomb(lf, m - 1, s - 1 - r) + r * lk1
             if variant == "corrected":
-                la[a : a + chunk] = _lse_rows(base)
+                la[a : a + chunk] = logsumexp_rows(base)
             else:
                 w = np.where(s - r > 0, np.log(np.maximum(s - r, 1.0)), NEG_INF)
-                la[a : a + chunk] = _lse_rows(base + w) - math.log(m)
+                la[a : a + chunk] = logsumexp_rows(base + w) - math.log(m)
     log_p1 = lk3 + lg
     log_p0 = lk3 - math.log(m) + lt
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -140,14 +146,6 @@ def _marginal(
     v = np.log(k2 + (e0 - k2) * np.minimum(ratio, 1.0))
     v[-1] = eps0  # exact value; removes a 1-ulp rounding that would make delta(eps0) > 0
     return log_p0, log_p1, v
-
-
-def _lse_rows(x: FloatArray) -> FloatArray:
-    m = np.max(x, axis=1)
-    mm = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        out = mm + np.log(np.sum(np.exp(x - mm[:, None]), axis=1))
-    return np.where(np.isfinite(m), out, NEG_INF)
 
 
 def _window(s: FloatArray, nx0: int, m: int, lk1: float) -> FloatArray:
@@ -221,18 +219,18 @@ def corrected_log_delta(
 @lru_cache(maxsize=32)
 def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArray, FloatArray]:
     """Exact x0-count laws for n_x0 = 0 (others elsewhere) or n-1 (others at x0): 1-D sums."""
-    e0 = math.exp(eps0)
-    p = e0 / (e0 + k - 1)  # keep
-    pb = 1.0 / (e0 + k - 1)  # report one given other value
+    rr = krr(k, eps0)
+    p = rr.p  # keep
+    pb = rr.q  # report one given other value
     s = np.arange(n + 1, dtype=np.int64)
     if nx0 == 0:  # others each report x0 w.p. pb
-        base_m1 = log_binom_pmf(n - 1, s - 1, pb)
-        base_0 = log_binom_pmf(n - 1, s, pb)
+        base_m1 = log_pmf(s - 1, n - 1, pb)
+        base_0 = log_pmf(s, n - 1, pb)
         lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     else:  # others each report x0 w.p. p
-        base_m1 = log_binom_pmf(n - 1, s - 1, p)
-        base_0 = log_binom_pmf(n - 1, s, p)
+        base_m1 = log_pmf(s - 1, n - 1, p)
+        base_0 = log_pmf(s, n - 1, p)
         lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     return lp0, lp1
@@ -280,19 +278,10 @@ def biswas_delta(
 ) -> PrivacyResult:
     """delta(epsilon) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee (see module)."""
     t0 = time.perf_counter()
-    check_epsilon(epsilon)
-    nx = _resolve_printed(mech, n_x0, histogram)
+    check_query(mech, epsilon)
+    details = _printed_details(mech, n_x0, histogram)
     ld = biswas_log_delta(mech, epsilon, n_x0=n_x0, histogram=histogram)
-    res = PrivacyResult(
-        method=PRINTED,
-        epsilon=float(epsilon),
-        log_delta=ld,
-        soundness=Soundness.NOT_A_GUARANTEE,
-        note=NOTE_PRINTED,
-        seconds=time.perf_counter() - t0,
-        details={"n_x0": nx if histogram is not None else nx[0], "eq15": histogram is not None},
-    )
-    return cap_delta(res, mech)
+    return delta_result(mech, epsilon, ld, _PRINTED, t0, details)
 
 
 def biswas_epsilon(
@@ -304,26 +293,22 @@ def biswas_epsilon(
 ) -> PrivacyResult:
     """epsilon(delta) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee."""
     t0 = time.perf_counter()
-    check_delta(delta)
-    nx = _resolve_printed(mech, n_x0, histogram)
+    check_query(mech, delta=delta)
+    details = _printed_details(mech, n_x0, histogram)
 
     def curve(e: float) -> float:
         return biswas_log_delta(mech, e, n_x0=n_x0, histogram=histogram)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return PrivacyResult(
-        method=PRINTED,
-        epsilon=eps,
-        log_delta=math.log(delta) if delta > 0 else NEG_INF,
-        soundness=Soundness.NOT_A_GUARANTEE,
-        note=NOTE_PRINTED + ("; capped by the LDP bound" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={
-            "n_x0": nx if histogram is not None else nx[0],
-            "eq15": histogram is not None,
-            "ldp_cap_applied": capped,
-        },
+    return solved_epsilon_result(
+        mech, delta, curve, _PRINTED, t0, details, cap_note="capped by the LDP bound"
     )
+
+
+def _printed_details(
+    mech: Mechanism, n_x0: int | None, histogram: Sequence[int] | None
+) -> dict[str, object]:
+    nx = _resolve_printed(mech, n_x0, histogram)
+    return {"n_x0": nx if histogram is not None else nx[0], "eq15": histogram is not None}
 
 
 def _corrected_candidates(mech: Mechanism, n_x0: int | None) -> list[int]:
@@ -346,36 +331,21 @@ def corrected_log_delta_max(mech: Mechanism, epsilon: float, n_x0: int | None = 
 def corrected_delta(mech: Mechanism, epsilon: float, *, n_x0: int | None = None) -> PrivacyResult:
     """delta(epsilon) of the corrected x0-count marginal: a LOWER bound on the tight delta."""
     t0 = time.perf_counter()
-    check_epsilon(epsilon)
-    cands = _corrected_candidates(mech, n_x0)
-    res = PrivacyResult(
-        method=CORRECTED,
-        epsilon=float(epsilon),
-        log_delta=corrected_log_delta_max(mech, epsilon, n_x0),
-        soundness=Soundness.LOWER_BOUND,
-        note=NOTE_CORRECTED,
-        seconds=time.perf_counter() - t0,
-        details={"n_x0_candidates": cands, "both_directions": True},
-    )
-    return cap_delta(res, mech)
+    check_query(mech, epsilon)
+    details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
+    ld = corrected_log_delta_max(mech, epsilon, n_x0)
+    return delta_result(mech, epsilon, ld, _CORRECTED, t0, details)
 
 
 def corrected_epsilon(mech: Mechanism, delta: float, *, n_x0: int | None = None) -> PrivacyResult:
     """epsilon(delta) of the corrected x0-count marginal: a LOWER bound on the tight epsilon."""
     t0 = time.perf_counter()
-    check_delta(delta)
-    cands = _corrected_candidates(mech, n_x0)
+    check_query(mech, delta=delta)
+    details = {"n_x0_candidates": _corrected_candidates(mech, n_x0), "both_directions": True}
 
     def curve(e: float) -> float:
         return corrected_log_delta_max(mech, e, n_x0)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="lower")
-    return PrivacyResult(
-        method=CORRECTED,
-        epsilon=eps,
-        log_delta=math.log(delta) if delta > 0 else NEG_INF,
-        soundness=Soundness.LOWER_BOUND,
-        note=NOTE_CORRECTED + ("; equals the LDP cap" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={"n_x0_candidates": cands, "both_directions": True, "ldp_cap_applied": capped},
+    return solved_epsilon_result(
+        mech, delta, curve, _CORRECTED, t0, details, side="lower", cap_note="equals the LDP cap"
     )

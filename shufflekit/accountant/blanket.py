@@ -1,4 +1,5 @@
-"""Privacy-blanket bounds of Koskela, Heikkilä, Honkela (Theorems 8, 10, 11), computed exactly.
+"""Privacy-blanket bounds of Koskela, Heikkilä, Honkela (Theorems 8, 10, 11), computed exactly:
+published sound upper bounds, offered beside `tight` so users can compare.
 
 Write k-RR(eps0) as: with probability gamma = k/(e^eps0 + k - 1) report a uniform value (the
 "blanket"), otherwise the true value. Two adversaries STRONGER than ours (they see the view of
@@ -49,31 +50,31 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 from scipy import special
 
-from shufflekit.accountant._numerics import (
-    NEG_INF,
+from shufflekit.accountant.clone_pair import (
     Bounds,
-    FloatArray,
-    IntArray,
     MixtureResult,
-    PLDAccumulator,
     add_clone_mixture_atoms,
-    binom_window,
     bucketed_mixture_log_delta,
-    check_delta,
-    check_epsilon,
+    clone_mixture_atoms,
+    clone_mixture_log_delta,
     clone_pair_log_delta,
-    log_binom_cdf,
-    log_binom_pmf,
-    log_binom_sf,
-    logsumexp,
     mixture_log_delta,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
-from shufflekit.accountant.ldp import cap_delta, epsilon_with_cap
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    check_query,
+)
+from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
+from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
+from shufflekit.accountant.numerics.grid import LossBinner
+from shufflekit.accountant.numerics.logspace import NEG_INF, FloatArray, IntArray, logsumexp
 from shufflekit.base.errors import InvalidParameters
 
 STRONG = "blanket-strong"
@@ -103,73 +104,37 @@ def strong_log_delta(
 ) -> MixtureResult:
     """log delta(epsilon) of the A_s pair (Theorem 8), uncapped."""
     _check_form(form)
-    gamma = mech.gamma
-    p = gamma / mech.k
-    tail = form == "tail"
-
-    def component(ts: IntArray) -> Bounds:
-        return clone_pair_log_delta(ts, np.ones(ts.shape), epsilon, tail=tail)
-
-    shift = math.log1p(-gamma) if beta_mixture else 0.0
-    mr = mixture_log_delta(
-        mech.n - 1,
-        2.0 * p,
-        component,
-        monotone=not tail,
-        stop_below=stop_below - shift,
+    shift = math.log1p(-mech.gamma) if beta_mixture else 0.0
+    p2 = 2.0 * (mech.gamma / mech.k)
+    return clone_mixture_log_delta(
+        mech.n - 1, p2, 1.0, epsilon, tail=form == "tail", shift=shift, stop_below=stop_below
     )
-    return MixtureResult(mr.upper + shift, mr.lower + shift, mr.log_tail_mass, mr.window)
 
 
 def strong_delta(
     mech: Mechanism, epsilon: float, *, form: str = "hockey", beta_mixture: bool = False
 ) -> PrivacyResult:
     """delta(epsilon) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
-    t0 = time.perf_counter()
-    check_epsilon(epsilon)
-    mr = strong_log_delta(mech, epsilon, form=form, beta_mixture=beta_mixture)
-    res = PrivacyResult(
-        method=STRONG,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note=_strong_note(form, beta_mixture),
-        seconds=time.perf_counter() - t0,
-        details={
-            "form": form,
-            "beta_mixture": beta_mixture,
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "t_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+
+    def log_delta() -> MixtureResult:
+        return strong_log_delta(mech, epsilon, form=form, beta_mixture=beta_mixture)
+
+    details = {"form": form, "beta_mixture": beta_mixture}
+    return _delta(mech, epsilon, log_delta, _strong_label(form, beta_mixture), details, "t_window")
 
 
 def strong_epsilon(
     mech: Mechanism, delta: float, *, form: str = "hockey", beta_mixture: bool = False
 ) -> PrivacyResult:
     """epsilon(delta) of `blanket-strong` (Koskela et al. Theorem 8), capped by LDP."""
-    t0 = time.perf_counter()
-    check_delta(delta)
-    _check_form(form)
-    log_t = math.log(delta) if delta > 0 else NEG_INF
 
-    def curve(e: float) -> float:
+    def log_delta(e: float, log_t: float) -> MixtureResult:
         return strong_log_delta(
             mech, e, form=form, beta_mixture=beta_mixture, stop_below=log_t - 5.0
-        ).upper
+        )
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return _eps_result(
-        STRONG,
-        eps,
-        log_t,
-        capped,
-        _strong_note(form, beta_mixture),
-        t0,
-        {"form": form, "beta_mixture": beta_mixture},
-    )
+    details = {"form": form, "beta_mixture": beta_mixture}
+    return _epsilon(mech, delta, log_delta, _strong_label(form, beta_mixture), details)
 
 
 def strong_pld(
@@ -179,34 +144,25 @@ def strong_pld(
 
     Truncated mass counts as infinite loss; with `grid`, losses are rounded up and merged.
     """
+    check_query(mech)
     n, gamma = mech.n, mech.gamma
-    p2 = 2.0 * gamma / mech.k
-    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, p2, k_sd) if n > 2000 else (0, n - 1)
-    ts = np.arange(lo, hi + 1, dtype=np.int64)
-    if grid is None and int(np.sum(k_sd * np.sqrt(ts) + 5)) > 3_000_000:
-        grid = 1e-5
-    acc = PLDAccumulator(grid)
     shift = math.log1p(-gamma) if beta_mixture else 0.0
-    if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, p2)) + shift)
-    if hi < n - 1:
-        acc.add_inf(float(log_binom_sf(n - 1, hi + 1, p2)) + shift)
-    add_clone_mixture_atoms(acc, ts, log_binom_pmf(n - 1, ts, p2) + shift, np.ones(ts.shape))
+    acc = clone_mixture_atoms(n - 1, 2.0 * gamma / mech.k, 1.0, tau=tau, grid=grid, shift=shift)
     if beta_mixture:
         acc.add(np.zeros(1), np.array([math.log(gamma)]))
     return acc.build(
         f"Koskela et al. Thm 8 pair (A_s{', exact with target blanket bit' if beta_mixture else ''}"
         f"), n={n}, k={mech.k}, eps0={mech.eps0:g}"
-        + (f", losses rounded up to a {grid:g} grid" if grid else "")
+        + (f", losses rounded up to a {acc.step:g} grid" if acc.step else "")
         + "; truncated mass counted as infinite loss"
     )
 
 
-def _strong_note(form: str, beta_mixture: bool) -> str:
+def _strong_label(form: str, beta_mixture: bool) -> Label:
+    _check_form(form)
     what = _FORM_TEXT[form]
     extra = ", exact A_s with the target's blanket bit" if beta_mixture else ""
-    return f"Koskela et al. Thm 8 pair{extra}, {what}; joint multinomial law"
+    return Label(STRONG, f"Koskela et al. Thm 8 pair{extra}, {what}; joint multinomial law")
 
 
 # ----------------------------------------------------------------------------- weak (Thm 10)
@@ -221,8 +177,8 @@ def _weak_s_terms(mech: Mechanism, b: IntArray, s: IntArray) -> tuple[FloatArray
         ls = np.where(s == b + 1, 0.0, NEG_INF)
         return ls, np.full(s.shape, q1)
     p2 = 2.0 / k
-    la = math.log(pi) + log_binom_pmf(b, s - 1, p2)
-    lb = math.log1p(-pi) + log_binom_pmf(b, s, p2)
+    la = math.log(pi) + log_pmf(s - 1, b, p2)
+    lb = math.log1p(-pi) + log_pmf(s, b, p2)
     ls = np.logaddexp(la, lb)
     with np.errstate(invalid="ignore"):
         rho = np.where(ls > NEG_INF, np.exp(la - ls), 0.0)
@@ -251,10 +207,7 @@ def _weak_nodes(
         return clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
     p2 = 2.0 / mech.k
     k_sd = 9.0
-    mean = bs * p2
-    sd = np.sqrt(bs * p2 * (1.0 - p2))
-    lo = np.maximum(0, np.floor(mean - k_sd * sd).astype(np.int64) - 2)
-    hi = np.minimum(bs, np.ceil(mean + k_sd * sd).astype(np.int64) + 2)
+    lo, hi = sd_windows(bs, p2, k_sd)
     s_lo = np.maximum(lo, 1)
     lens = hi + 2 - s_lo
     starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
@@ -266,8 +219,8 @@ def _weak_nodes(
     core_up = np.logaddexp.reduceat(ls + d.upper, starts)
     core_lo = np.logaddexp.reduceat(ls + d.lower, starts)
     # P(S < lo) <= P(S' <= lo - 1);  P(S > hi + 1) <= P(S' >= hi + 1)
-    t_lo = np.where(lo > 0, log_binom_cdf(bs, lo - 1, p2), NEG_INF)
-    t_hi = np.where(hi < bs, log_binom_sf(bs, hi + 1, p2), NEG_INF)
+    t_lo = np.where(lo > 0, log_cdf(lo - 1, bs, p2), NEG_INF)
+    t_hi = np.where(hi < bs, log_sf(hi + 1, bs, p2), NEG_INF)
     tail_m = np.logaddexp(t_lo, t_hi)
     up = np.logaddexp(core_up, tail_m)
     bad = (tail_m > core_up + math.log(rel_tol) - 2.0) & ~((lo == 0) & (hi == bs)) & (up >= floor)
@@ -283,7 +236,7 @@ def _weak_node(
     p2 = 2.0 / mech.k
     bb = np.array([b], dtype=np.int64)
     while True:
-        lo, hi = binom_window(b, p2, k_sd)  # window of S' = S - Y
+        lo, hi = sd_window(b, p2, k_sd)  # window of S' = S - Y
         s = np.arange(max(lo, 1), hi + 2, dtype=np.int64)
         ls, q = _weak_s_terms(mech, np.broadcast_to(bb, s.shape), s)
         d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
@@ -291,9 +244,9 @@ def _weak_node(
         core_lo = logsumexp(ls + d.lower)
         tails = []
         if lo > 0:
-            tails.append(float(log_binom_cdf(b, lo - 1, p2)))
+            tails.append(float(log_cdf(lo - 1, b, p2)))
         if hi < b:
-            tails.append(float(log_binom_sf(b, hi + 1, p2)))
+            tails.append(float(log_sf(hi + 1, b, p2)))
         tail_m = logsumexp(np.asarray(tails)) if tails else NEG_INF
         full = lo == 0 and hi == b
         if full or tail_m <= core_up + math.log(rel_tol) - 2.0 or core_up == tail_m == NEG_INF:
@@ -345,40 +298,20 @@ def weak_log_delta(
 
 def weak_delta(mech: Mechanism, epsilon: float, *, form: str = "hockey") -> PrivacyResult:
     """delta(epsilon) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
-    t0 = time.perf_counter()
-    check_epsilon(epsilon)
-    mr = weak_log_delta(mech, epsilon, form=form)
-    res = PrivacyResult(
-        method=WEAK,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note=_weak_note(form),
-        seconds=time.perf_counter() - t0,
-        details={
-            "form": form,
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "b_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+
+    def log_delta() -> MixtureResult:
+        return weak_log_delta(mech, epsilon, form=form)
+
+    return _delta(mech, epsilon, log_delta, _weak_label(form), {"form": form}, "b_window")
 
 
 def weak_epsilon(mech: Mechanism, delta: float, *, form: str = "hockey") -> PrivacyResult:
     """epsilon(delta) of `blanket-weak` (Koskela et al. Theorem 10), capped by LDP."""
-    t0 = time.perf_counter()
-    check_delta(delta)
-    _check_form(form)
-    log_t = math.log(delta) if delta > 0 else NEG_INF
 
-    def curve(e: float) -> float:
-        return weak_log_delta(
-            mech, e, form=form, stop_below=log_t - 5.0, stop_above=log_t + 2.0
-        ).upper
+    def log_delta(e: float, log_t: float) -> MixtureResult:
+        return weak_log_delta(mech, e, form=form, stop_below=log_t - 5.0, stop_above=log_t + 2.0)
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    return _eps_result(WEAK, eps, log_t, capped, _weak_note(form), t0, {"form": form})
+    return _epsilon(mech, delta, log_delta, _weak_label(form), {"form": form})
 
 
 def weak_pld(
@@ -399,9 +332,10 @@ def weak_pld(
     pessimistic at most at n ~ 1e3..1e4, more in far tails at n >= 1e5. Cost: seconds at
     n <= 1e4, 20-40 s at n = 1e5 (tens of millions of atoms are generated and merged).
     """
+    check_query(mech)
     n, gamma, k = mech.n, mech.gamma, mech.k
     k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, gamma, k_sd)
+    lo, hi = sd_window(n - 1, gamma, k_sd)
     width = hi - lo + 1
     if buckets is None:  # as many nodes as an atom budget allows (atoms per node ~ s x n1)
         mean_b = (n - 1) * gamma
@@ -418,27 +352,27 @@ def weak_pld(
         pts = np.concatenate((np.linspace(lo, hi, buckets - buckets // 2), quant, [lo]))
         nodes = np.unique(np.clip(np.round(pts), lo, hi).astype(np.int64))
     bs = np.arange(lo, hi + 1, dtype=np.int64)
-    lw = log_binom_pmf(n - 1, bs, gamma)
+    lw = log_pmf(bs, n - 1, gamma)
     mass = np.logaddexp.reduceat(lw, nodes - lo)
     if hi < n - 1:  # above the window: dominated by the top node
-        mass[-1] = np.logaddexp(mass[-1], float(log_binom_sf(n - 1, hi + 1, gamma)))
+        mass[-1] = np.logaddexp(mass[-1], float(log_sf(hi + 1, n - 1, gamma)))
     if grid is None:
         grid = 1e-5
-    acc = PLDAccumulator(grid)
+    acc = LossBinner(grid)
     if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, gamma)))
+        acc.add_inf(float(log_cdf(lo - 1, n - 1, gamma)))
     for b, lm in zip(nodes.tolist(), mass.tolist(), strict=True):
         b = int(b)
         if k == 2:
             s = np.array([b + 1], dtype=np.int64)
         else:
-            slo, shi = binom_window(b, 2.0 / k, k_sd)
+            slo, shi = sd_window(b, 2.0 / k, k_sd)
             s = np.arange(slo, shi + 2, dtype=np.int64)
             tails = []
             if slo > 0:
-                tails.append(float(log_binom_cdf(b, slo - 1, 2.0 / k)))
+                tails.append(float(log_cdf(slo - 1, b, 2.0 / k)))
             if shi < b:
-                tails.append(float(log_binom_sf(b, shi + 1, 2.0 / k)))
+                tails.append(float(log_sf(shi + 1, b, 2.0 / k)))
             acc.add_inf(lm + logsumexp(np.asarray(tails)) if tails else NEG_INF)
         ls, q = _weak_s_terms(mech, np.full(s.shape, b), s)
         zero = s == 0  # no message in bins x0, x1: loss 0
@@ -453,31 +387,50 @@ def weak_pld(
     )
 
 
-def _weak_note(form: str) -> str:
+def _weak_label(form: str) -> Label:
+    _check_form(form)
     what = _FORM_TEXT[form]
-    return f"Koskela et al. Thm 10 pair (others' blanket bits known), {what}; joint law"
+    return Label(
+        WEAK, f"Koskela et al. Thm 10 pair (others' blanket bits known), {what}; joint law"
+    )
 
 
 # ----------------------------------------------------------------------------- shared
 
 
-def _eps_result(
-    method: str,
-    eps: float,
-    log_t: float,
-    capped: bool,
-    note: str,
-    t0: float,
+def _delta(
+    mech: Mechanism,
+    epsilon: float,
+    log_delta: Callable[[], MixtureResult],
+    label: Label,
+    details: dict[str, object],
+    window: str,
+) -> PrivacyResult:
+    """A pair's delta at `epsilon`, with its lower estimate and truncation in `details`."""
+    t0 = time.perf_counter()
+    check_query(mech, epsilon)
+    mr = log_delta()
+    details |= {
+        "lower_log_delta_of_pair": mr.lower,
+        "log_truncated_tail_bound": mr.log_tail_mass,
+        window: mr.window,
+    }
+    return delta_result(mech, epsilon, mr.upper, label, t0, details)
+
+
+def _epsilon(
+    mech: Mechanism,
+    delta: float,
+    log_delta: Callable[[float, float], MixtureResult],
+    label: Label,
     details: dict[str, object],
 ) -> PrivacyResult:
-    if capped:
-        note += "; capped by the LDP bound (k-RR profile, (eps0, 0))"
-    return PrivacyResult(
-        method=method,
-        epsilon=eps,
-        log_delta=log_t,
-        soundness=Soundness.SOUND_UPPER,
-        note=note,
-        seconds=time.perf_counter() - t0,
-        details={**details, "ldp_cap_applied": capped},
-    )
+    """A pair's epsilon at `delta`; `log_delta(eps, log target)` may stop early far from it."""
+    t0 = time.perf_counter()
+    check_query(mech, delta=delta)
+    log_t = math.log(delta) if delta > 0 else NEG_INF
+
+    def curve(e: float) -> float:
+        return log_delta(e, log_t).upper
+
+    return solved_epsilon_result(mech, delta, curve, label, t0, details)

@@ -1,4 +1,5 @@
-"""`clones`: Feldman, McMillan, Talwar, "Hiding among the clones" (FOCS 2021), any eps0-LDP.
+"""`clones`: Feldman, McMillan, Talwar, "Hiding among the clones" (FOCS 2021): sound for any
+eps0-LDP randomizer, hence blind to k; offered for comparison.
 
 Their theorem: shuffling n reports of ANY eps0-LDP randomizer is (eps, delta)-DP whenever the
 pair below is (eps, delta)-indistinguishable:
@@ -8,7 +9,7 @@ pair below is (eps, delta)-indistinguishable:
 
 This is the pair of the official implementation (apple/ml-shuffling-amplification, `onestep`
 and `deltacomp`; Koskela et al. call it the "lemma pair"). C is visible in both coordinates'
-sum, so given C = c it is the one-parameter clone pair of `_numerics.clone_pair_log_delta`:
+sum, so given C = c it is the one-parameter clone pair of `clone_pair.clone_pair_log_delta`:
 P_c = q (B+1) + (1-q) B, Q_c = (1-q) (B+1) + q B, B ~ Bin(c, 1/2). We compute its hockey-stick
 EXACTLY (closed form per c, log space, rigorous bounds for the truncated c-tails), which is
 never above the official code's stepped numerical upper bound (that code brackets the same
@@ -38,47 +39,46 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-
-from shufflekit.accountant._numerics import (
-    NEG_INF,
-    Bounds,
-    IntArray,
+from shufflekit.accountant.clone_pair import (
     MixtureResult,
-    PLDAccumulator,
-    add_clone_mixture_atoms,
-    binom_window,
-    check_delta,
-    check_epsilon,
-    clone_pair_log_delta,
-    log_binom_cdf,
-    log_binom_pmf,
-    log_binom_sf,
-    mixture_log_delta,
+    clone_mixture_atoms,
+    clone_mixture_log_delta,
 )
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
-from shufflekit.accountant.ldp import cap_delta, cap_epsilon, epsilon_with_cap
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    check_query,
+)
+from shufflekit.accountant.ldp import (
+    Label,
+    delta_result,
+    epsilon_result,
+    solved_epsilon_result,
+)
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import NEG_INF
+from shufflekit.accountant.numerics.roots import bisect
 from shufflekit.base.errors import NotApplicable
 
 METHOD = "clones"
 SUMMARY = "Feldman-McMillan-Talwar clones pair (any eps0-LDP randomizer), exact hockey-stick"
 SUMMARY_CLOSED = "Feldman-McMillan-Talwar closed form (official code's formula), validity-checked"
 
+_EXACT = Label(METHOD, "exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)")
+_CLOSED = Label(METHOD, "Feldman-McMillan-Talwar closed form (official code's formula)")
+
 
 def _q(eps0: float) -> float:
-    return 1.0 / (1.0 + math.exp(-eps0))
+    """q of the clones pair: the keep probability of binary randomized response at eps0."""
+    return krr(2, eps0).p
 
 
 def clones_log_delta(
     n: int, eps0: float, epsilon: float, *, stop_below: float = NEG_INF
 ) -> MixtureResult:
     """log delta(epsilon) of the clones pair: rigorous upper bound and a lower estimate."""
-    q = _q(eps0)
-
-    def component(cs: IntArray) -> Bounds:
-        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon)
-
-    return mixture_log_delta(n - 1, math.exp(-eps0), component, stop_below=stop_below)
+    return clone_mixture_log_delta(n - 1, math.exp(-eps0), _q(eps0), epsilon, stop_below=stop_below)
 
 
 def fmt_closed_form_epsilon_log(n: int, eps0: float, log_delta: float) -> float:
@@ -114,85 +114,44 @@ def _closed_form_log_delta(n: int, eps0: float, epsilon: float) -> float:
     lo_ld = max(log_dmin + 1e-12, -1e6)
     if fmt_closed_form_epsilon_log(n, eps0, lo_ld) <= epsilon:
         return lo_ld
-    a, b = lo_ld, hi_ld  # eps_cf(a) > epsilon >= eps_cf(b)
-    while b - a > 1e-10 * max(1.0, abs(b)):
-        m = 0.5 * (a + b)
-        if fmt_closed_form_epsilon_log(n, eps0, m) > epsilon:
-            a = m
-        else:
-            b = m
-    return b
+    # eps_cf(lo_ld) > epsilon >= eps_cf(hi_ld)
+    return bisect(
+        lambda ld: fmt_closed_form_epsilon_log(n, eps0, ld) <= epsilon, lo_ld, hi_ld, rtol=1e-10
+    )[1]
 
 
 def clones_delta(mech: Mechanism, epsilon: float, *, closed_form: bool = False) -> PrivacyResult:
     """delta(epsilon) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     if closed_form:
         ld = _closed_form_log_delta(mech.n, mech.eps0, epsilon)
-        res = PrivacyResult(
-            method=METHOD,
-            epsilon=float(epsilon),
-            log_delta=ld,
-            soundness=Soundness.SOUND_UPPER,
-            note="Feldman-McMillan-Talwar closed form (official code's formula)",
-            seconds=time.perf_counter() - t0,
-            details={"variant": "closed_form"},
-        )
-        return cap_delta(res, mech)
+        return delta_result(mech, epsilon, ld, _CLOSED, t0, {"variant": "closed_form"})
     mr = clones_log_delta(mech.n, mech.eps0, epsilon)
-    res = PrivacyResult(
-        method=METHOD,
-        epsilon=float(epsilon),
-        log_delta=mr.upper,
-        soundness=Soundness.SOUND_UPPER,
-        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)",
-        seconds=time.perf_counter() - t0,
-        details={
-            "variant": "numerical",
-            "lower_log_delta_of_pair": mr.lower,
-            "log_truncated_tail_bound": mr.log_tail_mass,
-            "c_window": mr.window,
-        },
-    )
-    return cap_delta(res, mech)
+    details = {
+        "variant": "numerical",
+        "lower_log_delta_of_pair": mr.lower,
+        "log_truncated_tail_bound": mr.log_tail_mass,
+        "c_window": mr.window,
+    }
+    return delta_result(mech, epsilon, mr.upper, _EXACT, t0, details)
 
 
 def clones_epsilon(mech: Mechanism, delta: float, *, closed_form: bool = False) -> PrivacyResult:
     """epsilon(delta) of the clones bound (exact pair, or `closed_form=True`), LDP-capped."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_query(mech, delta=delta)
     log_t = math.log(delta) if delta > 0 else NEG_INF
     if closed_form:
         if delta <= 0:
             raise NotApplicable("the closed form needs delta > 0")
         eps = fmt_closed_form_epsilon_log(mech.n, mech.eps0, log_t)
-        res = PrivacyResult(
-            method=METHOD,
-            epsilon=eps,
-            log_delta=log_t,
-            soundness=Soundness.SOUND_UPPER,
-            note="Feldman-McMillan-Talwar closed form (official code's formula)",
-            seconds=time.perf_counter() - t0,
-            details={"variant": "closed_form"},
-        )
-        return cap_epsilon(res, mech, delta)
+        return epsilon_result(mech, delta, eps, _CLOSED, t0, {"variant": "closed_form"})
 
     def curve(e: float) -> float:
         return clones_log_delta(mech.n, mech.eps0, e, stop_below=log_t - 5.0).upper
 
-    eps, capped = epsilon_with_cap(mech, delta, curve, side="upper")
-    res = PrivacyResult(
-        method=METHOD,
-        epsilon=eps,
-        log_delta=log_t,
-        soundness=Soundness.SOUND_UPPER,
-        note="exact hockey-stick of the Feldman-McMillan-Talwar pair (ignores k)"
-        + ("; capped by the LDP bound (k-RR profile, (eps0, 0))" if capped else ""),
-        seconds=time.perf_counter() - t0,
-        details={"variant": "numerical", "ldp_cap_applied": capped},
-    )
-    return res
+    return solved_epsilon_result(mech, delta, curve, _EXACT, t0, {"variant": "numerical"})
 
 
 def clones_pld(
@@ -203,25 +162,11 @@ def clones_pld(
     Truncated mass (C outside a window, B outside its window per c) is counted as infinite
     loss. With `grid`, losses are rounded up to multiples of it and merged (pessimistic).
     """
+    check_query(mech)
     n, eps0 = mech.n, mech.eps0
-    p = math.exp(-eps0)
-    k_sd = max(6.0, math.sqrt(2.0 * math.log(2.0 / tau)) + 1.0)
-    lo, hi = binom_window(n - 1, p, k_sd) if n > 2000 else (0, n - 1)
-    cs = np.arange(lo, hi + 1, dtype=np.int64)
-    if grid is None and _atoms_estimate(cs, k_sd) > 3_000_000:
-        grid = 1e-5
-    acc = PLDAccumulator(grid)
-    if lo > 0:
-        acc.add_inf(float(log_binom_cdf(n - 1, lo - 1, p)))
-    if hi < n - 1:
-        acc.add_inf(float(log_binom_sf(n - 1, hi + 1, p)))
-    add_clone_mixture_atoms(acc, cs, log_binom_pmf(n - 1, cs, p), np.full(cs.shape, _q(eps0)))
+    acc = clone_mixture_atoms(n - 1, math.exp(-eps0), _q(eps0), tau=tau, grid=grid)
     return acc.build(
         f"Feldman-McMillan-Talwar clones pair, n={n}, eps0={eps0:g}"
-        + (f", losses rounded up to a {grid:g} grid" if grid else "")
+        + (f", losses rounded up to a {acc.step:g} grid" if acc.step else "")
         + "; truncated mass counted as infinite loss"
     )
-
-
-def _atoms_estimate(cs: IntArray, k_sd: float) -> int:
-    return int(np.sum(k_sd * np.sqrt(cs) + 5))

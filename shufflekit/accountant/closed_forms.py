@@ -1,4 +1,5 @@
-"""Closed-form amplification bounds, each only inside the validity range of its theorem.
+"""Closed-form amplification bounds (Erlingsson et al., Balle et al.), each only inside the
+validity range of its theorem: the quick published formulas, for comparison.
 
 `erlingsson`: Erlingsson, Feldman, Mironov, Raghunathan, Talwar, Thakurta, "Amplification by
 shuffling" (SODA 2019). For any eps0-LDP randomizer with eps0 < 1/2, n >= 1000 and
@@ -36,9 +37,9 @@ from __future__ import annotations
 import math
 import time
 
-from shufflekit.accountant._numerics import NEG_INF, check_delta, check_epsilon
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
-from shufflekit.accountant.ldp import cap_delta, cap_epsilon
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_query
+from shufflekit.accountant.ldp import Label, delta_result, epsilon_result
+from shufflekit.accountant.numerics.logspace import NEG_INF
 from shufflekit.base.errors import NotApplicable
 
 ERLINGSSON = "erlingsson"
@@ -68,23 +69,13 @@ def erlingsson_epsilon(
 ) -> PrivacyResult:
     """eps = 12 eps0 sqrt(log(1/delta)/n); NotApplicable outside eps0<1/2, n>=1000, delta<1/100."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_query(mech, delta=delta)
     if delta <= 0:
         raise NotApplicable("Erlingsson et al.'s bound needs delta > 0")
     bad = _erlingsson_violations(mech, delta)
-    if bad and check_validity:
-        raise NotApplicable("Erlingsson et al. 2019 bound not applicable: " + "; ".join(bad))
+    label = _label(ERLINGSSON, bad, check_validity)
     eps = 12.0 * mech.eps0 * math.sqrt(math.log(1.0 / delta) / mech.n)
-    res = PrivacyResult(
-        method=ERLINGSSON,
-        epsilon=eps,
-        log_delta=math.log(delta),
-        soundness=Soundness.NOT_A_GUARANTEE if bad else Soundness.SOUND_UPPER,
-        note=(_OUTSIDE + ": " + "; ".join(bad)) if bad else "Erlingsson et al. 2019 closed form",
-        seconds=time.perf_counter() - t0,
-        details={"validity_violations": bad},
-    )
-    return cap_epsilon(res, mech, delta)
+    return epsilon_result(mech, delta, eps, label, t0, {"validity_violations": bad})
 
 
 def erlingsson_delta(
@@ -92,24 +83,14 @@ def erlingsson_delta(
 ) -> PrivacyResult:
     """delta = exp(-n eps^2 / (144 eps0^2)); NotApplicable outside the theorem's range."""
     t0 = time.perf_counter()
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     log_delta = -mech.n * epsilon**2 / (144.0 * mech.eps0**2)
     delta = math.exp(log_delta) if log_delta > -745 else 0.0
     bad = _erlingsson_violations(mech, None)
     if not log_delta < math.log(0.01):
         bad.append(f"the resulting delta = {delta:g} is not < 1/100")
-    if bad and check_validity:
-        raise NotApplicable("Erlingsson et al. 2019 bound not applicable: " + "; ".join(bad))
-    res = PrivacyResult(
-        method=ERLINGSSON,
-        epsilon=float(epsilon),
-        log_delta=log_delta,
-        soundness=Soundness.NOT_A_GUARANTEE if bad else Soundness.SOUND_UPPER,
-        note=(_OUTSIDE + ": " + "; ".join(bad)) if bad else "Erlingsson et al. 2019 closed form",
-        seconds=time.perf_counter() - t0,
-        details={"validity_violations": bad},
-    )
-    return cap_delta(res, mech)
+    label = _label(ERLINGSSON, bad, check_validity)
+    return delta_result(mech, epsilon, log_delta, label, t0, {"validity_violations": bad})
 
 
 # ----------------------------------------------------------------------------- Balle et al.
@@ -118,7 +99,7 @@ def erlingsson_delta(
 def balle_epsilon(mech: Mechanism, delta: float, *, check_validity: bool = True) -> PrivacyResult:
     """Balle et al. Thm 3.1 inverted at the mechanism's gamma; NotApplicable when eps > 1."""
     t0 = time.perf_counter()
-    check_delta(delta)
+    check_query(mech, delta=delta)
     if delta <= 0:
         raise NotApplicable("Balle et al.'s Theorem 3.1 needs delta > 0")
     if mech.n < 2:
@@ -126,24 +107,14 @@ def balle_epsilon(mech: Mechanism, delta: float, *, check_validity: bool = True)
     g, k, m = mech.gamma, mech.k, mech.n - 1
     eps = max(math.sqrt(14.0 * k * math.log(2.0 / delta) / (m * g)), 27.0 * k / (m * g))
     bad = [] if eps <= 1.0 else [f"the resulting eps = {eps:.4g} is not <= 1"]
-    if bad and check_validity:
-        raise NotApplicable("Balle et al. 2019 Theorem 3.1 not applicable: " + bad[0])
-    res = PrivacyResult(
-        method=BALLE,
-        epsilon=eps,
-        log_delta=math.log(delta),
-        soundness=Soundness.NOT_A_GUARANTEE if bad else Soundness.SOUND_UPPER,
-        note=(_OUTSIDE + ": " + bad[0]) if bad else "Balle et al. 2019 Theorem 3.1 closed form",
-        seconds=time.perf_counter() - t0,
-        details={"gamma": g, "validity_violations": bad},
-    )
-    return cap_epsilon(res, mech, delta)
+    label = _label(BALLE, bad, check_validity)
+    return epsilon_result(mech, delta, eps, label, t0, {"gamma": g, "validity_violations": bad})
 
 
 def balle_delta(mech: Mechanism, epsilon: float, *, check_validity: bool = True) -> PrivacyResult:
     """delta = 2 exp(-(n-1) gamma eps^2 / (14 k)) for 27k/((n-1) gamma) <= eps <= 1."""
     t0 = time.perf_counter()
-    check_epsilon(epsilon)
+    check_query(mech, epsilon)
     if mech.n < 2:
         raise NotApplicable("Balle et al.'s Theorem 3.1 needs n >= 2")
     g, k, m = mech.gamma, mech.k, mech.n - 1
@@ -153,18 +124,25 @@ def balle_delta(mech: Mechanism, epsilon: float, *, check_validity: bool = True)
     e_min = 27.0 * k / (m * g)
     if epsilon < e_min:
         bad.append(f"eps = {epsilon:g} is below 27 k / ((n-1) gamma) = {e_min:.4g}")
-    if bad and check_validity:
-        raise NotApplicable("Balle et al. 2019 Theorem 3.1 not applicable: " + "; ".join(bad))
+    label = _label(BALLE, bad, check_validity)
     log_delta = min(0.0, math.log(2.0) - m * g * epsilon**2 / (14.0 * k)) if epsilon > 0 else 0.0
-    res = PrivacyResult(
-        method=BALLE,
-        epsilon=float(epsilon),
-        log_delta=log_delta if math.isfinite(log_delta) else NEG_INF,
-        soundness=Soundness.NOT_A_GUARANTEE if bad else Soundness.SOUND_UPPER,
-        note=(_OUTSIDE + ": " + "; ".join(bad))
-        if bad
-        else "Balle et al. 2019 Theorem 3.1 closed form",
-        seconds=time.perf_counter() - t0,
-        details={"gamma": g, "validity_violations": bad},
+    log_delta = log_delta if math.isfinite(log_delta) else NEG_INF
+    return delta_result(
+        mech, epsilon, log_delta, label, t0, {"gamma": g, "validity_violations": bad}
     )
-    return cap_delta(res, mech)
+
+
+# ----------------------------------------------------------------------------- shared
+
+_THEOREM = {ERLINGSSON: "Erlingsson et al. 2019 bound", BALLE: "Balle et al. 2019 Theorem 3.1"}
+_NOTE = {ERLINGSSON: "Erlingsson et al. 2019 closed form", BALLE: f"{_THEOREM[BALLE]} closed form"}
+
+
+def _label(method: str, bad: list[str], check_validity: bool) -> Label:
+    """The result's label: NotApplicable when conditions of the theorem (`bad`) fail and the
+    validity is checked, a non-guarantee when it is not, a sound upper bound otherwise."""
+    if bad and check_validity:
+        raise NotApplicable(f"{_THEOREM[method]} not applicable: " + "; ".join(bad))
+    if bad:
+        return Label(method, _OUTSIDE + ": " + "; ".join(bad), Soundness.NOT_A_GUARANTEE)
+    return Label(method, _NOTE[method])

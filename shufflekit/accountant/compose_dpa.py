@@ -1,9 +1,10 @@
-"""Composition engine backed by Google's dp_accounting (`dp_accounting.pld`).
+"""Composition engine backed by Google's dp_accounting (`dp_accounting.pld`): the default engine,
+because it is maintained and widely used.
 
 Each distinct gridded round becomes a dp_accounting `PrivacyLossDistribution` over a
 `DensePLDPmf` with the same grid (`value_discretization_interval` = our step, losses
 (offset + i) * step, infinity mass, `pessimistic_estimate` = our side). The gridding itself is
-ours (`accountant.pld_grid`): dp_accounting's own constructors take rounded dictionaries
+ours (`numerics.grid`): dp_accounting's own constructors take rounded dictionaries
 (`create_from_rounded_probability`, equivalent and tested) but building the dense pmf directly
 avoids a Python dictionary per round.
 
@@ -32,9 +33,9 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
-from shufflekit.accountant.compose_fft import fp_error_estimate
-from shufflekit.accountant.pld_grid import ComposedGrid, GridPLD, compose_inf_mass
-from shufflekit.base.errors import AccountantError, InvalidParameters
+from shufflekit.accountant.engine import ComposedGrid, fp_error_estimate, grid_rounds
+from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
@@ -65,7 +66,7 @@ def _dense(p: dpa_pld.PrivacyLossDistribution) -> pld_pmf.DensePLDPmf:
         pmf = p._pmf_remove.to_dense_pmf()
         _ = (pmf._probs, pmf._lower_loss, pmf._infinity_mass, pmf._discretization)
     except AttributeError as exc:  # pragma: no cover - depends on the installed version
-        raise AccountantError(
+        raise AccuracyError(
             "unsupported dp_accounting version: cannot read its dense PLD pmf "
             f"({exc}); use engine='fft'"
         ) from exc
@@ -105,7 +106,8 @@ def _self_compose(
         c >>= 1
         if c:
             base = _compose2(base, base, tr)
-    assert result is not None
+    if result is None:  # count >= 1, so at least one bit is set
+        raise UnsoundResult(f"self-composition of {count} rounds produced nothing")
     return result
 
 
@@ -130,20 +132,11 @@ def compose_dpa(
 ) -> ComposedGrid:
     """Compose `counts[i]` copies of `grids[i]` with dp_accounting (all on one step and side)."""
     t0 = time.perf_counter()
-    grids = list(grids)
-    counts = [int(c) for c in counts]
-    if not grids or len(grids) != len(counts):
-        raise InvalidParameters("need one count per PLD and at least one PLD")
-    if any(c < 0 for c in counts) or sum(counts) < 1:
-        raise InvalidParameters("counts must be >= 0 with at least one round")
-    step = grids[0].step
-    upper = grids[0].upper
-    if any(g.step != step or g.upper != upper for g in grids):
-        raise InvalidParameters("all gridded PLDs must share one grid step and one side")
+    rs = grid_rounds(grids, counts)
+    upper = rs.upper
     if not (0.0 <= truncation_total < 1e-3):
         raise InvalidParameters(f"truncation_total must be in [0, 1e-3), got {truncation_total}")
-    pairs = [(g, c) for g, c in zip(grids, counts, strict=True) if c > 0]
-    total = sum(c for _, c in pairs)
+    pairs = list(zip(rs.grids, rs.counts, strict=True))
     n_ops = sum(max(0, 2 * c.bit_length()) for _, c in pairs) + len(pairs)
     tr = _Tracker(truncation_total / max(1, n_ops))
 
@@ -157,23 +150,22 @@ def compose_dpa(
 
     # dp_accounting composes infinity masses linearly; recompute ours exactly in log space and
     # add the truncation it moved there (upper side only).
-    inf_mass, log_inf = compose_inf_mass([g for g, _ in pairs], [c for _, c in pairs], upper)
+    inf_mass, log_inf = rs.inf_mass, rs.log_inf_mass
     dpa_inf = float(d._infinity_mass)
     if upper:
         extra = max(0.0, dpa_inf - inf_mass)
         if extra > 0:
             log_inf = float(np.logaddexp(log_inf, math.log(extra)))
             inf_mass = min(1.0, inf_mass + extra)
-    trunc_in = float(sum(c * g.truncated_mass for g, c in pairs))
     return ComposedGrid(
-        step=step,
+        step=rs.step,
         offset=int(d._lower_loss),
         probs=np.asarray(d._probs, dtype=np.float64),
         inf_mass=inf_mass,
         log_inf_mass=log_inf,
         upper=upper,
-        rounds=total,
-        truncation_slack=trunc_in + (tr.trunc if upper else 0.0),
+        rounds=rs.total,
+        truncation_slack=rs.truncated_mass + (tr.trunc if upper else 0.0),
         fp_error=tr.fp,
         details={
             "engine": "dp_accounting",

@@ -1,4 +1,5 @@
-"""Fourier accountant: composition of gridded PLDs by multiplying characteristic functions.
+"""Fourier accountant: composition of gridded PLDs by multiplying characteristic functions (the
+second composition engine, cross-checked against dp_accounting in the tests).
 
 Own implementation of the FFT accountant of Koskela et al. (seed 002, section 1.5), generalised
 to heterogeneous rounds and to a window that need not be centred at 0:
@@ -29,25 +30,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.fft as sfft
 
-from shufflekit.accountant.pld_grid import (
-    LAMBDAS,
-    ComposedGrid,
-    FloatArray,
-    GridPLD,
-    compose_inf_mass,
-)
-from shufflekit.base.errors import AccuracyError, InvalidParameters
+from shufflekit.accountant.engine import ComposedGrid, GridRounds, fp_error_estimate, grid_rounds
+from shufflekit.accountant.numerics.grid import LAMBDAS, GridPLD
+from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Default bound on the aliasing error (delta units) that the window is sized for.
 DEFAULT_ALIAS_TARGET = 1e-18
 #: Largest window (grid points) the engine accepts; beyond it AccuracyError (coarser grid).
 MAX_FFT_POINTS = 1 << 25
-
-_U = 2.0**-53
 
 
 def compose_fft(
@@ -64,29 +60,31 @@ def compose_fft(
     reproductions of the seed's [-L, L) grid); the aliasing bound is then computed for it.
     """
     t0 = time.perf_counter()
-    grids = list(grids)
-    counts = [int(c) for c in counts]
-    _check_inputs(grids, counts)
-    step = grids[0].step
-    upper = grids[0].upper
-    total = sum(counts)
-    inf_mass, log_inf = compose_inf_mass(grids, counts, upper)
-    trunc = float(sum(c * g.truncated_mass for g, c in zip(grids, counts, strict=True)))
+    rs = grid_rounds(grids, counts)
+    if rs.total == 1 and window is None:  # nothing to convolve
+        g = rs.grids[0]
+        offset, probs, alias, fp = g.offset, g.probs.copy(), 0.0, 0.0
+        details: dict[str, Any] = {"engine": "fft", "m": g.size, "fft": False, "seconds": 0.0}
+    else:
+        offset, probs, alias, fp, details = _convolve(rs, alias_target, max_points, window)
+        details["seconds"] = time.perf_counter() - t0
+    return ComposedGrid(
+        **rs.shared_fields(),
+        offset=offset,
+        probs=probs,
+        rounds=rs.total,
+        alias_error=alias,
+        truncation_slack=rs.truncated_mass,
+        fp_error=fp,
+        details=details,
+    )
 
-    if total == 1 and window is None:
-        g = grids[counts.index(1)]
-        return ComposedGrid(
-            step=step,
-            offset=g.offset,
-            probs=g.probs.copy(),
-            inf_mass=inf_mass,
-            log_inf_mass=log_inf,
-            upper=upper,
-            rounds=1,
-            truncation_slack=trunc,
-            details={"engine": "fft", "m": g.size, "fft": False, "seconds": 0.0},
-        )
 
+def _convolve(
+    rs: GridRounds, alias_target: float, max_points: int, window: tuple[int, int] | None
+) -> tuple[int, FloatArray, float, float, dict[str, Any]]:
+    """(offset, probs, aliasing bound, round-off estimate, details) of the FFT composition."""
+    grids, counts, step = rs.grids, rs.counts, rs.step
     # deterministic support of the composition (grid indices, inclusive)
     det_lo = sum(c * g.offset for g, c in zip(grids, counts, strict=True))
     det_hi = sum(c * (g.offset + g.size - 1) for g, c in zip(grids, counts, strict=True))
@@ -114,53 +112,24 @@ def compose_fft(
     # characteristic functions: product over distinct rounds
     prod: np.ndarray | None = None
     for g, c in zip(grids, counts, strict=True):
-        if c == 0:
-            continue
         x = sfft.rfft(_circular(g, m))
         if c > 1:
             x = x**c
         prod = x if prod is None else prod * x
-    assert prod is not None
+    if prod is None:  # grid_rounds: at least one round
+        raise UnsoundResult("no round to compose")
     b = sfft.irfft(prod, n=m)
-    probs = np.roll(b, -(o % m))
-
-    fp = _fp_error(grids, counts, m, b)
-    return ComposedGrid(
-        step=step,
-        offset=o,
-        probs=np.asarray(probs, dtype=np.float64),
-        inf_mass=inf_mass,
-        log_inf_mass=log_inf,
-        upper=upper,
-        rounds=total,
-        alias_error=alias,
-        truncation_slack=trunc,
-        fp_error=fp,
-        details={
-            "engine": "fft",
-            "m": m,
-            "window_first_index": o,
-            "window_losses": (o * step, (o + m - 1) * step),
-            "L_equivalent": m * step / 2.0,
-            "fft": True,
-            "distinct_rounds": sum(1 for c in counts if c > 0),
-            "seconds": time.perf_counter() - t0,
-        },
-    )
-
-
-def _check_inputs(grids: list[GridPLD], counts: list[int]) -> None:
-    if not grids:
-        raise InvalidParameters("nothing to compose: the list of PLDs is empty")
-    if len(grids) != len(counts):
-        raise InvalidParameters(f"{len(grids)} PLDs but {len(counts)} counts")
-    if any(c < 0 for c in counts) or sum(counts) < 1:
-        raise InvalidParameters("counts must be >= 0 with at least one round")
-    step = grids[0].step
-    if any(g.step != step for g in grids):
-        raise InvalidParameters("all gridded PLDs must share one grid step")
-    if any(g.upper != grids[0].upper for g in grids):
-        raise InvalidParameters("cannot mix upper-bound and lower-bound PLDs in one composition")
+    probs = np.asarray(np.roll(b, -(o % m)), dtype=np.float64)
+    details = {
+        "engine": "fft",
+        "m": m,
+        "window_first_index": o,
+        "window_losses": (o * step, (o + m - 1) * step),
+        "L_equivalent": m * step / 2.0,
+        "fft": True,
+        "distinct_rounds": len(grids),
+    }
+    return o, probs, alias, _fp_error(grids, counts, m, b), details
 
 
 def _choose_window(
@@ -225,24 +194,6 @@ def _circular(g: GridPLD, m: int) -> FloatArray:
         return v
     idx = (g.offset + np.arange(g.size)) % m
     return np.asarray(np.bincount(idx, weights=g.probs, minlength=m), dtype=np.float64)
-
-
-def fp_error_estimate(vector_l2: float, output_l2: float, ops: float, m: int) -> float:
-    """Round-off estimate, in delta units, of FFT-based convolution (both engines use it).
-
-    With kappa = 8 u log2(m) (Higham, Accuracy and Stability, Thm 24.2: the 2-norm relative
-    error of a computed FFT is about log2(m) * 7u), the output vector of a product-of-transforms
-    convolution has a 2-norm error of about
-        kappa * (sum of the 2-norms of the transformed vectors, with multiplicity)
-        + u * (number of multiplications per frequency) + kappa * ||output||_2.
-    A delta is a weighted sum of the output with weights in [0, 1]; under the usual model of
-    independent round-off its error is of the order of that 2-norm. We return 4x it. This is an
-    ESTIMATE, not a proof (the worst case is sqrt(m) times larger); in the tests the measured
-    error of every delta was 50-1000x below it.
-    """
-    lg = max(1.0, math.log2(max(m, 2)))
-    kappa = 8.0 * _U * lg
-    return 4.0 * (kappa * (vector_l2 + output_l2) + _U * (ops + 1.0))
 
 
 def _fp_error(grids: list[GridPLD], counts: list[int], m: int, out: FloatArray) -> float:

@@ -1,4 +1,5 @@
-"""Shared value types of the accountant: one round's mechanism, privacy results, soundness labels.
+"""Shared value types of the accountant (a round's mechanism, results, soundness labels, PLDs)
+and the checks of a query: the contract between bounds, engines, ledger and CLI.
 
 Every method (tight, blanket, clones, closed forms, Biswas et al.) takes a `Mechanism` and answers
 with a `PrivacyResult`; composition works on `PrivacyLossDistribution`s. These types are the
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shufflekit.accountant.numerics.krr import KRR, krr
+from shufflekit.accountant.numerics.logspace import log1mexp, logsumexp
 from shufflekit.base.errors import InvalidParameters
 
 
@@ -37,14 +40,19 @@ class Mechanism:
             raise InvalidParameters(f"eps0 must be a finite number > 0, got {self.eps0!r}")
 
     @property
+    def krr(self) -> KRR:
+        """The probabilities of this round's k-RR (p, q, gamma, ...)."""
+        return krr(self.k, self.eps0)
+
+    @property
     def p_keep(self) -> float:
         """Probability that k-RR reports the true value."""
-        return 1.0 / (1.0 + (self.k - 1) * math.exp(-self.eps0))
+        return self.krr.p
 
     @property
     def gamma(self) -> float:
         """Blanket probability: k-RR = (1-gamma) * truth + gamma * uniform over all k values."""
-        return self.k / (math.exp(self.eps0) + self.k - 1)
+        return self.krr.gamma
 
 
 class Soundness(enum.Enum):
@@ -101,17 +109,46 @@ class PrivacyLossDistribution:
         if np.any(sel):
             loss = self.losses[sel]
             lp = self.log_probs[sel]
-            # log(p * (1 - e^(eps - l))) = log p + log1p(-e^(eps - l))
-            t = lp + np.log1p(-np.exp(epsilon - loss))
-            terms.append(float(_logsumexp(t)))
-        return float(_logsumexp(np.asarray(terms)))
+            # log(p * (1 - e^(eps - l))) = log p + log(1 - e^(eps - l))
+            terms.append(logsumexp(lp + log1mexp(epsilon - loss)))
+        return logsumexp(terms)
 
 
-def _logsumexp(x: npt.NDArray[np.float64]) -> float:
-    """log(sum(exp(x))) that returns -inf for an empty or all -inf input."""
-    if x.size == 0:
-        return -math.inf
-    m = float(np.max(x))
-    if m == -math.inf:
-        return -math.inf
-    return m + math.log(float(np.sum(np.exp(x - m))))
+def check_query(
+    mech: Mechanism,
+    epsilon: float | None = None,
+    *,
+    delta: float | None = None,
+    zero_delta: bool = True,
+) -> None:
+    """InvalidParameters unless `mech` is a Mechanism (not, e.g., a bare (n, k, eps0) tuple) and
+    the epsilon (`check_epsilon`) or delta (`check_delta`; 0 allowed with `zero_delta`: most
+    bounds answer it with the LDP epsilon) asked about is valid."""
+    if not isinstance(mech, Mechanism):
+        raise InvalidParameters(f"expected a Mechanism, got {type(mech).__name__}")
+    if epsilon is not None:
+        check_epsilon(epsilon)
+    if delta is not None:
+        check_delta(delta, allow_zero=zero_delta)
+
+
+def check_epsilon(epsilon: float, *, real_line: bool = False) -> float:
+    """epsilon as a float: a finite number >= 0, or with `real_line` any number but NaN (a
+    hockey-stick divergence is defined at every e^epsilon); InvalidParameters otherwise."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, float | int | np.floating):
+        raise InvalidParameters(f"epsilon must be a number, got {epsilon!r}")
+    e = float(epsilon)
+    if math.isnan(e) or not (real_line or (math.isfinite(e) and e >= 0)):
+        raise InvalidParameters(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    return e
+
+
+def check_delta(delta: float, *, allow_zero: bool = False) -> float:
+    """delta as a float in (0, 1) ([0, 1) with `allow_zero`); InvalidParameters otherwise."""
+    if isinstance(delta, bool) or not isinstance(delta, float | int | np.floating):
+        raise InvalidParameters(f"delta must be a number, got {delta!r}")
+    d = float(delta)
+    if not (0.0 < d < 1.0 or (allow_zero and d == 0.0)):
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        raise InvalidParameters(f"delta must be a number in {interval}, got {delta!r}")
+    return d

@@ -1,10 +1,11 @@
 """The budget ledger: reserve a round's cost before any client is asked, commit it when the
 result is released, refund it only when nothing was released.
 
-One SQLAlchemy Core code path for SQLite (the embedded default; WAL, `BEGIN IMMEDIATE`) and
-PostgreSQL (the budget row locked with `FOR UPDATE`). Each decision is made inside one
-transaction that re-reads every recorded round, so concurrent coordinators can never together
-exceed the budget. Reserved rounds count as spent until committed or refunded (pessimistic).
+The tables, migrations and database opening are in `accountant.ledger_schema`; here are the
+budget rules. On PostgreSQL the budget row is locked with `FOR UPDATE`. Each decision is made
+inside one transaction that re-reads every recorded round, so concurrent coordinators can never
+together exceed the budget. Reserved rounds count as spent until committed or refunded
+(pessimistic).
 """
 
 from __future__ import annotations
@@ -16,92 +17,30 @@ import math
 import os
 import re
 import socket
-import sqlite3
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.ledger_schema import (
+    audit,
+    budgets,
+    make_engine,
+    open_schema,
+    redact,
+    rounds,
+    transaction,
+)
 from shufflekit.accountant.policy import cost_model
-from shufflekit.base.errors import BudgetExceeded, InvalidParameters, LedgerError, LedgerNotFound
-
-SCHEMA_VERSION = 3
-_META = sa.MetaData()
-
-schema_version = sa.Table(
-    "sk_schema_version", _META, sa.Column("version", sa.Integer, nullable=False)
-)
-budgets = sa.Table(
-    "sk_budgets",
-    _META,
-    sa.Column("deployment", sa.String(64), primary_key=True),
-    sa.Column("epsilon_total", sa.Float, nullable=False),
-    sa.Column("delta_total", sa.Float, nullable=False),
-    sa.Column("max_round_epsilon", sa.Float, nullable=True),
-    sa.Column("n_min", sa.Integer, nullable=False),
-    sa.Column("max_corrupt", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("reservation_ttl", sa.Float, nullable=True),  # since schema 2
-    sa.Column("cost_model", sa.String(32), nullable=False, server_default="ldp"),  # schema 2
-)
-rounds = sa.Table(
-    "sk_rounds",
-    _META,
-    sa.Column("deployment", sa.String(64), primary_key=True),
-    sa.Column("round_id", sa.String(64), primary_key=True),
-    sa.Column("status", sa.String(16), nullable=False),  # reserved | committed | refunded
-    sa.Column("k", sa.Integer, nullable=False),
-    sa.Column("eps0", sa.Float, nullable=False),
-    sa.Column("n_accounted", sa.Integer, nullable=False),  # users the cost is computed with
-    sa.Column("batch_size", sa.Integer, nullable=True),
-    sa.Column("epsilon_round", sa.Float, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("updated_at", sa.Float, nullable=False),
-    sa.Column("expires_at", sa.Float, nullable=True),  # since schema 2
-)
-audit = sa.Table(
-    "sk_audit",
-    _META,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("at", sa.Float, nullable=False),
-    sa.Column("deployment", sa.String(64), nullable=False),
-    sa.Column("round_id", sa.String(64), nullable=True),
-    sa.Column("actor", sa.String(128), nullable=False),  # the role: coordinator, analyzer, ...
-    sa.Column("action", sa.String(32), nullable=False),
-    sa.Column("decision", sa.String(16), nullable=False),
-    sa.Column("detail", sa.Text, nullable=False),
-    sa.Column("principal", sa.String(255), nullable=True),  # user@host:pid, since schema 3
-)
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import BudgetExceeded, InvalidParameters, LedgerError
 
 COUNTED = ("reserved", "committed")
 
-
-def _migrate_1_to_2(conn: Connection) -> None:
-    """Schema 2: reservations may expire (budgets.reservation_ttl, rounds.expires_at)."""
-    conn.execute(sa.text("ALTER TABLE sk_budgets ADD COLUMN reservation_ttl FLOAT"))
-    conn.execute(sa.text("ALTER TABLE sk_rounds ADD COLUMN expires_at FLOAT"))
-    # schema-1 ledgers were enforced with the LDP sum; they keep it
-    conn.execute(
-        sa.text("ALTER TABLE sk_budgets ADD COLUMN cost_model VARCHAR(32) NOT NULL DEFAULT 'ldp'")
-    )
-
-
-def _migrate_2_to_3(conn: Connection) -> None:
-    """Schema 3: each audit row names the process behind the role (sk_audit.principal).
-
-    Rows written before the migration keep a NULL principal: who made them was not recorded.
-    """
-    conn.execute(sa.text("ALTER TABLE sk_audit ADD COLUMN principal VARCHAR(255)"))
-
-
-# MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 # the names a coordinator accepts (shufflekit.core.topics.check_name): a budget must be usable
 _DEPLOYMENT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -171,88 +110,23 @@ class Ledger:
 
     `create=False` opens an existing ledger only: a missing SQLite file or an empty database is
     a LedgerError and nothing is created, so read commands never leave an empty ledger behind.
+    `clock` stamps the records and decides when reservations expire (default: the system clock;
+    a simulation passes its virtual clock).
     """
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
         self.url = url
-        self.engine = _make_engine(url, create)
+        self.clock = clock if clock is not None else system_clock
+        self.engine = make_engine(url, create)
         try:
-            self._migrate(create)
+            open_schema(self.engine, url, create)
         except BaseException:
             self.engine.dispose()  # release the file before the caller sees the error
             raise
 
-    # ---------------------------------------------------------------- schema
-    def _migrate(self, create: bool) -> None:
-        """Create the schema, or bring an older one forward; refuse foreign or newer ones.
-
-        On SQLite the file is inspected read-only first: WAL mode is switched on (which
-        rewrites the file header and creates -wal/-shm files) only once it is known to be a
-        shufflekit ledger or empty, so a foreign or corrupt file is never touched.
-        """
-        try:
-            if self.engine.dialect.name == "sqlite":
-                self._sqlite_precheck(create)
-            with self._tx() as conn:
-                if conn.dialect.name == "postgresql":  # one migrator at a time
-                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
-                tables = set(sa.inspect(conn).get_table_names())
-                self._check_tables(tables, create)
-                if schema_version.name not in tables:
-                    _META.create_all(conn)
-                    conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-                    return
-                version = conn.execute(sa.select(schema_version.c.version)).scalar_one()
-                if version > SCHEMA_VERSION:
-                    raise LedgerError(
-                        f"ledger schema version {version} is newer than this shufflekit "
-                        f"({SCHEMA_VERSION}): upgrade shufflekit"
-                    )
-                for v in range(version, SCHEMA_VERSION):
-                    MIGRATIONS[v](conn)
-                conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
-                _META.create_all(conn)
-        except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
-            raise LedgerError(f"cannot open ledger {_redact(self.url)}: {exc.orig}") from exc
-
-    def _sqlite_precheck(self, create: bool) -> None:
-        """Read the table names without a write transaction, then (ours or empty) enable WAL."""
-        raw = self.engine.raw_connection()
-        try:
-            cur = raw.cursor()
-            try:
-                names = cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                tables = {str(row[0]) for row in names.fetchall()}
-            except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
-                raise LedgerError(f"cannot open ledger {_redact(self.url)}: {exc}") from exc
-            self._check_tables(tables, create)
-            cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
-            cur.close()
-        finally:
-            raw.close()
-
-    def _check_tables(self, tables: set[str], create: bool) -> None:
-        """LedgerError for a database that holds no ledger (foreign, or empty with create=False)."""
-        tables = {t for t in tables if not t.startswith("sqlite_")}
-        ours = {t.name for t in _META.sorted_tables}
-        if tables and not tables & ours:
-            raise LedgerError(
-                f"{_redact(self.url)} holds tables {sorted(tables)[:5]} but no shufflekit "
-                "ledger: refusing to write into a foreign database"
-            )
-        if not tables and not create:
-            raise LedgerNotFound(_redact(self.url))
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
+    def _tx(self) -> AbstractContextManager[Connection]:
         """One transaction; database failures become a LedgerError naming the ledger."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except sa.exc.OperationalError as exc:
-            raise LedgerError(f"ledger {_redact(self.url)} is unavailable: {exc.orig}") from exc
-        except sa.exc.DBAPIError as exc:
-            raise LedgerError(f"ledger {_redact(self.url)} refused the write: {exc.orig}") from exc
+        return transaction(self.engine, self.url)
 
     # ---------------------------------------------------------------- budgets
     def init_budget(self, budget: Budget, actor: str = "operator") -> None:
@@ -260,7 +134,7 @@ class Ledger:
         check_budget(budget)
         d = budget.deployment
         exists = LedgerError(
-            f"deployment {d!r} already has a budget in {_redact(self.url)}; a budget is never "
+            f"deployment {d!r} already has a budget in {redact(self.url)}; a budget is never "
             f"overwritten: see it with `shufflekit budget status --deployment {d}`, or choose "
             "another deployment name"
         )
@@ -268,7 +142,9 @@ class Ledger:
             if self._budget_row(conn, d, lock=True) is not None:
                 raise exists
             try:  # a concurrent init (PostgreSQL: no row to lock yet) loses on the primary key
-                conn.execute(budgets.insert().values(**budget.__dict__, created_at=time.time()))
+                conn.execute(
+                    budgets.insert().values(**budget.__dict__, created_at=self.clock.time())
+                )
             except sa.exc.IntegrityError as exc:
                 raise exists from exc
             self._audit(conn, d, None, actor, "init", "ok", budget.__dict__)
@@ -326,7 +202,7 @@ class Ledger:
                 self._audit(conn, deployment, round_id, actor, "reserve", "refused", params)
                 refused = BudgetExceeded(refusal)
             else:
-                now = time.time()
+                now = self.clock.time()
                 conn.execute(
                     rounds.insert().values(
                         deployment=deployment,
@@ -378,7 +254,7 @@ class Ledger:
                     batch_size=batch_size,
                     n_accounted=n_acc,
                     epsilon_round=eps_round,
-                    updated_at=time.time(),
+                    updated_at=self.clock.time(),
                 )
             )
             self._audit(
@@ -426,7 +302,7 @@ class Ledger:
         conn.execute(
             rounds.update()
             .where(rounds.c.deployment == deployment, rounds.c.round_id == round_id)
-            .values(status="refunded", updated_at=time.time())
+            .values(status="refunded", updated_at=self.clock.time())
         )
         self._audit(conn, deployment, round_id, actor, "refund", "ok", {"reason": reason})
         return dataclasses.replace(rec, status="refunded")
@@ -495,7 +371,7 @@ class Ledger:
     def _expire(self, conn: Connection, deployment: str) -> None:
         """Reservations past their expiry stop counting. Safe because a result is published
         only after a successful commit, and an expired round can never be committed."""
-        now = time.time()
+        now = self.clock.time()
         stale = conn.execute(
             sa.select(rounds.c.round_id).where(
                 rounds.c.deployment == deployment,
@@ -516,7 +392,7 @@ class Ledger:
         b = self._budget_row(conn, deployment, lock)
         if b is None:
             raise LedgerError(
-                f"deployment {deployment!r} has no budget in {_redact(self.url)}: "
+                f"deployment {deployment!r} has no budget in {redact(self.url)}: "
                 "create one with `shufflekit budget init`"
             )
         return b
@@ -552,7 +428,7 @@ class Ledger:
     ) -> None:
         conn.execute(
             audit.insert().values(
-                at=time.time(),
+                at=self.clock.time(),
                 deployment=deployment,
                 round_id=round_id,
                 actor=actor,
@@ -606,47 +482,3 @@ def _principal() -> str:
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
         user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
     return f"{user}@{socket.gethostname()}:{os.getpid()}"[:255]
-
-
-def _redact(url: str) -> str:
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return "<invalid URL>"
-
-
-def _make_engine(url: str, create: bool) -> Engine:
-    try:
-        u = sa.engine.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
-    if u.get_backend_name() == "sqlite":
-        if u.database and u.database != ":memory:":
-            if not create and not os.path.isfile(u.database):
-                raise LedgerNotFound(u.database)
-            parent = os.path.dirname(os.path.abspath(u.database))
-            if not os.path.isdir(parent):
-                os.makedirs(parent, exist_ok=True)
-        engine = sa.create_engine(u, connect_args={"timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
-            # no writes here (not even journal_mode): Ledger._migrate checks the file first
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
-    if u.get_backend_name() == "postgresql":
-        try:
-            return sa.create_engine(u, pool_pre_ping=True)
-        except (sa.exc.ArgumentError, ImportError) as exc:
-            raise LedgerError(f"cannot use {_redact(url)}: {exc}") from exc
-    raise LedgerError(
-        f"unsupported ledger backend {u.get_backend_name()!r}: use sqlite or postgresql"
-    )

@@ -1,4 +1,5 @@
-"""Registry of every per-round bound for shuffled k-RR, each with its soundness label.
+"""Registry of every per-round bound for shuffled k-RR, each with its soundness label, so the CLI
+and reports can list, compare and look them up by name.
 
     from shufflekit.accountant.registry import get_method, all_methods
     m = get_method("blanket-weak")
@@ -10,7 +11,7 @@ Primary methods (`all_methods()`, in this order):
 
 | name             | soundness       | what                                                        |
 |------------------|-----------------|-------------------------------------------------------------|
-| tight            | SOUND_UPPER     | exact worst case (accountant.tight, loaded lazily)          |
+| tight            | SOUND_UPPER     | exact worst case and its attack (accountant.tight)          |
 | blanket-strong   | SOUND_UPPER     | Koskela et al. Thm 8 pair, hockey-stick                     |
 | blanket-weak     | SOUND_UPPER     | Koskela et al. Thm 10 pair (others' blanket bits known)     |
 | clones           | SOUND_UPPER     | Feldman-McMillan-Talwar pair, exact hockey-stick            |
@@ -41,14 +42,13 @@ Only SOUND_UPPER results may enforce a budget.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
+from functools import partial
 
-from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp
+from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp, tight
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
-from shufflekit.base.errors import InvalidParameters, NotApplicable
+from shufflekit.base.errors import InvalidParameters
 
 
 @dataclass(frozen=True)
@@ -63,39 +63,15 @@ class Method:
     pld: Callable[[Mechanism], PrivacyLossDistribution] | None  # dominating pair, if any
 
 
-# ----------------------------------------------------------------------------- tight (lazy)
-
-
-def _tight_module() -> ModuleType:
-    try:
-        return importlib.import_module("shufflekit.accountant.tight")
-    except ImportError as exc:  # the module is written concurrently; say so plainly
-        raise NotApplicable(f"the 'tight' method is not available: {exc}") from exc
-
-
-def _tight_attr(name: str) -> Callable[..., object]:
-    fn = getattr(_tight_module(), name, None)
-    if fn is None:
-        raise NotApplicable(f"the 'tight' method is not available: accountant.tight.{name} missing")
-    return fn  # type: ignore[no-any-return]
+# ----------------------------------------------------------------------------- tight
 
 
 def _tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
-    res = _tight_attr("tight_delta")(mech, epsilon)
-    assert isinstance(res, PrivacyResult)
-    return ldp.cap_delta(res, mech)
+    return ldp.cap_delta(tight.tight_delta(mech, epsilon), mech)
 
 
 def _tight_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
-    res = _tight_attr("tight_epsilon")(mech, delta)
-    assert isinstance(res, PrivacyResult)
-    return ldp.cap_epsilon(res, mech, delta)
-
-
-def _tight_pld(mech: Mechanism) -> PrivacyLossDistribution:
-    res = _tight_attr("tight_pld")(mech)
-    assert isinstance(res, PrivacyLossDistribution)
-    return res
+    return ldp.cap_epsilon(tight.tight_epsilon(mech, delta), mech, delta)
 
 
 # ----------------------------------------------------------------------------- table
@@ -110,7 +86,7 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
             "exact worst-case delta of shuffled k-RR (upper bound, with the matching attack)",
             _tight_delta,
             _tight_epsilon,
-            _tight_pld,
+            tight.tight_pld,
         ),
         Method(
             blanket.STRONG,
@@ -175,32 +151,32 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
             "blanket-strong-tail",
             up,
             "Koskela et al. Thm 8 literally: tail P(L >= eps) of the A_s pair (looser)",
-            lambda m, e: blanket.strong_delta(m, e, form="tail"),
-            lambda m, d: blanket.strong_epsilon(m, d, form="tail"),
+            partial(blanket.strong_delta, form="tail"),
+            partial(blanket.strong_epsilon, form="tail"),
             blanket.strong_pld,
         ),
         Method(
             "blanket-strong-exact",
             up,
             "Koskela et al. A_s with the target's blanket bit (exact A_s view), hockey-stick",
-            lambda m, e: blanket.strong_delta(m, e, beta_mixture=True),
-            lambda m, d: blanket.strong_epsilon(m, d, beta_mixture=True),
-            lambda m: blanket.strong_pld(m, beta_mixture=True),
+            partial(blanket.strong_delta, beta_mixture=True),
+            partial(blanket.strong_epsilon, beta_mixture=True),
+            partial(blanket.strong_pld, beta_mixture=True),
         ),
         Method(
             "blanket-weak-tail",
             up,
             "Koskela et al. Thm 10/11 literally: tail P(L >= eps) of the A_w pair (looser, slow)",
-            lambda m, e: blanket.weak_delta(m, e, form="tail"),
-            lambda m, d: blanket.weak_epsilon(m, d, form="tail"),
+            partial(blanket.weak_delta, form="tail"),
+            partial(blanket.weak_epsilon, form="tail"),
             blanket.weak_pld,
         ),
         Method(
             "clones-closed",
             up,
             clones.SUMMARY_CLOSED,
-            lambda m, e: clones.clones_delta(m, e, closed_form=True),
-            lambda m, d: clones.clones_epsilon(m, d, closed_form=True),
+            partial(clones.clones_delta, closed_form=True),
+            partial(clones.clones_epsilon, closed_form=True),
             None,
         ),
     ]

@@ -1,4 +1,5 @@
-"""Discretisation of an arbitrary-atom privacy loss distribution onto a uniform loss grid.
+"""PLDs on a uniform loss grid: the one binner of privacy-loss atoms (rounding up for upper
+bounds, down for lower bounds) and the discretisation that both composition engines start from.
 
 A `PrivacyLossDistribution` (accountant.core) has finite loss atoms at arbitrary positions.
 Both composition engines need the losses on one common grid {i * step : i integer}. This
@@ -35,16 +36,22 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shufflekit.accountant.core import PrivacyLossDistribution
+from shufflekit.accountant.numerics.logspace import (
+    LOG_FLOAT_FLOOR,
+    NEG_INF,
+    FloatArray,
+    IntArray,
+    logsumexp,
+    logsumexp_rows,
+)
 from shufflekit.base.errors import AccuracyError, InvalidParameters
-
-FloatArray = npt.NDArray[np.float64]
 
 #: Largest number of grid points one round may span (a finer grid raises AccuracyError).
 MAX_ROUND_POINTS = 1 << 24
@@ -54,16 +61,12 @@ DEFAULT_TAIL_MASS = 0.0
 #: Order-lambdas at which the log moment generating functions are tabulated (Chernoff bounds).
 LAMBDAS: FloatArray = np.geomspace(1e-3, 2e3, 28)
 
-_LOG_UNDERFLOW = -700.0  # below: subnormal floats lose relative precision
-
 
 @dataclass(frozen=True, eq=False)
-class GridPLD:
-    """A PLD on the grid: atom i has loss (offset + i) * step and P-mass probs[i].
-
-    `inf_mass` is the P-mass at loss +inf (for an upper bound it includes the truncated mass,
-    `truncated_mass` of it); `upper` says which side of the input this grid bounds.
-    """
+class GridMasses:
+    """P-masses on the loss grid: entry i at loss (offset + i) * step, `inf_mass` (and its log,
+    which may be below float range) at loss +inf; `upper` says which side of the true
+    distribution they bound (upper: a dominating pair; lower: below an attack)."""
 
     step: float
     offset: int
@@ -71,10 +74,6 @@ class GridPLD:
     inf_mass: float
     log_inf_mass: float
     upper: bool
-    truncated_mass: float = 0.0
-    method: str = "split"
-    key: str = ""
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def losses(self) -> FloatArray:
@@ -84,6 +83,21 @@ class GridPLD:
     @property
     def size(self) -> int:
         return int(self.probs.size)
+
+    def masses(self) -> dict[str, Any]:
+        """The `GridMasses` fields, to build another kind of grid on the same masses."""
+        return {f.name: getattr(self, f.name) for f in fields(GridMasses)}
+
+
+@dataclass(frozen=True, eq=False)
+class GridPLD(GridMasses):
+    """One round's PLD on the grid (`discretise`): for an upper bound `inf_mass` includes the
+    truncated mass, `truncated_mass` of it; `method` is how atoms were moved to the grid."""
+
+    truncated_mass: float = 0.0
+    method: str = "split"
+    key: str = ""
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def finite_mass(self) -> float:
         return float(np.sum(self.probs))
@@ -117,28 +131,11 @@ class GridPLD:
         chunk = max(1, 4_000_000 // max(1, x.size))
         for s in range(0, LAMBDAS.size, chunk):
             lam = LAMBDAS[s : s + chunk, None]
-            ap[s : s + chunk] = _lse_rows(lp[None, :] + lam * x[None, :])
-            am[s : s + chunk] = _lse_rows(lp[None, :] - lam * x[None, :])
+            ap[s : s + chunk] = logsumexp_rows(lp[None, :] + lam * x[None, :])
+            am[s : s + chunk] = logsumexp_rows(lp[None, :] - lam * x[None, :])
         out = (ap, am)
         self._cache["mgf"] = out
         return out
-
-
-def _lse_rows(a: FloatArray) -> FloatArray:
-    m = np.max(a, axis=1)
-    safe = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(under="ignore"):
-        s = np.sum(np.exp(a - safe[:, None]), axis=1)
-    return np.asarray(safe + np.log(s), dtype=np.float64)
-
-
-def _logsumexp(x: FloatArray) -> float:
-    if x.size == 0:
-        return -math.inf
-    m = float(np.max(x))
-    if m == -math.inf:
-        return -math.inf
-    return m + math.log(float(np.sum(np.exp(x - m))))
 
 
 def _split_upper_share(frac: FloatArray, step: float) -> FloatArray:
@@ -167,7 +164,7 @@ def validate_pld(pld: PrivacyLossDistribution) -> tuple[FloatArray, FloatArray, 
     lim = float(pld.log_inf_mass)
     if math.isnan(lim) or lim > 1e-9:
         raise InvalidParameters(f"PLD log_inf_mass must be <= 0, got {lim!r}")
-    total = _logsumexp(np.concatenate([lps, [lim]]))
+    total = logsumexp(np.concatenate([lps, [lim]]))
     if total > 1e-9:
         raise InvalidParameters(
             f"PLD total mass exp({total:.3g}) exceeds 1: not a (sub-)probability distribution"
@@ -232,51 +229,38 @@ def discretise(
     # atoms at +inf loss belong to the infinite mass; atoms at -inf loss have no P-mass effect
     posinf = losses == np.inf
     if np.any(posinf) and (upper or keep_inf):
-        inf_log_terms.append(_logsumexp(lps[posinf]))
+        inf_log_terms.append(logsumexp(lps[posinf]))
     finite = np.isfinite(losses) & (lps > -np.inf)
     losses, lps = losses[finite], lps[finite]
 
     # masses below ~1e-304 (subnormal, imprecise): infinite loss for an upper bound, dropped for
     # a lower one
-    tiny = lps < _LOG_UNDERFLOW
-    if np.any(tiny):
-        if upper:
-            t_log = _logsumexp(lps[tiny])
-            inf_log_terms.append(t_log)
-            truncated_log_terms.append(t_log)
-        losses, lps = losses[~tiny], lps[~tiny]
+    losses, lps, t_log = split_tiny(losses, lps)
+    if upper and t_log > NEG_INF:
+        inf_log_terms.append(t_log)
+        truncated_log_terms.append(t_log)
     probs_atoms = np.exp(lps)
 
     if losses.size == 0:
         probs = np.zeros(1)
         offset = 0
     else:
-        t = losses / step
-        if method == "down":
-            idx = np.floor(t)
-            base = int(idx.min())
-            top = int(idx.max())
-            span = top - base + 1
-            _check_span(span, max_points, step, losses)
-            probs = _binned((idx - base).astype(np.int64), probs_atoms, span)
-        elif method == "up":
-            idx = np.ceil(t)
-            base = int(idx.min())
-            top = int(idx.max())
-            span = top - base + 1
-            _check_span(span, max_points, step, losses)
-            probs = _binned((idx - base).astype(np.int64), probs_atoms, span)
-        else:  # split
+        if method == "split":
+            t = losses / step
             lo = np.floor(t)
-            frac = t - lo
-            share = _split_upper_share(frac, step)
+            share = _split_upper_share(t - lo, step)
             base = int(lo.min())
-            top = int(lo.max()) + 1
-            span = top - base + 1
+            span = int(lo.max()) + 2 - base
             _check_span(span, max_points, step, losses)
             il = (lo - base).astype(np.int64)
             up_mass = probs_atoms * share
             probs = _binned(il, probs_atoms - up_mass, span) + _binned(il + 1, up_mass, span)
+        else:  # "up" or "down": every atom to one grid point
+            idx = grid_index(losses, step, up=method == "up")
+            base = int(idx.min())
+            span = int(idx.max()) - base + 1
+            _check_span(span, max_points, step, losses)
+            probs = _binned(idx - base, probs_atoms, span)
         offset = base
         probs = np.asarray(probs, dtype=np.float64)
         probs, offset, cut_to_inf = _trim(probs, offset, tail_mass, upper)
@@ -284,10 +268,10 @@ def discretise(
             inf_log_terms.append(math.log(cut_to_inf))
             truncated_log_terms.append(math.log(cut_to_inf))
 
-    log_inf = _logsumexp(np.asarray(inf_log_terms, dtype=np.float64))
+    log_inf = logsumexp(np.asarray(inf_log_terms, dtype=np.float64))
     log_inf = min(log_inf, 0.0)
     inf_mass = math.exp(log_inf) if log_inf > -745 else 0.0
-    trunc = math.exp(_logsumexp(np.asarray(truncated_log_terms, dtype=np.float64)))
+    trunc = math.exp(logsumexp(np.asarray(truncated_log_terms, dtype=np.float64)))
     g = GridPLD(
         step=step,
         offset=int(offset),
@@ -310,8 +294,124 @@ def discretise(
     return g
 
 
-def _binned(idx: npt.NDArray[np.int64], w: FloatArray, span: int) -> FloatArray:
+def _binned(idx: IntArray, w: FloatArray, span: int) -> FloatArray:
     return np.asarray(np.bincount(idx, weights=w, minlength=span), dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- binning atoms
+
+
+def grid_index(losses: FloatArray, step: float, *, up: bool, tolerance: float = 0.0) -> IntArray:
+    """Grid index of each loss: rounded up (`up`) or down, after moving it by `tolerance` * step
+    the other way (a loss that sits on a grid point but for rounding stays there)."""
+    t = losses / step
+    idx = np.ceil(t - tolerance) if up else np.floor(t + tolerance)
+    return idx.astype(np.int64)
+
+
+def split_tiny(losses: FloatArray, log_mass: FloatArray) -> tuple[FloatArray, FloatArray, float]:
+    """(losses, log masses) without the atoms whose mass is too small for a float in linear scale
+    (log mass < LOG_FLOAT_FLOOR), and the exact log of the mass taken out."""
+    tiny = log_mass < LOG_FLOAT_FLOOR
+    if not np.any(tiny):
+        return losses, log_mass, NEG_INF
+    return losses[~tiny], log_mass[~tiny], logsumexp(log_mass[tiny])
+
+
+def _sum_by_index(idx: IntArray, mass: FloatArray) -> tuple[IntArray, FloatArray]:
+    """The total mass at each grid index that has any: (indices, masses), indices ascending.
+
+    Dense atoms are summed by one pass over their index range; atoms sparse in a wide range
+    (fewer than a quarter of it) are sorted instead, so the cost follows the atoms.
+    """
+    lo = int(idx.min())
+    span = int(idx.max()) - lo + 1
+    if span <= 4 * idx.size:
+        w = np.bincount(idx - lo, weights=mass)
+        nz = np.nonzero(w)[0]
+        return (nz + lo).astype(np.int64), np.asarray(w[nz], dtype=np.float64)
+    order = np.argsort(idx, kind="stable")
+    i, m = idx[order], mass[order]
+    starts = np.flatnonzero(np.r_[True, i[1:] != i[:-1]])
+    return i[starts], np.asarray(np.add.reduceat(m, starts), dtype=np.float64)
+
+
+def default_loss_step(span: float, n_atoms: int) -> float:
+    """Grid step that puts about `n_atoms` grid points (at least 100) on a loss span."""
+    return max(1e-9, span / max(n_atoms, 100))
+
+
+class LossBinner:
+    """Collects privacy-loss atoms (loss, log P-mass) of a pair and builds its PLD.
+
+    With a `step`, every loss is rounded UP (`up=True`, for an upper bound: a larger loss with
+    the same P-mass only increases every hockey-stick, so the result still dominates the pair
+    for composition) or DOWN (for a lower bound) to the grid {i * step}, and the masses at one
+    grid point are summed. `tolerance` * step absorbs the rounding of losses that sit on a grid
+    point; the built losses are moved by the same amount the safe way, so the rounding stays
+    one-sided. Masses too small for a float in linear scale, infinite losses and `add_inf`
+    count as infinite loss for an upper bound and are dropped for a lower bound (never
+    renormalised). Without a step the atoms are kept where they are.
+    """
+
+    def __init__(self, step: float | None, *, up: bool = True, tolerance: float = 1e-9) -> None:
+        if step is not None and not (math.isfinite(step) and step > 0):
+            raise InvalidParameters(f"loss step must be a finite number > 0, got {step!r}")
+        self.step = step
+        self.up = up
+        self.tolerance = tolerance
+        self._inf: list[float] = []
+        self._losses: list[FloatArray] = []
+        self._masses: list[FloatArray] = []
+        self._idx: list[IntArray] = []
+
+    def add(self, losses: npt.ArrayLike, log_mass: npt.ArrayLike) -> None:
+        """Add atoms: losses and the log of their P-masses (same shape; -inf mass: no atom)."""
+        loss = np.asarray(losses, dtype=np.float64).ravel()
+        lm = np.asarray(log_mass, dtype=np.float64).ravel()
+        keep = np.isfinite(lm)
+        loss, lm = loss[keep], lm[keep]
+        inf = ~np.isfinite(loss)
+        if np.any(inf):
+            self._inf.append(logsumexp(lm[inf]))
+            loss, lm = loss[~inf], lm[~inf]
+        if self.step is None:
+            self._losses.append(loss)
+            self._masses.append(lm)
+            return
+        loss, lm, tiny = split_tiny(loss, lm)
+        self.add_inf(tiny)
+        if loss.size == 0:
+            return
+        idx = grid_index(loss, self.step, up=self.up, tolerance=self.tolerance)
+        i, w = _sum_by_index(idx, np.exp(lm))
+        self._idx.append(i)
+        self._masses.append(w)
+
+    def add_inf(self, log_mass: float) -> None:
+        """Add P-mass at infinite loss (e.g. truncated mass, for an upper bound)."""
+        if log_mass > NEG_INF:
+            self._inf.append(float(log_mass))
+
+    def build(self, description: str) -> PrivacyLossDistribution:
+        """The PLD of the atoms added so far."""
+        masses = np.concatenate(self._masses) if self._masses else np.zeros(0)
+        losses: FloatArray = np.zeros(0)
+        log_probs: FloatArray = np.zeros(0)
+        if self.step is None:
+            losses = np.concatenate(self._losses) if self._losses else losses
+            log_probs = masses
+        elif self._idx:
+            idx, w = _sum_by_index(np.concatenate(self._idx), masses)
+            slack = self.tolerance * self.step
+            losses = np.asarray(idx * self.step + (slack if self.up else -slack), np.float64)
+            log_probs = np.log(w)
+        return PrivacyLossDistribution(
+            losses=losses,
+            log_probs=log_probs,
+            log_inf_mass=logsumexp(np.asarray(self._inf)) if self.up else NEG_INF,
+            description=description,
+        )
 
 
 def _check_span(span: int, max_points: int, step: float, losses: FloatArray) -> None:
@@ -380,50 +480,3 @@ def pld_fingerprint(pld: PrivacyLossDistribution) -> str:
     h.update(b"|")
     h.update(repr(float(pld.log_inf_mass)).encode())
     return h.hexdigest()[:32]
-
-
-@dataclass(frozen=True, eq=False)
-class ComposedGrid:
-    """A composed PLD on the grid, as an engine returns it (before any query).
-
-    Entry i of `probs` is the P-mass at loss (offset + i) * step (raw engine output: may hold
-    round-off of either sign). `inf_mass` / `log_inf_mass`: mass at +inf (upper side: input
-    infinite mass and truncations, composed exactly). The three error terms are additive
-    bounds on |delta_engine(eps) - delta_exact_grid(eps)| for every eps:
-    `alias_error` (FFT wrap-around, a Chernoff bound), `truncation_slack` (mass an engine moved
-    to +inf: already inside `inf_mass`, so only looseness, reported for the accuracy check),
-    `fp_error` (floating-point estimate of FFT round-off).
-    """
-
-    step: float
-    offset: int
-    probs: FloatArray
-    inf_mass: float
-    log_inf_mass: float
-    upper: bool
-    rounds: int
-    alias_error: float = 0.0
-    truncation_slack: float = 0.0
-    fp_error: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def compose_inf_mass(
-    grids: list[GridPLD], counts: list[int], upper: bool = True
-) -> tuple[float, float]:
-    """(inf_mass, log_inf_mass) of the composition: 1 - prod (1 - d_r)^{c_r}, in log space.
-
-    When the d_r underflow, an upper bound uses the union bound sum c_r d_r in log space (a
-    lower bound keeps the float value, possibly 0).
-    """
-    s = 0.0
-    for g, c in zip(grids, counts, strict=True):
-        if g.inf_mass >= 1.0:
-            return 1.0, 0.0
-        s += c * math.log1p(-g.inf_mass)
-    d = -math.expm1(s)
-    if d > 1e-300 or not upper:
-        return d, (math.log(d) if d > 0 else -math.inf)
-    terms = [math.log(c) + g.log_inf_mass for g, c in zip(grids, counts, strict=True)]
-    ld = _logsumexp(np.asarray(terms, dtype=np.float64))
-    return (math.exp(ld) if ld > -745 else 0.0), ld

@@ -1,19 +1,24 @@
-"""Log-space binomial helpers that stay accurate in tails far below 1e-308.
+"""Binomial laws in log space (pmf, tails, partial expectations, truncation windows), accurate
+far below 1e-308: every bound and engine of the accountant sums binomial terms through these.
 
-All functions are vectorised over numpy arrays and return natural logarithms.
+All functions are vectorised, take their arguments in scipy's order (x, n, p) and return
+natural logarithms:
 
 - `log_pmf(x, n, p)`: Catherine Loader's saddle-point form (the one R and boost use): relative
   error about 1e-14 even at n = 1e8, where a `gammaln` difference loses 7-8 digits.
-- `log_sf(x, n, p)` = log P(X >= x), `log_cdf(x, n, p)` = log P(X <= x).
+- `log_sf(x, n, p)` = log P(X >= x), `log_cdf(x, n, p)` = log P(X <= x), `log_interval`.
 - `log_pos_part(t, n, p)` = log E[(X - t)^+] for real t: the "binomial partial expectation" that
   turns the hockey-stick of a linear likelihood ratio into a closed form.
 - `tail_window(n, p, log_tau)`: integers lo, hi with P(X < lo) <= tau and P(X > hi) <= tau,
-  from the Chernoff bound P(X >= x) <= exp(-n KL(x/n || p)) (rigorous, no rounding issue).
+  from the Chernoff bound P(X >= x) <= exp(-n KL(x/n || p)) (rigorous, no rounding issue);
+  `sd_window(n, p, k_sd)`: mean -/+ k_sd standard deviations (for windows widened until their
+  exact tails are negligible).
 
 Near the bulk the tails come from the regularised incomplete beta function (scipy/boost,
 relative error ~1e-15) divided by the pmf. Once the pmf at the threshold drops below e^-600 the
 tails are summed as the ratio series sum_i pmf(j+i)/pmf(j), whose terms decrease geometrically
-there; the series is run until its remainder is below 1e-17 of its sum.
+there; the series is run until its remainder is below 1e-17 of its sum. `deep_mode` "upper" /
+"lower" replaces that series by cheap one-sided bounds where a bound is all that is needed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-FloatArray = npt.NDArray[np.float64]
+from shufflekit.accountant.numerics.logspace import FloatArray, IntArray
+from shufflekit.base.errors import AccuracyError, InvalidParameters
+
 ArrayLike = FloatArray | float | int | npt.NDArray[np.int64]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -41,22 +48,37 @@ _DEEP = -600.0  # below this log pmf the ratio series is used instead of the inc
 
 def _stirlerr(n: FloatArray) -> FloatArray:
     """log(n!) - log(sqrt(2 pi n) (n/e)^n) for integer-valued n >= 0 (array)."""
-    out = np.empty_like(n)
     small = n < 16
+    if not small.any():  # the usual case: no masking (same values, elementwise arithmetic)
+        return _stirlerr_series(n)
+    out = np.empty_like(n)
     out[small] = _STIRLERR_TABLE[n[small].astype(np.int64)]
-    m = n[~small]
-    nn = m * m
-    out[~small] = (
-        1.0 / 12 - (1.0 / 360 - (1.0 / 1260 - (1.0 / 1680 - 1.0 / 1188 / nn) / nn) / nn) / nn
-    ) / m
+    out[~small] = _stirlerr_series(n[~small])
     return out
+
+
+def _stirlerr_series(m: FloatArray) -> FloatArray:
+    nn = m * m
+    return np.asarray(
+        (1.0 / 12 - (1.0 / 360 - (1.0 / 1260 - (1.0 / 1680 - 1.0 / 1188 / nn) / nn) / nn) / nn) / m,
+        dtype=np.float64,
+    )
 
 
 def _bd0(x: FloatArray, np_: FloatArray) -> FloatArray:
     """x log(x/np) + np - x, accurate also when x is close to np (Loader's deviance term)."""
-    out = np.empty_like(x)
     close = np.abs(x - np_) < 0.1 * (x + np_)
-    xc, mc = x[close], np_[close]
+    if close.all():  # no masking when every term takes the same branch (same values)
+        return _bd0_close(x, np_)
+    out = np.empty_like(x)
+    out[close] = _bd0_close(x[close], np_[close])
+    xf, mf = x[~close], np_[~close]
+    out[~close] = xf * np.log(xf / mf) + mf - xf
+    return out
+
+
+def _bd0_close(xc: FloatArray, mc: FloatArray) -> FloatArray:
+    """`_bd0` for |x - np| < 0.1 (x + np): the series in v = (x - np)/(x + np)."""
     v = (xc - mc) / (xc + mc)
     s = (xc - mc) * v
     ej = 2.0 * xc * v
@@ -64,14 +86,17 @@ def _bd0(x: FloatArray, np_: FloatArray) -> FloatArray:
     for j in range(1, 12):  # |v| < 0.1: 11 terms reach 1e-22 relative
         ej = ej * v2
         s = s + ej / (2 * j + 1)
-    out[close] = s
-    xf, mf = x[~close], np_[~close]
-    out[~close] = xf * np.log(xf / mf) + mf - xf
-    return out
+    return np.asarray(s, dtype=np.float64)
+
+
+def _check_p(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise InvalidParameters(f"a binomial probability must be in [0, 1], got {p!r}")
 
 
 def log_pmf(x: ArrayLike, n: ArrayLike, p: float) -> FloatArray:
     """log P(X = x), X ~ Bin(n, p); -inf outside 0..n. Integer-valued x and n (any shape)."""
+    _check_p(p)
     xa, na = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(n, dtype=np.float64))
     xa = xa.astype(np.float64, copy=True)
     na = na.astype(np.float64, copy=True)
@@ -146,7 +171,7 @@ def _series_ratios_block(j: FloatArray, n: FloatArray, p: float) -> tuple[FloatA
         active[idx[done]] = False
         i0 += block
         if i0 > 10_000_000:  # pragma: no cover - cannot happen for j above the mean
-            raise FloatingPointError("binomial ratio series did not converge")
+            raise AccuracyError("binomial ratio series did not converge")
     with np.errstate(divide="ignore"):
         return np.log(r1), np.log(r2)
 
@@ -218,6 +243,7 @@ def log_sf(x: ArrayLike, n: ArrayLike, p: float, deep_mode: str = "exact") -> Fl
 
     deep_mode: "exact", or "upper"/"lower" for cheap one-sided bounds below e^-600.
     """
+    _check_p(p)
     xa, na = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(n, dtype=np.float64))
     xa = np.ceil(xa)
     out = np.zeros(xa.shape)
@@ -241,6 +267,8 @@ def log_sf(x: ArrayLike, n: ArrayLike, p: float, deep_mode: str = "exact") -> Fl
     if np.any(left):
         # P(X >= j) = 1 - P(X <= j-1) = 1 - P(n - X >= n - j + 1)
         lc = log_sf(nn[left] - j[left] + 1, nn[left], 1.0 - p, _FLIP[deep_mode])
+        # log(1 - e^lc) as log1p(-e^lc): `log1mexp`'s branch below -log 2, where lc lies but next
+        # to the median; written out so that the values (and tight's numbers) stay as they are
         res[left] = np.log1p(-np.exp(np.minimum(lc, 0.0)))
     out[mid] = res
     return out
@@ -296,6 +324,7 @@ def log_pos_part_sf(
     deep_mode: "exact", or "upper"/"lower" for cheap one-sided bounds where the pmf at the
     threshold is below e^-600 (both returned values are then bounds in that direction).
     """
+    _check_p(p)
     ta, na = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(n, dtype=np.float64))
     ta = ta.astype(np.float64, copy=True)
     na = na.astype(np.float64, copy=True)
@@ -410,3 +439,20 @@ def tail_window_int(n: int, p: float, log_tau: float) -> tuple[int, int]:
     if p >= 1.0:
         return n, n
     return max(n - upper(1.0 - p), 0), upper(p)
+
+
+def sd_windows(n: npt.ArrayLike, p: float, k_sd: float) -> tuple[IntArray, IntArray]:
+    """[lo, hi] = mean -/+ k_sd standard deviations of Bin(n, p) (plus 2), clipped to 0..n,
+    elementwise."""
+    na = np.asarray(n, dtype=np.int64)
+    mean = na * p
+    sd = np.sqrt(np.maximum(na * p * (1.0 - p), 0.0))
+    lo = np.maximum(0, np.floor(mean - k_sd * sd).astype(np.int64) - 2)
+    hi = np.minimum(na, np.ceil(mean + k_sd * sd).astype(np.int64) + 2)
+    return lo, hi
+
+
+def sd_window(n: int, p: float, k_sd: float) -> tuple[int, int]:
+    """`sd_windows` for one n, as ints."""
+    lo, hi = sd_windows(n, p, k_sd)
+    return int(lo), int(hi)

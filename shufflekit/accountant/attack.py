@@ -1,0 +1,251 @@
+"""`tight`'s lower bound on one round: the exact delta of explicit worst-case datasets (attacks an
+adversary can carry out), so that every upper bound states its gap.
+
+`attack_log_delta` returns the best of these (tight reports it in `details["worst_dataset"]`):
+  * "all others at z" (k >= 3): the others are i.i.d., the likelihood ratio is linear in
+    (h_x0, h_x1, h_z), and delta = E[(linear form)^+] / (n q) over Mult_n(q, q, p, ...). Given
+    T = h_x0 + h_x1, h_x0 ~ Bin(T, 1/2) and h_z ~ Bin(n - T, p/(1-2q)) are independent; the sum
+    over h_z is done exactly by runs of constant integer threshold (first and second binomial
+    moments over each run), so the whole thing is a 1-D sum of closed forms. Exact at any n.
+  * "all others at x0" in both orders (the reverse order is "all others at x1"): a 1-D sum over
+    h_x0 of closed-form partial expectations of h_x1 | h_x0. Exact at any n.
+  * "m others at x0, the rest at z" (k >= 3) and "m others at x0, the rest at x1", over every m,
+    by dense enumeration of the (h_x0, h_x1, h_z) law when n <= 24.
+  * k = 2, n <= 24: every "m others at x0, the rest at x1" exactly.
+
+Lower bounds ignore dropped mass (never add it) and subtract the relative safety margin.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from shufflekit.accountant.core import Mechanism, check_query
+from shufflekit.accountant.numerics.binomial import (
+    log_cdf,
+    log_interval,
+    log_pmf,
+    log_pos_part,
+    log_sf,
+    tail_window,
+)
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
+from shufflekit.accountant.tight_k2 import k2_log_delta_m
+from shufflekit.accountant.tight_upper import SAFETY
+
+DENSE_N = 24  # exact enumeration of the m-family up to this n
+
+
+def _attack_all_at_z(mech: Mechanism, eps: float, log_tau: float) -> float:
+    """Exact log delta of the dataset "all other users hold a third value z" (k >= 3)."""
+    n, k, eps0 = mech.n, mech.k, mech.eps0
+    rr = mech.krr
+    p, q, g = rr.p, rr.q, rr.gamma
+    e = math.exp(eps)
+    a_coef = (1.0 - g) * (1.0 + e)
+    c = (e - 1.0) * g / k
+    kappa = 1.0 - math.exp(-eps0)
+    tlo, thi = tail_window(n, 2 * q, log_tau)
+    t = np.arange(tlo[0], thi[0] + 1)
+    lpt = log_pmf(t, n, 2 * q)
+    base = lpt + math.log(a_coef) - math.log(n * q)
+    if k == 3:
+        hz = n - t
+        tau = ((1.0 - g) * e * t + c * (n - hz * kappa)) / a_coef
+        return logsumexp(base + log_pos_part(tau, t, 0.5, "lower"))
+    pz = p / (1.0 - 2 * q)
+    big_n = n - t
+    zlo, zhi = tail_window(big_n, pz, log_tau)
+    s = c * kappa / a_coef  # tau(hz) = tau0 - s hz
+    tau0 = ((1.0 - g) * e * t + c * n) / a_coef
+    if s <= 0.0:  # eps = 0: the threshold does not depend on h_z
+        return logsumexp(base + log_pos_part(tau0, t, 0.5, "lower"))
+    j_first = np.floor(tau0 - s * zlo) + 1  # threshold of h0 at the lowest hz (largest)
+    j_last = np.floor(tau0 - s * zhi) + 1
+    nruns = (j_first - j_last + 1).astype(np.int64)
+    ti = np.repeat(np.arange(t.size), nruns)
+    r = np.arange(ti.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)
+    j = j_first[ti] - r
+    a = np.maximum(zlo[ti], np.floor((tau0[ti] - j) / s) + 1)
+    b = np.minimum(zhi[ti], np.floor((tau0[ti] - j + 1) / s))
+    # split every run at the mean of h_z so that each piece lies on one side of it
+    mu = np.floor(big_n[ti] * pz)
+    la, lb = a, np.minimum(b, mu)
+    ra, rb = np.maximum(a, mu + 1), b
+    pa = np.concatenate([la, ra])
+    pb = np.concatenate([lb, rb])
+    pti = np.concatenate([ti, ti])
+    side_right = np.concatenate([np.zeros(ti.size, bool), np.ones(ti.size, bool)])
+    ok = pa <= pb
+    pa, pb, pti, side_right = pa[ok], pb[ok], pti[ok], side_right[ok]
+    nn = big_n[pti]
+    lm0, lm1 = _run_moments(pa, pb, nn, pz, side_right)
+    tt = t[pti]
+    tau_a = tau0[pti] - s * pa
+    lg = log_pos_part(tau_a, tt, 0.5, "lower")  # E[(h0 - tau(a))^+]
+    lsf = log_sf(np.floor(tau_a) + 1, tt, 0.5, "lower")  # P(h0 > tau(a))
+    terms = base[pti] + np.logaddexp(lg + lm0, math.log(s) + lsf + lm1)
+    return logsumexp(terms)
+
+
+def _run_moments(
+    a: FloatArray, b: FloatArray, n: FloatArray, p: float, right: npt.NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray]:
+    """log M0 = log P(a <= X <= b) and log M1 = log sum_{x=a}^{b} (x - a) P(X = x)."""
+    lm0 = log_interval(a, b, n, p)
+    lm1 = np.full(a.shape, -np.inf)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if np.any(right):
+            ar, br, nr = a[right], b[right], n[right]
+            # sum (x - a) = E[(X-a)^+] - E[(X-b)^+] - (b-a) P(X > b)
+            ga = log_pos_part(ar, nr, p)
+            gb = log_pos_part(br, nr, p)
+            sb = log_sf(br + 1, nr, p)
+            v = 1.0 - np.exp(gb - ga) - (br - ar) * np.exp(sb - ga)
+            v = np.where(np.isfinite(ga) & (br > ar), v, 0.0)
+            lm1[right] = ga + np.log(np.maximum(v, 0.0))
+        left = ~right
+        if np.any(left):
+            al, bl, nl = a[left], b[left], n[left]
+            # sum (x - a) = (b - a) M0 - sum (b - x);  sum_{a..b} (b - x) P = E[(b-X)^+]
+            #   - E[(a-1-X)^+] - (b-a+1) P(X <= a-1);  E[(t-X)^+] = E[(X' - (n-t))^+], X'=n-X
+            hb = log_pos_part(nl - bl, nl, 1.0 - p)
+            ha = log_pos_part(nl - al + 1, nl, 1.0 - p)
+            ca = log_cdf(al - 1, nl, p)
+            w = np.exp(hb) - np.exp(ha) - (bl - al + 1) * np.exp(ca)
+            m0 = np.exp(lm0[left])
+            v = (bl - al) * m0 - np.maximum(w, 0.0)
+            lm1[left] = np.log(np.maximum(v, 0.0))
+    return lm0, lm1
+
+
+def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool) -> float:
+    """Exact log delta of "all other users hold x0"; reverse=True is H(P_x1 || P_x0)."""
+    n, k, eps0 = mech.n, mech.k, mech.eps0
+    rr = mech.krr
+    p, q, g = rr.p, rr.q, rr.gamma
+    e = math.exp(eps)
+    r = math.exp(-eps0)
+    c = (e - 1.0) * g / k
+    lo, hi = tail_window(n, p, log_tau)
+    h0 = np.arange(lo[0], hi[0] + 1)
+    big_n = n - h0
+    lp = log_pmf(h0, n, p)
+    blanket = c * (n - h0 * (1.0 - r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if not reverse:
+            # l = (1-g)(h0 r - e h1) - blanket;  h1 | h0 ~ Bin(N, 1/(k-1))
+            cst = (1.0 - g) * h0 * r - blanket
+            a1 = (1.0 - g) * e
+            if k == 2:
+                v = np.log(np.maximum(cst - a1 * big_n, 0.0))
+            else:
+                # E[(cst - a1 h1)^+] = a1 E[(h1' - (N - cst/a1))^+], h1' = N - h1
+                v = math.log(a1) + log_pos_part(
+                    big_n - cst / a1, big_n, 1.0 - 1.0 / (k - 1), "lower"
+                )
+        else:
+            # l = (1-g)(h1 - e h0 r) - blanket
+            d = (1.0 - g) * e * r * h0 + blanket
+            if k == 2:
+                v = np.log(np.maximum((1.0 - g) * big_n - d, 0.0))
+            else:
+                v = math.log(1.0 - g) + log_pos_part(d / (1.0 - g), big_n, 1.0 / (k - 1), "lower")
+    return logsumexp(lp + v) - math.log(n * q)
+
+
+@lru_cache(maxsize=32)
+def _dense_laws(n: int, k: int, eps0: float) -> tuple[list[str], FloatArray, FloatArray]:
+    """k >= 3, small n: histogram laws of "m at x0, rest at z" / "m at x0, rest at x1", all m.
+
+    Cells (h_x0, h_x1, h_z) with the remaining k-3 values merged (a sufficient reduction: given
+    their total, their split is uniform multinomial under both hypotheses). Returns the dataset
+    names and the flattened laws under x0 and under x1 (one row per dataset).
+    """
+    rr = krr(k, eps0)
+    p, q = rr.p, rr.q
+    rest = (k - 3) * q
+    probs = {"x0": (p, q, q, rest), "x1": (q, p, q, rest), "z": (q, q, p, rest)}
+    size = n + 1
+
+    def add(dist: FloatArray, pr: tuple[float, float, float, float]) -> FloatArray:
+        out = pr[3] * dist
+        out[1:, :, :] += pr[0] * dist[:-1, :, :]
+        out[:, 1:, :] += pr[1] * dist[:, :-1, :]
+        out[:, :, 1:] += pr[2] * dist[:, :, :-1]
+        return out
+
+    start = np.zeros((size, size, size))
+    start[0, 0, 0] = 1.0
+    x0_laws = [start]
+    for _ in range(n - 1):
+        x0_laws.append(add(x0_laws[-1], probs["x0"]))
+    names: list[str] = []
+    p0s: list[FloatArray] = []
+    p1s: list[FloatArray] = []
+    for other in ("z", "x1"):
+        for m in range(n):
+            base = x0_laws[m]
+            for _ in range(n - 1 - m):
+                base = add(base, probs[other])
+            names.append(f"{m} others at x0, {n - 1 - m} at {other}")
+            p0s.append(add(base, probs["x0"]).ravel())
+            p1s.append(add(base, probs["x1"]).ravel())
+    return names, np.array(p0s), np.array(p1s)
+
+
+def _dense_family(mech: Mechanism, eps: float) -> list[tuple[float, str]]:
+    """Exact log delta of every dataset of `_dense_laws`, both orders."""
+    names, p0, p1 = _dense_laws(mech.n, mech.k, float(mech.eps0))
+    e = math.exp(eps)
+    fwd = np.sum(np.maximum(0.0, p0 - e * p1), axis=1)
+    bwd = np.sum(np.maximum(0.0, p1 - e * p0), axis=1)
+    res: list[tuple[float, str]] = []
+    for name, f, b_ in zip(names, fwd, bwd, strict=True):
+        for val, tag in ((float(f), "x0|x1"), (float(b_), "x1|x0")):
+            if val > 0:
+                res.append((math.log(val), f"{name} ({tag})"))
+    return res
+
+
+def attack_log_delta(
+    mech: Mechanism, epsilon: float, log_tau: float = -60.0, *, cheap: bool = False
+) -> tuple[float, str, dict[str, float]]:
+    """Best exact attack: (log delta, worst dataset description, log delta of each dataset).
+
+    cheap: skip "all others at z", whose windows grow with depth (tens of seconds at n = 1e5
+    for delta below 1e-300, where only its log could be reported anyway).
+    """
+    check_query(mech, epsilon)
+    eps = float(epsilon)
+    if eps >= mech.eps0:
+        return -math.inf, "none (eps >= eps0: LDP bound)", {}
+    log_tau = max(log_tau, -500.0)  # windows beyond e^-500 only cost time for a lower bound
+    cands: dict[str, float] = {}
+    rr = mech.krr
+    p, q = rr.p, rr.q
+    e = math.exp(eps)
+    # the single histogram "all n reports are x0" under "all others at x0": exact event bound
+    # P(S) - e^eps Q(S) = p^(n-1) (p - e^eps q), useful where delta is far below 1e-300
+    cands["all others at x0, event 'all n reports x0'"] = (mech.n - 1) * math.log(p) + math.log(
+        p - e * q
+    )
+    if mech.k >= 3 and not cheap:
+        cands["all others at z"] = _attack_all_at_z(mech, eps, log_tau)
+    cands["all others at x0 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=False)
+    cands["all others at x1 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=True)
+    if mech.k == 2 and 1 < mech.n <= DENSE_N:
+        for m in range(1, mech.n - 1):  # m = 0 and n-1 are the "all others at" datasets
+            low_m = k2_log_delta_m(mech, m, eps, max(log_tau, -700.0))[1]
+            cands[f"{m} others at x0, {mech.n - 1 - m} at x1"] = low_m
+    elif mech.k >= 3 and 1 < mech.n <= DENSE_N:
+        for v, name in _dense_family(mech, eps):
+            cands[name] = v
+    best = max(cands, key=lambda s: cands[s])
+    val = cands[best]
+    return (val - SAFETY if val > -math.inf else val), best, cands

@@ -1,0 +1,229 @@
+"""PLDs of explicit worst-case datasets (the attacks of `accountant.attack`): composing one
+dataset's PLD over rounds gives a LOWER bound on the composed privacy loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypedDict
+
+import numpy as np
+
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
+from shufflekit.accountant.numerics.binomial import log_interval, log_pmf, tail_window
+from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
+from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp_rows
+from shufflekit.base.errors import InvalidParameters
+
+
+def _pld_all_at_x0(
+    mech: Mechanism, reverse: bool, log_tau: float
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """Atoms (loss, log mass under the first law) of "all others at x0"; reverse: x1|x0."""
+    n, k, eps0 = mech.n, mech.k, mech.eps0
+    rr = mech.krr
+    p, q, g = rr.p, rr.q, rr.gamma
+    r = math.exp(-eps0)
+    lo, hi = tail_window(n, p, log_tau)
+    h0_all = np.arange(lo[0], hi[0] + 1)
+    losses: list[FloatArray] = []
+    masses: list[FloatArray] = []
+    lnq = math.log(n * q)
+    for s0 in range(0, h0_all.size, 512):
+        h0 = h0_all[s0 : s0 + 512]
+        big_n = n - h0
+        lp0 = log_pmf(h0, n, p)
+        blanket = (g / k) * (h0 * r + n - h0)
+        if k == 2:
+            h1 = big_n[:, None].astype(np.float64)
+            lp1 = np.zeros_like(h1)
+        else:
+            a1, b1 = tail_window(big_n, 1.0 / (k - 1), log_tau)
+            w = int((b1 - a1).max()) + 1
+            h1 = a1[:, None] + np.arange(w)[None, :]
+            lp1 = np.where(h1 <= b1[:, None], log_pmf(h1, big_n[:, None], 1.0 / (k - 1)), -np.inf)
+        a0v = ((1.0 - g) * h0 * r + blanket)[:, None]
+        a1v = (1.0 - g) * h1 + blanket[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if not reverse:
+                loss = np.log(a0v) - np.log(a1v)
+                lm = lp0[:, None] + lp1 + np.log(a0v) - lnq
+            else:
+                loss = np.log(a1v) - np.log(a0v)
+                lm = lp0[:, None] + lp1 + np.log(a1v) - lnq
+        ok = np.isfinite(lm) & np.isfinite(loss)
+        losses.append(loss[ok])
+        masses.append(lm[ok])
+    return losses, masses
+
+
+def _pld_all_at_z(
+    mech: Mechanism, log_tau: float, z_bins: int
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """Atoms of "all others at z" (k >= 3); for k >= 4 the adversary sees h_z in z_bins bins
+    per T (a post-processing of the histogram, so still a lower bound)."""
+    n, k, eps0 = mech.n, mech.k, mech.eps0
+    rr = mech.krr
+    p, q, g = rr.p, rr.q, rr.gamma
+    kappa = 1.0 - math.exp(-eps0)
+    lnq = math.log(n * q)
+    tlo, thi = tail_window(n, 2 * q, log_tau)
+    t_all = np.arange(tlo[0], thi[0] + 1)
+    losses: list[FloatArray] = []
+    masses: list[FloatArray] = []
+    # per T: list of (log weight of the h_z bin, V = blanket term)
+    if k == 3:
+        bin_lw = np.zeros((t_all.size, 1))
+        bin_v = ((g / k) * (n - kappa * (n - t_all)))[:, None]
+    else:
+        pz = p / (1.0 - 2 * q)
+        big_n = n - t_all
+        zlo, zhi = tail_window(big_n, pz, log_tau)
+        edges = zlo[:, None] + (zhi - zlo + 1)[:, None] * np.arange(z_bins + 1)[None, :] / z_bins
+        edges = np.floor(edges)
+        a = edges[:, :-1]
+        b = edges[:, 1:] - 1
+        b[:, -1] = zhi
+        nn = np.broadcast_to(big_n[:, None], a.shape)
+        lm0 = log_interval(a, b, nn, pz)
+        # E[h_z 1{a <= h_z <= b}] = N pz P(a-1 <= Bin(N-1, pz) <= b-1)
+        lm1 = np.log(np.maximum(nn * pz, 1e-300)) + log_interval(
+            a - 1, b - 1, np.maximum(nn - 1, 0), pz
+        )
+        with np.errstate(invalid="ignore", over="ignore"):
+            mean_z = np.where(np.isfinite(lm0), np.exp(lm1 - lm0), 0.0)
+        bin_lw = lm0
+        bin_v = (g / k) * (n - kappa * mean_z)
+    for i0 in range(0, t_all.size, 64):
+        tt = t_all[i0 : i0 + 64]
+        clo, chi = tail_window(tt, 0.5, log_tau)
+        w = int((chi - clo).max()) + 1
+        h0 = clo[:, None] + np.arange(w)[None, :]
+        valid = h0 <= chi[:, None]
+        lp = (
+            np.where(valid, log_pmf(h0, tt[:, None], 0.5), -np.inf) + log_pmf(tt, n, 2 * q)[:, None]
+        )
+        for j in range(bin_lw.shape[1]):
+            v = bin_v[i0 : i0 + 64, j][:, None]
+            lw = bin_lw[i0 : i0 + 64, j][:, None]
+            a0 = (1.0 - g) * h0 + v
+            a1 = (1.0 - g) * (tt[:, None] - h0) + v
+            with np.errstate(divide="ignore", invalid="ignore"):
+                loss = np.log(a0) - np.log(a1)
+                lm = lp + lw + np.log(a0) - lnq
+            ok = valid & np.isfinite(lm)
+            losses.append(loss[ok])
+            masses.append(lm[ok])
+    return losses, masses
+
+
+def _pld_k2_m(
+    mech: Mechanism, m: int, reverse: bool, log_tau: float
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """Atoms of k = 2, "m others at x0, the rest at x1" (the output is the count of x0)."""
+    n = mech.n
+    rr = mech.krr
+    p, q = rr.p, rr.q
+    m2 = n - 1 - m
+    if m > 0:
+        alo, ahi = tail_window(m, p, log_tau)
+        ar = np.arange(alo[0], ahi[0] + 1)
+    else:
+        ar = np.array([0.0])
+    la = log_pmf(ar, m, p)
+    mu = m * p + m2 * q
+    sd = math.sqrt(max((n - 1) * p * q, 1e-12))
+    width = math.sqrt(-2 * log_tau) + 5
+    s = np.arange(max(0, int(mu - width * sd) - 2), min(n, int(mu + width * sd) + 3) + 1)
+    lc = np.full(s.size + 1, -np.inf)  # log C(s-1) for index 0, log C(s) after
+    sc = np.concatenate([[s[0] - 1], s]).astype(np.float64)
+    for i0 in range(0, sc.size, 256):
+        blk = sc[i0 : i0 + 256]
+        lc[i0 : i0 + 256] = logsumexp_rows(la[None, :] + log_pmf(blk[:, None] - ar[None, :], m2, q))
+    lcm1, lc0 = lc[:-1], lc[1:]
+    lp0 = np.logaddexp(math.log(p) + lcm1, math.log(q) + lc0)
+    lp1 = np.logaddexp(math.log(q) + lcm1, math.log(p) + lc0)
+    if reverse:
+        lp0, lp1 = lp1, lp0
+    ok = np.isfinite(lp0) & np.isfinite(lp1)
+    return [lp0[ok] - lp1[ok]], [lp0[ok]]
+
+
+class AttackPldOptions(TypedDict, total=False):
+    """How an attack's PLD is discretised (`dataset_pld`): loss grid `loss_step` (default: the
+    loss span / `n_atoms`, 20000), windows at tail level e^`log_tau` (-36), and for k >= 4 the
+    number of h_z bins per T of "all_at_z" (`z_bins`, 4)."""
+
+    loss_step: float | None
+    n_atoms: int
+    log_tau: float
+    z_bins: int
+
+
+def check_options(direction: str, log_tau: float, z_bins: int) -> None:
+    """InvalidParameters for an impossible direction, truncation level or number of h_z bins."""
+    if direction not in ("x0|x1", "x1|x0"):
+        raise InvalidParameters(f"direction must be 'x0|x1' or 'x1|x0', got {direction!r}")
+    if not (log_tau < -5):
+        raise InvalidParameters("log_tau must be < -5")
+    if z_bins < 1:
+        raise InvalidParameters("z_bins must be >= 1")
+
+
+def dataset_pld(
+    mech: Mechanism,
+    *,
+    dataset: str,
+    direction: str = "x0|x1",
+    m: int | None = None,
+    loss_step: float | None = None,
+    n_atoms: int = 20000,
+    log_tau: float = -36.0,
+    z_bins: int = 4,
+) -> PrivacyLossDistribution:
+    """PLD of an explicit worst-case dataset: composing it gives a LOWER bound.
+
+    dataset: "all_at_z" (k >= 3), "all_at_x0", "all_at_x1", "k2_m" (k = 2, m others at x0 and
+    the rest at x1; `m` required). direction: "x0|x1" (law of log P_x0/P_x1 under P_x0) or
+    "x1|x0"; for "all_at_z" both coincide. (`tight.attack_pld` also picks the dataset.)
+
+    Discretisation: losses rounded DOWN to the grid (a composed delta is monotone in the losses,
+    so this keeps a lower bound); mass outside the windows (level e^log_tau) is dropped, which
+    also only lowers every delta. For k >= 4, "all_at_z" lets the adversary see h_z only in
+    `z_bins` bins per T (a post-processing, hence still a lower bound; more bins are tighter).
+    """
+    check_query(mech)
+    check_options(direction, log_tau, z_bins)
+    reverse = direction == "x1|x0"
+    if dataset == "all_at_x1":  # relabel x0 <-> x1: the reverse order of "all at x0"
+        dataset, reverse = "all_at_x0", not reverse
+    if dataset == "all_at_z":
+        if mech.k < 3:
+            raise InvalidParameters("all_at_z needs k >= 3")
+        ls, ms = _pld_all_at_z(mech, log_tau, z_bins)
+        desc = f"all others at z (h_z in {z_bins} bins per T)" if mech.k > 3 else "all at z"
+    elif dataset == "all_at_x0":
+        ls, ms = _pld_all_at_x0(mech, reverse, log_tau)
+        desc = f"all others at x0 ({'x1|x0' if reverse else 'x0|x1'})"
+    elif dataset == "k2_m":
+        if mech.k != 2:
+            raise InvalidParameters("k2_m needs k = 2")
+        if m is None or not (0 <= m <= mech.n - 1):
+            raise InvalidParameters(f"k2_m needs 0 <= m <= n-1, got {m!r}")
+        ls, ms = _pld_k2_m(mech, int(m), reverse, log_tau)
+        desc = f"{m} others at x0, {mech.n - 1 - m} at x1 ({'x1|x0' if reverse else 'x0|x1'})"
+    else:
+        raise InvalidParameters(f"unknown dataset {dataset!r}")
+    loss_all = np.concatenate(ls) if ls else np.zeros(0)
+    lm_all = np.concatenate(ms) if ms else np.zeros(0)
+    sig = lm_all > (float(np.max(lm_all, initial=-math.inf)) - 80.0)
+    span = float(np.ptp(loss_all[sig])) if np.any(sig) else mech.eps0
+    step = loss_step if loss_step is not None else default_loss_step(max(span, 1e-12), n_atoms)
+    if not (step > 0 and math.isfinite(step)):
+        raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
+    binner = LossBinner(step, up=False)
+    binner.add(loss_all, lm_all)
+    return binner.build(
+        f"tight attack (lower bound): {desc}, n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
+        f"losses rounded down to step {step:.3g}, mass beyond e^{log_tau:g} windows dropped"
+    )

@@ -1,0 +1,212 @@
+"""The ledger's storage: tables, schema migrations, and opening a database safely (SQLite or
+PostgreSQL), kept apart from the budget rules so that the schema history is in one place.
+
+One SQLAlchemy Core code path for SQLite (the embedded default; WAL, `BEGIN IMMEDIATE`) and
+PostgreSQL (one migrator at a time under an advisory lock). A foreign, corrupt or newer database
+is refused before anything is written to it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from shufflekit.base.errors import LedgerError, LedgerNotFound
+
+SCHEMA_VERSION = 3
+_META = sa.MetaData()
+
+schema_version = sa.Table(
+    "sk_schema_version", _META, sa.Column("version", sa.Integer, nullable=False)
+)
+budgets = sa.Table(
+    "sk_budgets",
+    _META,
+    sa.Column("deployment", sa.String(64), primary_key=True),
+    sa.Column("epsilon_total", sa.Float, nullable=False),
+    sa.Column("delta_total", sa.Float, nullable=False),
+    sa.Column("max_round_epsilon", sa.Float, nullable=True),
+    sa.Column("n_min", sa.Integer, nullable=False),
+    sa.Column("max_corrupt", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("reservation_ttl", sa.Float, nullable=True),  # since schema 2
+    sa.Column("cost_model", sa.String(32), nullable=False, server_default="ldp"),  # schema 2
+)
+rounds = sa.Table(
+    "sk_rounds",
+    _META,
+    sa.Column("deployment", sa.String(64), primary_key=True),
+    sa.Column("round_id", sa.String(64), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),  # reserved | committed | refunded
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("eps0", sa.Float, nullable=False),
+    sa.Column("n_accounted", sa.Integer, nullable=False),  # users the cost is computed with
+    sa.Column("batch_size", sa.Integer, nullable=True),
+    sa.Column("epsilon_round", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),  # since schema 2
+)
+audit = sa.Table(
+    "sk_audit",
+    _META,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("deployment", sa.String(64), nullable=False),
+    sa.Column("round_id", sa.String(64), nullable=True),
+    sa.Column("actor", sa.String(128), nullable=False),  # the role: coordinator, analyzer, ...
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("decision", sa.String(16), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("principal", sa.String(255), nullable=True),  # user@host:pid, since schema 3
+)
+
+
+def _migrate_1_to_2(conn: Connection) -> None:
+    """Schema 2: reservations may expire (budgets.reservation_ttl, rounds.expires_at)."""
+    conn.execute(sa.text("ALTER TABLE sk_budgets ADD COLUMN reservation_ttl FLOAT"))
+    conn.execute(sa.text("ALTER TABLE sk_rounds ADD COLUMN expires_at FLOAT"))
+    # schema-1 ledgers were enforced with the LDP sum; they keep it
+    conn.execute(
+        sa.text("ALTER TABLE sk_budgets ADD COLUMN cost_model VARCHAR(32) NOT NULL DEFAULT 'ldp'")
+    )
+
+
+def _migrate_2_to_3(conn: Connection) -> None:
+    """Schema 3: each audit row names the process behind the role (sk_audit.principal).
+
+    Rows written before the migration keep a NULL principal: who made them was not recorded.
+    """
+    conn.execute(sa.text("ALTER TABLE sk_audit ADD COLUMN principal VARCHAR(255)"))
+
+
+# MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+
+
+@contextmanager
+def transaction(engine: Engine, url: str) -> Iterator[Connection]:
+    """One transaction; database failures become a LedgerError naming the ledger."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except sa.exc.OperationalError as exc:
+        raise LedgerError(f"ledger {redact(url)} is unavailable: {exc.orig}") from exc
+    except sa.exc.DBAPIError as exc:
+        raise LedgerError(f"ledger {redact(url)} refused the write: {exc.orig}") from exc
+
+
+def open_schema(engine: Engine, url: str, create: bool) -> None:
+    """Create the schema, or bring an older one forward; refuse foreign or newer ones.
+
+    On SQLite the file is inspected read-only first: WAL mode is switched on (which
+    rewrites the file header and creates -wal/-shm files) only once it is known to be a
+    shufflekit ledger or empty, so a foreign or corrupt file is never touched.
+    """
+    try:
+        if engine.dialect.name == "sqlite":
+            _sqlite_precheck(engine, url, create)
+        with transaction(engine, url) as conn:
+            if conn.dialect.name == "postgresql":  # one migrator at a time
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
+            tables = set(sa.inspect(conn).get_table_names())
+            _check_tables(tables, url, create)
+            if schema_version.name not in tables:
+                _META.create_all(conn)
+                conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
+                return
+            version = conn.execute(sa.select(schema_version.c.version)).scalar_one()
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"ledger schema version {version} is newer than this shufflekit "
+                    f"({SCHEMA_VERSION}): upgrade shufflekit"
+                )
+            for v in range(version, SCHEMA_VERSION):
+                MIGRATIONS[v](conn)
+            conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
+            _META.create_all(conn)
+    except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
+        raise LedgerError(f"cannot open ledger {redact(url)}: {exc.orig}") from exc
+
+
+def _sqlite_precheck(engine: Engine, url: str, create: bool) -> None:
+    """Read the table names without a write transaction, then (ours or empty) enable WAL."""
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        try:
+            names = cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            tables = {str(row[0]) for row in names.fetchall()}
+        except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
+            raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
+        _check_tables(tables, url, create)
+        cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
+        cur.close()
+    finally:
+        raw.close()
+
+
+def _check_tables(tables: set[str], url: str, create: bool) -> None:
+    """LedgerError for a database that holds no ledger (foreign, or empty with create=False)."""
+    tables = {t for t in tables if not t.startswith("sqlite_")}
+    ours = {t.name for t in _META.sorted_tables}
+    if tables and not tables & ours:
+        raise LedgerError(
+            f"{redact(url)} holds tables {sorted(tables)[:5]} but no shufflekit "
+            "ledger: refusing to write into a foreign database"
+        )
+    if not tables and not create:
+        raise LedgerNotFound(redact(url))
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden (for messages)."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<invalid URL>"
+
+
+def make_engine(url: str, create: bool) -> Engine:
+    """A SQLAlchemy engine for a ledger URL (sqlite: no write until `open_schema` checked it)."""
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            if not create and not os.path.isfile(u.database):
+                raise LedgerNotFound(u.database)
+            parent = os.path.dirname(os.path.abspath(u.database))
+            if not os.path.isdir(parent):
+                os.makedirs(parent, exist_ok=True)
+        engine = sa.create_engine(u, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            # no writes here (not even journal_mode): open_schema checks the file first
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if u.get_backend_name() == "postgresql":
+        try:
+            return sa.create_engine(u, pool_pre_ping=True)
+        except (sa.exc.ArgumentError, ImportError) as exc:
+            raise LedgerError(f"cannot use {redact(url)}: {exc}") from exc
+    raise LedgerError(
+        f"unsupported ledger backend {u.get_backend_name()!r}: use sqlite or postgresql"
+    )
