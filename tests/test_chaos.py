@@ -5,9 +5,7 @@ today's code still breaks (each a named scenario, strict xfail until the trust i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 
 from shufflekit.app.sim.invariants import INVARIANTS
 from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome, SimSpec, run_seed
+from tests.cli_run import run_cli
 
 # Promises today's services break under some schedule, found by this simulation; each is an
 # item of the trust issue (#14), and each has a strict-xfail scenario below.
@@ -97,14 +96,7 @@ def test_the_same_seed_replays_and_another_differs() -> None:
 
 
 def chaos_cli(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    return subprocess.run(
-        [sys.executable, "-m", "shufflekit", "chaos", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return run_cli(["chaos", *args], PYTHONHASHSEED=hash_seed)
 
 
 def test_digest_is_the_same_in_other_processes() -> None:

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli_run import run_cli
+
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SHUFFLEKIT_STATE": str(cwd / "state"), "COLUMNS": "120"}
-    return subprocess.run(
-        [sys.executable, "-m", "shufflekit", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(args, cwd)
 
 
 def test_demo_json_has_the_promised_fields(tmp_path: Path) -> None:

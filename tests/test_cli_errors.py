@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,19 +19,11 @@ from shufflekit.base.errors import (
     UnsoundResult,
     UserError,
 )
+from tests.cli_run import run_cli
 
 
 def shufflekit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SHUFFLEKIT_STATE": str(cwd / "state")}
-    env.pop("SHUFFLEKIT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "shufflekit", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(list(args), cwd)
 
 
 def test_the_tree_has_one_root_and_two_branches() -> None:
