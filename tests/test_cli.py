@@ -169,3 +169,9 @@ def test_demo_warns_when_the_estimate_did_not_converge(capsys: pytest.CaptureFix
     _print_demo({"rounds": [rnd], "estimator": "ibu", "privacy_spent": privacy, "ledger": "x"})
     err = capsys.readouterr().err
     assert "did not converge" in err and "r1" in err
+
+
+def test_version(tmp_path: Path) -> None:
+    r = run(["--version"], tmp_path)
+    assert r.returncode == 0
+    assert r.stdout.startswith("shufflekit ") and r.stdout.strip().split()[1][0].isdigit()

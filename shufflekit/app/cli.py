@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,26 @@ app = typer.Typer(
     cls=ShufflekitGroup,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"shufflekit {package_version('shufflekit')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """shufflekit: the shuffle model of differential privacy, end to end."""
+
+
 app.add_typer(budget_app, name="budget")
 app.command()(simulate)
 app.add_typer(experiment_app, name="experiment")
