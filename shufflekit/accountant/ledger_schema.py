@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from shufflekit.base.errors import LedgerError, LedgerNotFound
+from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound
 
 SCHEMA_VERSION = 3
 _META = sa.MetaData()
@@ -91,6 +91,14 @@ def _migrate_2_to_3(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 
+_BUSY = ("database is locked", "database is busy", "could not serialize", "deadlock detected")
+
+
+def _busy(exc: sa.exc.OperationalError) -> bool:
+    """A lock held by another writer (SQLite) or a serialization failure (PostgreSQL)."""
+    return any(s in str(exc.orig).lower() for s in _BUSY)
+
+
 @contextmanager
 def transaction(engine: Engine, url: str) -> Iterator[Connection]:
     """One transaction; database failures become a LedgerError naming the ledger."""
@@ -98,6 +106,8 @@ def transaction(engine: Engine, url: str) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
     except sa.exc.OperationalError as exc:
+        if _busy(exc):
+            raise LedgerBusy(f"ledger {redact(url)} is busy: {exc.orig}") from exc
         raise LedgerError(f"ledger {redact(url)} is unavailable: {exc.orig}") from exc
     except sa.exc.DBAPIError as exc:
         raise LedgerError(f"ledger {redact(url)} refused the write: {exc.orig}") from exc

@@ -15,7 +15,7 @@ from typing import Any
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.messages import Abort, Result
@@ -89,11 +89,15 @@ def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
     """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
-    describe it for the published result."""
+    describe it for the published result. Once the commit landed the result must go out: if the
+    totals cannot be read then, it goes out with the round's own cost only."""
 
     async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
         rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
-        status = await offload(ledger.status, deployment)
+        try:
+            status = await offload(ledger.status, deployment)
+        except LedgerError:
+            return {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
         return {
             "epsilon_round": rec.epsilon_round,
             "delta": status.budget.delta_total,

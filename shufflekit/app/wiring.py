@@ -17,7 +17,7 @@ from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.rounds import ledger_release_hook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
-from shufflekit.base.offload import Offload, in_thread
+from shufflekit.base.offload import Offload, in_thread, retrying
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK
 from shufflekit.core.credentials import CredentialVerifier
@@ -89,7 +89,9 @@ class Wiring:
             self.deployment,
             key,
             on_release=ledger_release_hook(
-                self._ledger("analyzer"), self.deployment, offload=self.offload
+                self._ledger("analyzer"),
+                self.deployment,
+                offload=retrying(self.offload, self.clock),
             ),
             estimator=self.estimator,
             batch_timeout=self.batch_timeout,
@@ -114,5 +116,5 @@ class Wiring:
             ready_timeout=self.ready_timeout,
             clock=self.clock,
             rng=self.rng,
-            offload=self.offload,
+            offload=retrying(self.offload, self.clock),
         )

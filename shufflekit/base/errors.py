@@ -113,6 +113,10 @@ class LedgerError(AccountantError, Unavailable):
     """The ledger cannot be opened, read or written (wrong URL, foreign or corrupt database)."""
 
 
+class LedgerBusy(LedgerError):
+    """The ledger's database is busy (locked by another writer): transient, worth retrying."""
+
+
 class LedgerNotFound(LedgerError):
     """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
 
@@ -144,6 +148,7 @@ __all__ = [
     "InvalidKey",
     "InvalidParameters",
     "InvalidReport",
+    "LedgerBusy",
     "LedgerError",
     "LedgerNotFound",
     "MetricInputError",

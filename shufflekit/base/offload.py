@@ -11,6 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, Protocol, TypeVar
 
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import LedgerBusy
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -32,3 +35,22 @@ async def inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """Simulation: call it here and now (one scheduling point before, as a thread hop has)."""
     await asyncio.sleep(0)
     return fn(*args, **kwargs)
+
+
+def retrying(offload: Offload, clock: Clock = system_clock, patience: float = 30.0) -> Offload:
+    """`offload`, retrying a busy ledger (`LedgerBusy`) with backoff (50 ms doubling to 2 s)
+    for up to `patience` seconds of `clock`: a lock held by another writer is never fatal."""
+
+    async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        waited, delay = 0.0, 0.05
+        while True:
+            try:
+                return await offload(fn, *args, **kwargs)
+            except LedgerBusy:
+                if waited >= patience:
+                    raise
+                await clock.sleep(delay)
+                waited += delay
+                delay = min(2 * delay, 2.0)
+
+    return call

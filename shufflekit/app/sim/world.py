@@ -36,7 +36,7 @@ from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import BudgetExceeded, InvalidReport, LedgerError, TransportError
+from shufflekit.base.errors import BudgetExceeded, InvalidReport, LedgerBusy, TransportError
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.core import standin
@@ -217,7 +217,7 @@ class World:
         if "ledger_busy" in self.spec.faults and self.ledger_rng.random() < 0.03:
             self.broker.injected["ledger_busy"] = self.broker.injected.get("ledger_busy", 0) + 1
             self.event("ledger", "fault", kind="ledger_busy", call=name)
-            raise LedgerError("database is locked (simulated)")
+            raise LedgerBusy("database is locked (simulated)")
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)

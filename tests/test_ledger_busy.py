@@ -1,0 +1,76 @@
+"""A busy ledger is transient: typed as such, and retried with backoff by the services."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+
+from shufflekit.accountant.ledger_schema import transaction
+from shufflekit.app.sim.loop import run_virtual
+from shufflekit.base.clock import VirtualClock
+from shufflekit.base.errors import LedgerBusy, LedgerError
+from shufflekit.base.offload import inline, retrying
+
+
+class _Engine:
+    """Just enough of an Engine whose transaction fails with one driver message."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def begin(self) -> object:
+        raise sa.exc.OperationalError("commit", {}, Exception(self.message))
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("database is locked", LedgerBusy),
+        ("could not serialize access due to concurrent update", LedgerBusy),
+        ("unable to open database file", LedgerError),
+    ],
+)
+def test_a_locked_database_is_busy_not_broken(message: str, kind: type[Exception]) -> None:
+    with pytest.raises(LedgerError) as err, transaction(_Engine(message), "sqlite:///x.db"):  # type: ignore[arg-type]
+        pass
+    assert type(err.value) is kind
+
+
+def test_busy_calls_are_retried_until_they_pass() -> None:
+    calls: list[float] = []
+    clock = VirtualClock()
+
+    def flaky() -> str:
+        calls.append(clock.monotonic())
+        if len(calls) < 4:
+            raise LedgerBusy("database is locked")
+        return "done"
+
+    async def main() -> str:
+        return await retrying(inline, clock)(flaky)
+
+    assert run_virtual(main(), clock) == "done"
+    assert len(calls) == 4
+    assert calls[-1] == pytest.approx(0.05 + 0.1 + 0.2, abs=1e-5)  # backoff doubles
+
+
+def test_busy_for_too_long_or_another_error_is_raised() -> None:
+    clock = VirtualClock()
+
+    def always_busy() -> None:
+        raise LedgerBusy("database is locked")
+
+    def broken() -> None:
+        raise LedgerError("no such table")
+
+    async def main(fn: object) -> None:
+        await retrying(inline, clock, patience=5.0)(fn)  # type: ignore[arg-type]
+
+    with pytest.raises(LedgerBusy):
+        run_virtual(main(always_busy), clock)
+    assert 5.0 <= clock.monotonic() < 8.0
+    with pytest.raises(LedgerError, match="no such table"):
+        run_virtual(main(broken), VirtualClock())
+    assert asyncio.iscoroutinefunction(inline)
