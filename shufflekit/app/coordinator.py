@@ -147,7 +147,9 @@ class Coordinator:
             except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
                 outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
                 with contextlib.suppress(TransportError):  # so that the hops stop too
-                    await self.transport.publish(self.topics.abort(rid), outcome.to_bytes())
+                    await self.transport.publish(
+                        self.topics.abort(rid), outcome.to_bytes(), retain=True
+                    )
         except BaseException:
             report.seconds = self.clock.monotonic() - started
             raise
@@ -231,7 +233,7 @@ class Coordinator:
                     hop=COORDINATOR_HOP,
                     reason="the coordinator restarted and could not resume the round",
                 )
-                await coord.publish(t.abort(rid), outcome.to_bytes())
+                await coord.publish(t.abort(rid), outcome.to_bytes(), retain=True)
         if isinstance(outcome, Result):
             report.released, report.result = True, outcome
         else:
@@ -288,7 +290,7 @@ class Coordinator:
                 abort = Abort(
                     round_id=rid, hop=COORDINATOR_HOP, reason=f"{reason}; nothing was announced"
                 )
-                await coord.publish(t.abort(rid), abort.to_bytes())
+                await coord.publish(t.abort(rid), abort.to_bytes(), retain=True)
                 return abort
             self.driving = ann  # from here on the hops may receive reports: resume, not abort
             try:

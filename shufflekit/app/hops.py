@@ -15,9 +15,11 @@ from shufflekit.base.errors import ConfigError, InvalidReport, TransportError
 from shufflekit.core.messages import Announcement, Ready
 from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
+from shufflekit.core.waiting import within
 from shufflekit.shuffler.mix import MixNode
 
 log = logging.getLogger("shufflekit.coordinator")
+RETAINED_WAIT = 1.0  # seconds a resumed round waits for a retained abort
 
 
 class HopRunner:
@@ -76,10 +78,19 @@ class HopRunner:
         """Run one prepared round; None if another hop aborted it first, or if this node's
         spool says it already finished the round (a repeated prepare after a restart)."""
         hop = self.hop(ann)
-        if self.node.spool.state(ann.round_id) == "done":
+        state = self.node.spool.state(ann.round_id)
+        if state == "done":
             return None
         ready = asyncio.Event()
         async with self.transport.subscribe(self.topics.abort(ann.round_id)) as abort_sub:
+            if state is not None and await self._aborted_before(abort_sub, ann.round_id, hop):
+                # resumed after a restart, but the round was aborted (and refunded) meanwhile:
+                # the abort is retained, so nothing of it goes on
+                log.info(
+                    "%s: round %s was aborted while away; not resuming", self.name, ann.round_id
+                )
+                self.node.spool.finish(ann.round_id, None)
+                return None
             work: asyncio.Task[HopOutcome] = asyncio.create_task(
                 self.node.run_round(ann, ready, stop, self.inbox)
             )
@@ -105,6 +116,18 @@ class HopRunner:
                     work.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await work
+
+    async def _aborted_before(self, sub: Subscription, round_id: str, hop: int) -> bool:
+        """Whether another hop or the coordinator aborted `round_id` while this hop was away:
+        aborts are retained, so one arrives right after subscribing (waits `RETAINED_WAIT`)."""
+        watcher = asyncio.ensure_future(aborted_elsewhere(sub, round_id, hop))
+        try:
+            await within(asyncio.shield(watcher), RETAINED_WAIT, self.node.clock)
+        except TimeoutError:
+            return False
+        finally:
+            watcher.cancel()
+        return True
 
     async def serve_one(
         self, round_id: str, subscribed: asyncio.Event | None = None

@@ -117,5 +117,6 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         """Release nothing: publish the round's abort (`received` inputs were accepted), then
         record in the spool that the round is over here, with `outcome`."""
         msg = Abort(round_id=ann.round_id, hop=self.hop_of(ann), reason=reason, received=received)
-        await self.transport.publish(self.topics.abort(ann.round_id), msg.to_bytes())
+        # retained: a hop that was away when the round ended learns it when it resumes
+        await self.transport.publish(self.topics.abort(ann.round_id), msg.to_bytes(), retain=True)
         self.spool.finish(ann.round_id, outcome)

@@ -216,7 +216,7 @@ class World:
         name = getattr(fn, "__name__", "call")
         if "ledger_busy" in self.spec.faults and self.ledger_rng.random() < 0.03:
             self.broker.injected["ledger_busy"] = self.broker.injected.get("ledger_busy", 0) + 1
-            self.event("ledger", "fault", kind="ledger_busy", call=name)
+            self.event("ledger", "fault", fault="ledger_busy", call=name)
             raise LedgerBusy("database is locked (simulated)")
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):

@@ -110,7 +110,7 @@ class FaultyBroker:
 
     def _fault(self, kind: str, **fields: Any) -> None:
         self.injected[kind] = self.injected.get(kind, 0) + 1
-        self._emit("fault", kind=kind, **fields)
+        self._emit("fault", fault=kind, **fields)
 
     def cut(self, client_id: str, reason: str = "disconnect") -> bool:
         """Cut the connection of `client_id` (its session stays if persistent); `reason` is
