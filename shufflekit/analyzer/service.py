@@ -23,7 +23,13 @@ import numpy as np
 
 from shufflekit.analyzer.estimators import estimate
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
+from shufflekit.base.errors import (
+    ConfigError,
+    InternalError,
+    InvalidReport,
+    RoundAborted,
+    TransportError,
+)
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
@@ -125,12 +131,20 @@ class Analyzer(Hop[AnalyzerOutcome]):
         nothing is published. `stop` set while the batch is still awaited aborts the round.
         """
         outcome = AnalyzerOutcome(ann.round_id, result=None)
+        if state == "output":  # committed before a restart or a lost publish: publish it now
+            items, _ = self.spool.output(ann.round_id)
+            stored = Result.from_bytes(items[0])
+            if not isinstance(stored, Result):
+                raise InternalError(f"the spool holds no result for round {ann.round_id}")
+            outcome.result = await self._publish(stored)
+            return outcome
         try:
             batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
+            est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
             try:
                 privacy = await self.on_release(ann.round_id, n)
             except Exception as exc:  # any failure: the cost is not known to be committed
@@ -141,7 +155,6 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
-        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
         result = Result(
             round_id=ann.round_id,
             k=ann.k,
@@ -156,7 +169,26 @@ class Analyzer(Hop[AnalyzerOutcome]):
             converged=est.details.get("converged"),
             iterations=est.details.get("iterations"),
         )
-        await self.transport.publish(self.topics.result(ann.round_id), result.to_bytes())
-        self.spool.finish(ann.round_id, {"batch_size": n})
-        outcome.result = result
+        # Committed: from here the result must go out. It is stored first, so a restart or a
+        # lost connection publishes the very same result again (state "output").
+        self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        outcome.result = await self._publish(result)
         return outcome
+
+    async def _publish(self, result: Result) -> Result:
+        """Publish a committed round's result, resending a lost publish with backoff for up to
+        `batch_timeout`; then the round is done here. TransportError if the connection is gone
+        (the stored result goes out when this hop resumes)."""
+        delay, waited = 0.1, 0.0
+        while True:
+            try:
+                await self.transport.publish(self.topics.result(result.round_id), result.to_bytes())
+                break
+            except TransportError:
+                if waited >= self.batch_timeout:
+                    raise
+                await self.clock.sleep(delay)
+                waited += delay
+                delay = min(2 * delay, 5.0)
+        self.spool.finish(result.round_id, {"batch_size": result.batch_size})
+        return result

@@ -81,6 +81,9 @@ class HopRunner:
         state = self.node.spool.state(ann.round_id)
         if state == "done":
             return None
+        if state == "output" and isinstance(self.node, Analyzer):
+            # committed before a restart: its stored result goes out, whatever was aborted
+            return await self.node.run_round(ann, None, stop, self.inbox)
         ready = asyncio.Event()
         async with self.transport.subscribe(self.topics.abort(ann.round_id)) as abort_sub:
             if state is not None and await self._aborted_before(abort_sub, ann.round_id, hop):
