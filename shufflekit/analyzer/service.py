@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from shufflekit.analyzer.estimators import estimate
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     ConfigError,
@@ -179,16 +180,14 @@ class Analyzer(Hop[AnalyzerOutcome]):
         """Publish a committed round's result, resending a lost publish with backoff for up to
         `batch_timeout`; then the round is done here. TransportError if the connection is gone
         (the stored result goes out when this hop resumes)."""
-        delay, waited = 0.1, 0.0
-        while True:
-            try:
-                await self.transport.publish(self.topics.result(result.round_id), result.to_bytes())
-                break
-            except TransportError:
-                if waited >= self.batch_timeout:
-                    raise
-                await self.clock.sleep(delay)
-                waited += delay
-                delay = min(2 * delay, 5.0)
+        topic, data = self.topics.result(result.round_id), result.to_bytes()
+        await with_backoff(
+            lambda: self.transport.publish(topic, data),
+            TransportError,
+            clock=self.clock,
+            patience=self.batch_timeout,
+            first=0.1,
+            cap=5.0,
+        )
         self.spool.finish(result.round_id, {"batch_size": result.batch_size})
         return result

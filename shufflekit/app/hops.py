@@ -123,13 +123,10 @@ class HopRunner:
     async def _aborted_before(self, sub: Subscription, round_id: str, hop: int) -> bool:
         """Whether another hop or the coordinator aborted `round_id` while this hop was away:
         aborts are retained, so one arrives right after subscribing (waits `RETAINED_WAIT`)."""
-        watcher = asyncio.ensure_future(aborted_elsewhere(sub, round_id, hop))
         try:
-            await within(asyncio.shield(watcher), RETAINED_WAIT, self.node.clock)
+            await within(aborted_elsewhere(sub, round_id, hop), RETAINED_WAIT, self.node.clock)
         except TimeoutError:
             return False
-        finally:
-            watcher.cancel()
         return True
 
     async def serve_one(

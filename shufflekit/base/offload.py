@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, Protocol, TypeVar
 
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import LedgerBusy
 
@@ -42,15 +43,13 @@ def retrying(offload: Offload, clock: Clock = system_clock, patience: float = 30
     for up to `patience` seconds of `clock`: a lock held by another writer is never fatal."""
 
     async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        waited, delay = 0.0, 0.05
-        while True:
-            try:
-                return await offload(fn, *args, **kwargs)
-            except LedgerBusy:
-                if waited >= patience:
-                    raise
-                await clock.sleep(delay)
-                waited += delay
-                delay = min(2 * delay, 2.0)
+        return await with_backoff(
+            lambda: offload(fn, *args, **kwargs),
+            LedgerBusy,
+            clock=clock,
+            patience=patience,
+            first=0.05,
+            cap=2.0,
+        )
 
     return call

@@ -129,7 +129,7 @@ class ServiceEnv:
     passes an in-memory faulty broker, a virtual clock, seeded randomness and inline calls, and
     so runs these very services."""
 
-    connector: Connector = field(default=lambda cfg, name, durable: _connector(cfg, name, durable))
+    connector: Connector = _connector
     clock: Clock = system_clock
     rng: Randomness = field(default_factory=SystemRandomness)
     offload: Offload = in_thread

@@ -65,10 +65,10 @@ class ChaosConfig:
         words = ["shufflekit", "chaos", "--seed", str(seed), "--users", str(self.users)]
         words += ["--mixes", str(self.mixes), "--rounds", str(self.rounds)]
         if tuple(self.faults) != FAULT_KINDS:
-            words += ["--faults", ",".join(self.faults) or '""']
+            words += ["--faults", ",".join(self.faults)]
         if self.real_crypto:
             words.append("--real-crypto")
-        return " ".join(shlex.quote(w) if w != '""' else w for w in words)
+        return " ".join(shlex.quote(w) for w in words)
 
 
 @dataclass
