@@ -25,7 +25,6 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
-from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
 from shufflekit.shuffler.mix import MixNode, MixOutcome
 
@@ -56,8 +55,6 @@ class LocalDeployment:
         )
         self.connect = connect
         self.deployment = deployment
-        self.topics = Topics(deployment)
-        self.ledger = ledger
         self.mix_keys = [KeyPair.generate() for _ in range(mixes)]
         self.analyzer_key = KeyPair.generate()
 
