@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
 from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
@@ -77,6 +78,8 @@ def ensure_budget(
             n_min,
             cfg.max_corrupt,
             cost_model=cfg.cost_model,
+            # a planned budget: every round of the demo is of this one type
+            schedule=(ScheduleEntry(RoundType(KRR, cfg.k, cfg.eps0), None),),
         )
         ledger.init_budget(created, actor="demo")
         if notice is not None:

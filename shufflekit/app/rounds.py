@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
+from shufflekit.base.errors import InternalError, InvalidReport, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.messages import Abort, Result
@@ -88,24 +89,35 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
 def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
-    """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
-    describe it for the published result. Once the commit landed the result must go out: if the
-    totals cannot be read then, it goes out with the round's own cost only."""
+    """The analyzer's `on_release`: price the round (outside the ledger's lock: its cost and the
+    composed total after it, from the curve cache), then commit the cost and the priced result
+    in one transaction, and return what is stored (a round committed before a restart returns
+    the result stored then). Raises unless the commit succeeded; nothing slow runs after it."""
 
-    async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
-        rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
-        try:
-            status = await offload(ledger.status, deployment)
-        except LedgerError:
-            return {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-        return {
-            "epsilon_round": rec.epsilon_round,
-            "delta": status.budget.delta_total,
-            "cost_model": status.cost_model,
-            "n_accounted": float(rec.n_accounted),
-            "epsilon_spent_total": status.epsilon_spent,
-            "epsilon_budget": status.budget.epsilon_total,
-        }
+    async def hook(result: Result) -> Result:
+        rid, n = result.round_id, result.batch_size
+        facts = await offload(ledger.quote_commit, deployment, rid, n)
+        priced = result.model_copy(update={"privacy": facts})
+        text = priced.to_bytes().decode()
+        await offload(functools.partial(ledger.commit, deployment, rid, n, actor, result=text))
+        stored = await offload(ledger.stored_result, deployment, rid)
+        if stored is None or stored == text:
+            return priced
+        earlier = Result.from_bytes(stored.encode())
+        if not isinstance(earlier, Result):
+            raise InternalError(f"round {rid}: the ledger holds no valid result")
+        return earlier
+
+    return hook
+
+
+def ledger_published_hook(
+    ledger: Ledger, deployment: str, offload: Offload = in_thread
+) -> Callable[[str], Awaitable[None]]:
+    """The analyzer's `on_published`: record in the ledger that the round's result went out."""
+
+    async def hook(round_id: str) -> None:
+        await offload(ledger.mark_published, deployment, round_id)
 
     return hook
 

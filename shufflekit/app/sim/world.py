@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.app.services.config import (
     AnalyzerSettings,
     CoordinatorSettings,
@@ -122,7 +123,14 @@ class World:
         self.cfg = self._config(folder)
         self.ledger = Ledger(self.cfg.ledger_url())
         self.ledger.init_budget(
-            Budget(DEPLOYMENT, spec.eps0 * spec.rounds, 1e-6, n_min=N_MIN, cost_model="ldp")
+            Budget(
+                DEPLOYMENT,
+                spec.eps0 * spec.rounds,
+                1e-6,
+                n_min=N_MIN,
+                cost_model="ldp",
+                schedule=(ScheduleEntry(RoundType(KRR, spec.k, spec.eps0), None),),
+            )
         )
         self.ledger_rng = self.rng.fork("ledger")
         self.tasks: dict[str, asyncio.Task[Any]] = {}
