@@ -81,3 +81,40 @@ def test_delete_asks_and_refuses_committed_rounds_unless_forced(tmp_path: Path) 
     assert budget([*INIT], tmp_path).exit_code == 0  # the name is free again
     r = budget(["delete"], tmp_path, stdin="y\n")
     assert r.exit_code == 0 and "deleted the budget of 'default'" in r.stdout
+
+
+async def test_rounds_lists_running_and_recent_with_the_broker_announcement(
+    tmp_path: Path,
+) -> None:
+    from shufflekit.app.cli_rounds import announced_round, listing
+    from shufflekit.core.messages import Announcement
+    from shufflekit.core.topics import Topics
+    from shufflekit.core.transport import MemoryBroker
+
+    assert budget([*INIT, "--mode", "adaptive"], tmp_path).exit_code == 0
+    led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=False)
+    for rid in ("r1", "r2", "r3"):
+        led.reserve("default", rid, 4, 1.0)
+    led.commit("default", "r1", 12)
+    led.refund("default", "r2")
+    broker = MemoryBroker()
+    ann = Announcement(
+        deployment="default",
+        round_id="r3",
+        k=4,
+        eps0=1.0,
+        n_min=10,
+        deadline=1e10,
+        mix_keys=["a"],
+        analyzer_key="b",
+    )
+    async with broker.connect() as t:
+        await t.publish(Topics("default").announce, ann.to_bytes(), retain=True)
+        got = await announced_round(t, "default", 1.0)
+        assert await announced_round(t, "other", 0.05) is None
+    data = listing(led, "default", 10, got)
+    assert [(r["round_id"], r["announced"]) for r in data["running"]] == [("r3", True)]
+    assert {r["round_id"] for r in data["recent"]} == {"r1", "r2"}
+    assert data["announced"]["n_min"] == 10
+    r = CliRunner().invoke(app, ["rounds", "--json"], env={"SHUFFLEKIT_STATE": str(tmp_path)})
+    assert r.exit_code == 0 and [x["round_id"] for x in json.loads(r.stdout)["running"]] == ["r3"]

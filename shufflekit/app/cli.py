@@ -15,6 +15,7 @@ from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_rounds import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar
@@ -56,6 +57,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
+app.command()(rounds)
 
 
 @app.command()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,7 +98,7 @@ def ledger_release_hook(
         facts = await offload(ledger.quote_commit, deployment, rid, n)
         priced = result.model_copy(update={"privacy": facts})
         text = priced.to_bytes().decode()
-        await offload(functools.partial(ledger.commit, deployment, rid, n, actor, result=text))
+        await offload(ledger.commit, deployment, rid, n, actor, result=text)
         stored = await offload(ledger.stored_result, deployment, rid)
         if stored is None or stored == text:
             return priced
