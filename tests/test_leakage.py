@@ -275,7 +275,7 @@ def test_leakage_table_3_5() -> None:
             == {0.5: 1.2449, 1.0: 1.4621, 4.0: 1.9640}[eps0]
         )
         for n, mult, add in cells:
-            r = lk.leakage(n, 2, eps0, insider_work=0)
+            r = lk.leakage_report(n, 2, eps0, insider_work=0)
             assert round(r.multiplicative_leakage, 4) == mult
             assert float(f"{r.additive_leakage:.1e}") == add
 
@@ -336,16 +336,16 @@ def test_min_cohort_large_and_refusals() -> None:
     with pytest.raises(AccuracyError):
         lk.min_cohort(5, 1.0, 1e-7)
     with pytest.raises(InvalidParameters):
-        lk.leakage(0, 2, 1.0)
+        lk.leakage_report(0, 2, 1.0)
     with pytest.raises(InvalidParameters):
-        lk.leakage(10, 1, 1.0)
+        lk.leakage_report(10, 1, 1.0)
 
 
 # ------------------------------------------------------------------ the statement
 
 
 def test_statement_wording_keeps_delta_and_the_eps0_cap() -> None:
-    r = lk.leakage(1000, 2, 1.0)
+    r = lk.leakage_report(1000, 2, 1.0)
     text = lk.participant_statement(r, epsilon=0.3, delta=1e-6)
     assert "guesses your answer with probability 0.5058 (chance: 1/2 = 0.5)" in text
     assert f"with at most {r.insider_vulnerability:.4g}" in text

@@ -116,7 +116,7 @@ class Leakage:
         return asdict(self)
 
 
-def leakage(n: int, k: int, eps0: float, *, insider_work: float | None = None) -> Leakage:
+def leakage_report(n: int, k: int, eps0: float, *, insider_work: float | None = None) -> Leakage:
     """Every vulnerability of one round (see `Leakage`); `insider_work` caps the exact insider
     computation (elementary steps; beyond it the sound bound is used)."""
     _check(n, k, eps0)
