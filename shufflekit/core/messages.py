@@ -7,15 +7,23 @@ fails is refused whole with InvalidReport('bad_control'), which the reader count
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
+from shufflekit.core.wire import MAX_RECORD_BITS
 
 PROTOCOL_VERSION = 1
-MAX_CONTROL_BYTES = 4 * 1024 * 1024  # the largest result (k = 65535, three vectors) fits
+MAX_CONTROL_BYTES = 8 * 1024 * 1024  # the largest result (k = 2^16, three vectors) fits
 MAX_HOPS = 16  # mixes in one cascade
 MAX_REASON = 500  # characters of a free-text reason
 
@@ -23,6 +31,7 @@ MAX_REASON = 500  # characters of a free-text reason
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Text = Annotated[str, StringConstraints(max_length=MAX_REASON)]
+MECHANISMS = ("krr", "bits")
 
 
 class _Control(BaseModel):
@@ -50,16 +59,36 @@ class _Control(BaseModel):
 
 
 class Announcement(_Control):
-    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first)."""
+    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first).
+
+    `mechanism` is "krr" (k-RR over k values) or "bits" (each bit of an L-bit record flipped,
+    `bits` = L, and k = 2^L, the number of possible records); eps0 is per report either way.
+    """
 
     deployment: Name
     round_id: Name
-    k: int = Field(ge=2, le=65535)
+    k: int = Field(ge=2, le=1 << MAX_RECORD_BITS)
     eps0: float = Field(gt=0, lt=710)  # exp(eps0) must be a finite float
     n_min: int = Field(ge=1)
-    deadline: float = Field(gt=0)  # unix time after which mix 0 stops accepting
+    deadline: float  # unix time after which mix 0 stops accepting (finite, as every number)
     mix_keys: list[Key] = Field(min_length=1, max_length=MAX_HOPS)
     analyzer_key: Key
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+
+    @model_validator(mode="after")
+    def _mechanism_matches(self) -> Self:
+        if self.mechanism == "bits":
+            if self.bits is None or self.k != 1 << self.bits:
+                raise ValueError("a bits round needs bits = L and k = 2^L")
+        elif self.bits is not None or self.k > 65535:
+            raise ValueError("a krr round has k <= 65535 and no bits")
+        return self
+
+    @property
+    def report_size(self) -> int:
+        """The size field of this round's reports: k for k-RR, L for bits."""
+        return self.bits if self.mechanism == "bits" and self.bits is not None else self.k
 
     @property
     def hops(self) -> int:
@@ -102,18 +131,24 @@ class Result(_Control):
     """The analyzer's published result of one round."""
 
     round_id: Name
-    k: int = Field(ge=2, le=65535)
+    k: int = Field(ge=2, le=1 << MAX_RECORD_BITS)
     eps0: float = Field(gt=0, lt=710)
     batch_size: int = Field(ge=0)
-    histogram: list[Annotated[int, Field(ge=0)]] = Field(max_length=65535)
-    estimate: list[float] = Field(max_length=65535)
-    stderr: list[float] = Field(max_length=65535)
+    histogram: list[Annotated[int, Field(ge=0)]] = Field(max_length=1 << MAX_RECORD_BITS)
+    estimate: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
+    stderr: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
     estimator: Name
     rejected: dict[Name, Annotated[int, Field(ge=0)]] = Field(max_length=256)
     privacy: dict[str, float | str | None] = Field(default_factory=dict)
     # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
     converged: bool | None = None
     iterations: int | None = None
+    # bit-vector rounds: histogram/estimate/stderr are over the 2^L records (the estimate only
+    # for L <= 10, else empty); per-bit frequencies of ones and their standard errors here
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+    bit_frequency: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
+    bit_stderr: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
 
 
 class Ready(_Control):
