@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
+from shufflekit.core.wire import MAX_RECORD_BITS
 
 PROTOCOL_VERSION = 1
+MECHANISMS = ("krr", "bits")
 
 
 class _Control(BaseModel):
@@ -31,16 +35,36 @@ class _Control(BaseModel):
 
 
 class Announcement(_Control):
-    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first)."""
+    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first).
+
+    `mechanism` is "krr" (k-RR over k values) or "bits" (each bit of an L-bit record flipped,
+    `bits` = L, and k = 2^L, the number of possible records); eps0 is per report either way.
+    """
 
     deployment: str
     round_id: str
-    k: int = Field(ge=2, le=65535)
-    eps0: float = Field(gt=0)
+    k: int = Field(ge=2, le=1 << MAX_RECORD_BITS)
+    eps0: float = Field(gt=0, allow_inf_nan=False)
     n_min: int = Field(ge=1)
     deadline: float  # unix time after which mix 0 stops accepting
     mix_keys: list[str] = Field(min_length=1)
     analyzer_key: str
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+
+    @model_validator(mode="after")
+    def _mechanism_matches(self) -> Self:
+        if self.mechanism == "bits":
+            if self.bits is None or self.k != 1 << self.bits:
+                raise ValueError("a bits round needs bits = L and k = 2^L")
+        elif self.bits is not None or self.k > 65535:
+            raise ValueError("a krr round has k <= 65535 and no bits")
+        return self
+
+    @property
+    def report_size(self) -> int:
+        """The size field of this round's reports: k for k-RR, L for bits."""
+        return self.bits if self.mechanism == "bits" and self.bits is not None else self.k
 
     @property
     def hops(self) -> int:
@@ -95,6 +119,12 @@ class Result(_Control):
     # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
     converged: bool | None = None
     iterations: int | None = None
+    # bit-vector rounds: histogram/estimate/stderr are over the 2^L records (the estimate only
+    # for L <= 10, else empty); per-bit frequencies of ones and their standard errors here
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = None
+    bit_frequency: list[float] | None = None
+    bit_stderr: list[float] | None = None
 
 
 class Ready(_Control):
