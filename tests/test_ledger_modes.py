@@ -14,6 +14,7 @@ import pytest
 from bruteforce_oracle import _pairs
 
 from shufflekit.accountant import policy
+from shufflekit.accountant.bits import BitsMechanism, rounds_epsilon
 from shufflekit.accountant.composition import compose_rounds_bounds
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.ledger import Budget, Ledger
@@ -83,22 +84,26 @@ def test_only_the_last_entry_may_be_open(tmp_path: Path) -> None:
         )
 
 
-def test_bits_rounds_need_a_registered_cost(
+def test_bits_rounds_are_charged_by_their_registered_cost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(InvalidParameters, match="mechanism 'bits' has no cost model"):
-        _planned(tmp_path, ["bits:8,1"])
-    krr = policy.MECHANISMS["krr"]  # a stand-in cost, to show the lookup is pluggable
-    monkeypatch.setitem(
-        policy.MECHANISMS,
-        "bits",
-        policy.MechanismCost("bits", krr.pld, krr.epsilon, lambda t: 2 * t.eps0),
-    )
-    led = _planned(tmp_path, ["bits:8,1"])
-    rec = led.reserve("p", "r1", 8, 1.0, mechanism="bits")
-    assert (rec.tag, led.status("p").epsilon_spent_or_reserved) == ("bits", 2.0)
+    led = _planned(tmp_path, ["bits:8,1,2", "4,1"])
+    led.reserve("p", "r1", 8, 1.0, mechanism="bits")
     with pytest.raises(ScheduleViolation, match="is bits:8,1, not 8,1"):
         led.reserve("p", "r2", 8, 1.0)
+    led.reserve("p", "r2", 8, 1.0, mechanism="bits")
+    led.reserve("p", "r3", 4, 1.0)
+    # the ledger's composition equals the bits accountant's own heterogeneous composition
+    mechs = [BitsMechanism(10, 8, 1.0)] * 2 + [Mechanism(10, 4, 1.0)]
+    st = led.status("p")
+    assert [r.tag for r in st.rounds] == ["bits", "bits", "krr"]
+    charges = [r.charge for r in st.rounds]
+    assert policy.charges_epsilon("tight", charges, 1e-6) == pytest.approx(
+        rounds_epsilon(mechs, 1e-6), rel=1e-9
+    )
+    monkeypatch.delitem(policy.MECHANISMS, "bits")  # the lookup is the registry's
+    with pytest.raises(InvalidParameters, match="mechanism 'bits' has no cost model"):
+        led.reserve("p", "r4", 8, 1.0, mechanism="bits")
 
 
 def _exact_renyi(n: int, k: int, eps0: float, alpha: float) -> float:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
 from shufflekit.accountant.composition import ENGINES, PldFn, compose, compose_rounds, round_pld
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
 from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
@@ -44,13 +45,24 @@ def _krr_mech(t: RoundType, n: int) -> Mechanism:
     return Mechanism(n=n, k=t.size, eps0=t.eps0)
 
 
+def _bits_mech(t: RoundType, n: int) -> BitsMechanism:
+    return BitsMechanism(n=n, bits=t.size, eps0=t.eps0)
+
+
 MECHANISMS: dict[str, MechanismCost] = {
     KRR: MechanismCost(
         KRR,
         lambda t, n: round_pld(_krr_mech(t, n)),
         lambda t, n, d: min(float(tight_epsilon(_krr_mech(t, n), d).epsilon), t.eps0),
         lambda t: t.eps0,
-    )
+    ),
+    # the bit-vector mechanism (accountant.bits): its generic clones pair, LDP-capped alone
+    "bits": MechanismCost(
+        "bits",
+        lambda t, n: bits_pld(_bits_mech(t, n)),
+        lambda t, n, d: min(float(bits_epsilon(_bits_mech(t, n), d).epsilon), t.eps0),
+        lambda t: t.eps0,
+    ),
 }
 
 

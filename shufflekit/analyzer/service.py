@@ -29,6 +29,7 @@ from shufflekit.base.errors import (
     InternalError,
     InvalidReport,
     RoundAborted,
+    SpoolError,
     TransportError,
 )
 from shufflekit.core.counters import RejectionCounter
@@ -181,8 +182,12 @@ class Analyzer(Hop[AnalyzerOutcome]):
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
         # Committed: from here the result must go out, and nothing slow runs before it does.
-        # The spool keeps a copy so that this hop's state machine resumes at "output".
-        self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        # The spool keeps a copy so that this hop's state machine resumes at "output"; the
+        # durable copy is the ledger's, so a spool that cannot take it does not stop the publish.
+        try:
+            self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        except SpoolError as exc:
+            log.warning("round %s: result not spooled (the ledger holds it): %s", ann.round_id, exc)
         outcome.result = await self._publish(result)
         return outcome
 
