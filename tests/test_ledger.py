@@ -29,12 +29,12 @@ def test_reserve_commit_refund_lifecycle(ledger: Ledger) -> None:
     ledger.reserve("test", "r1", k=4, eps0=2.0)
     ledger.reserve("test", "r2", k=4, eps0=3.0)
     st = ledger.status("test")
-    assert (st.epsilon_spent, st.epsilon_reserved) == (0.0, 5.0)
+    assert (st.epsilon_spent, st.epsilon_spent_or_reserved) == (0.0, 5.0)
     ledger.commit("test", "r1", batch_size=100)
     ledger.commit("test", "r1", batch_size=100)  # idempotent
     ledger.refund("test", "r2", reason="aborted")
     st = ledger.status("test")
-    assert (st.epsilon_spent, st.epsilon_reserved, st.epsilon_remaining) == (2.0, 2.0, 8.0)
+    assert (st.epsilon_spent, st.epsilon_spent_or_reserved, st.epsilon_remaining) == (2.0, 2.0, 8.0)
     assert [(r.round_id, r.status, r.batch_size) for r in st.rounds] == [
         ("r1", "committed", 100),
         ("r2", "refunded", None),
@@ -370,7 +370,7 @@ def test_expired_reservation_stops_counting_and_cannot_be_committed(ledger_url: 
     import time
 
     time.sleep(0.3)
-    assert led.status("ttl").epsilon_reserved == 0.0
+    assert led.status("ttl").epsilon_spent_or_reserved == 0.0
     with pytest.raises(LedgerError, match="expired, it cannot be committed"):
         led.commit("ttl", "r1", 100)
     led.reserve("ttl", "r2", 4, 1.0)

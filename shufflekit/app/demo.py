@@ -179,7 +179,8 @@ async def run_demo(
         "privacy_spent": {
             "epsilon": status.epsilon_spent,
             "delta": status.budget.delta_total,
-            "epsilon_reserved": status.epsilon_reserved,
+            "epsilon_spent_or_reserved": status.epsilon_spent_or_reserved,
+            "mode": status.budget.mode,
             "epsilon_budget": status.budget.epsilon_total,
             "epsilon_remaining": status.epsilon_remaining,
             "cost_model": status.cost_model,

@@ -230,8 +230,10 @@ class World:
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
             statuses = {r.round_id: r.status for r in status.rounds}
-            self.event("ledger", name, spent=round(status.epsilon_reserved, 9))
-            self.checker.on_ledger(self.clock.monotonic(), status.epsilon_reserved, statuses)
+            self.event("ledger", name, spent=round(status.epsilon_spent_or_reserved, 9))
+            self.checker.on_ledger(
+                self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
+            )
             self._check()
         return out
 
