@@ -153,6 +153,9 @@ def _print_demo(out: dict[str, Any]) -> None:
                     (f"{last['tv_distance']:.4f}", "bold"),
                 )
             )
+            statement = (last.get("privacy") or {}).get("statement")
+            if statement:
+                console.print(f"what a participant risks: {statement}", soft_wrap=True)
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
         stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
