@@ -16,7 +16,7 @@ from typing import Any
 
 from scipy.special import gammaln
 
-from shufflekit.accountant.leakage_insider import insider_vulnerability
+from shufflekit.accountant.leakage_insider import MAX_EPS0, insider_vulnerability
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.maxload import expected_max_excess
 from shufflekit.base.errors import AccuracyError, InvalidParameters
@@ -30,8 +30,8 @@ def _check(n: int | None, k: int, eps0: float | None = None) -> None:
         raise InvalidParameters(f"n must be a whole number >= 1 (got {n!r})")
     if not isinstance(k, int) or k < 2:
         raise InvalidParameters(f"k must be a whole number >= 2 (got {k!r})")
-    if eps0 is not None and not (eps0 > 0 and math.isfinite(eps0)):
-        raise InvalidParameters(f"eps0 must be a finite number > 0 (got {eps0!r})")
+    if eps0 is not None and not 0 < eps0 <= MAX_EPS0:
+        raise InvalidParameters(f"eps0 must be a number in (0, {MAX_EPS0:g}] (got {eps0!r})")
 
 
 def central_binomial_ratio(n: int) -> float:
