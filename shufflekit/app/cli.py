@@ -178,7 +178,8 @@ def _print_demo(out: dict[str, Any]) -> None:
             f"remaining {p['epsilon_remaining']:.4g}",
         )
     )
-    console.print(f"ledger: {out['ledger']} (see it with `{out['status_command']}`)")
+    see = f" (see it with `{out['status_command']}`)" if out.get("status_command") else ""
+    console.print(f"ledger: {out['ledger']}{see}")
 
 
 def main() -> None:
