@@ -86,7 +86,7 @@ def test_delete_asks_and_refuses_committed_rounds_unless_forced(tmp_path: Path) 
 async def test_rounds_lists_running_and_recent_with_the_broker_announcement(
     tmp_path: Path,
 ) -> None:
-    from shufflekit.app.cli_rounds import announced_round, listing
+    from shufflekit.app.cli_round_list import announced_round, listing
     from shufflekit.core.messages import Announcement
     from shufflekit.core.topics import Topics
     from shufflekit.core.transport import MemoryBroker

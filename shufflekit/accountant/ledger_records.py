@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from shufflekit.accountant.bits import BitsMechanism, RoundMechanism
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curves import Charge
 from shufflekit.accountant.policy import check_mode, cost_model, mechanism_cost
@@ -117,8 +118,10 @@ class RoundRecord:
         return (self.round_type, self.n_accounted)
 
     @property
-    def mechanism(self) -> Mechanism:
-        """The k-RR mechanism of the round (k-RR rounds only)."""
+    def mechanism(self) -> RoundMechanism:
+        """The round's mechanism at its accounted population (k-RR, or `accountant.bits`)."""
+        if self.tag == "bits":
+            return BitsMechanism(n=self.n_accounted, bits=self.k, eps0=self.eps0)
         return Mechanism(n=self.n_accounted, k=self.k, eps0=self.eps0)
 
     def as_dict(self) -> dict[str, Any]:

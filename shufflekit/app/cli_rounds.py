@@ -1,130 +1,139 @@
-"""`shufflekit rounds`: the running and recent rounds of a deployment, from its ledger and, when
-a broker is given, the round it currently announces (its retained announcement).
+"""`privacy epsilon --round N,K,EPS0[,COUNT]` and `--from-ledger URL --deployment D`:
+heterogeneous rounds composed exactly as the ledger composes its rounds.
 
-A round is running while the ledger holds it as reserved; recent rounds are the latest others
-(committed, refunded, expired), newest first.
+k-RR rounds go through the budget's cost model (`policy.TightCost` by default: one round
+exactly, several through the composed dominating pairs, capped by the sum of eps0), the very
+function `Ledger.status` calls, so the CLI and the ledger agree on the same rounds. Bit-vector
+rounds (`bits:L` in place of K) compose their generic dominating pair (`accountant.bits`) with
+the k-RR rounds' pairs. The lower bound is the composed attack (one explicit dataset pair per
+round, order x0|x1 throughout), so the printed gap is what is known.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime as dt
-from typing import Annotated, Any
+import math
+import time
+from collections import Counter
+from typing import Any
 
-import typer
-from rich.table import Table
+from shufflekit.accountant import bits, composition, tight
+from shufflekit.accountant.core import Mechanism, Soundness, check_delta
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.policy import TightCost, cost_model
+from shufflekit.app.state import default_ledger_url
+from shufflekit.base.errors import AccountantError, InvalidParameters, LedgerNotFound
 
-from shufflekit.accountant.ledger import Ledger, RoundRecord
-from shufflekit.app.cli_budget import _open
-from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
-from shufflekit.app.render import console, print_json
-from shufflekit.app.state import DEFAULT_DEPLOYMENT
-from shufflekit.client.agent import current_announcement
-from shufflekit.core.messages import Announcement
-from shufflekit.core.transport.base import Transport
-from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+RoundMech = Mechanism | bits.BitsMechanism
 
 
-def listing(
-    ledger: Ledger, deployment: str, limit: int, announced: Announcement | None
+def parse_round(spec: str) -> tuple[RoundMech, int]:
+    """(mechanism, count) of "N,K,EPS0[,COUNT]" (K: categories, or bits:L)."""
+    parts = [p.strip() for p in str(spec).split(",")]
+    if len(parts) not in (3, 4):
+        raise InvalidParameters(f"--round takes N,K,EPS0[,COUNT] (K may be bits:L), got {spec!r}")
+    try:
+        n = int(parts[0])
+        eps0 = float(parts[2])
+        count = int(parts[3]) if len(parts) == 4 else 1
+    except ValueError:
+        raise InvalidParameters(
+            f"--round takes N,K,EPS0[,COUNT] with integers N, COUNT and a number EPS0, got {spec!r}"
+        ) from None
+    if count < 1:
+        raise InvalidParameters(f"--round COUNT must be >= 1, got {count} in {spec!r}")
+    return bits.round_mechanism(parts[1], n, eps0), count
+
+
+def ledger_rounds(url: str | None, deployment: str) -> tuple[list[RoundMech], str, float, float]:
+    """(committed rounds as the ledger accounts them, cost model, budget delta, ledger's own
+    spent epsilon) of a deployment; LedgerNotFound / LedgerError when there is none."""
+    try:
+        led = Ledger(url or default_ledger_url(), create=False)
+    except LedgerNotFound as exc:
+        raise LedgerNotFound(exc.where, deployment) from None
+    st = led.status(deployment)
+    rounds = [r.mechanism for r in st.rounds if r.status == "committed"]
+    return rounds, st.cost_model, st.budget.delta_total, st.epsilon_spent
+
+
+def _grouped(rounds: list[tuple[RoundMech, int]]) -> tuple[list[RoundMech], list[int]]:
+    counts: Counter[RoundMech] = Counter()
+    for m, c in rounds:
+        counts[m] += c
+    return list(counts), list(counts.values())
+
+
+def _krr_lower(mechs: list[Mechanism], counts: list[int], delta: float) -> float:
+    """The composed attack's epsilon (one round: tight's own attack)."""
+    if len(mechs) == 1 and counts == [1]:
+        low = tight.tight_epsilon(mechs[0], delta).lower_epsilon
+        return float(low) if low is not None else 0.0
+    b = composition.compose_rounds_bounds(mechs, counts=counts)
+    return float(b.lower.epsilon(delta)) if b.lower is not None else 0.0
+
+
+def rounds_row(
+    rounds: list[tuple[RoundMech, int]], delta: float, model: str = "tight"
 ) -> dict[str, Any]:
-    """The JSON form: `running` (reserved) and `recent` rounds, and the broker's announcement."""
-    recs = list(ledger.rounds_of(deployment))
-    running = [r for r in recs if r.status == "reserved"]
-    recent = sorted(
-        (r for r in recs if r.status != "reserved"), key=lambda r: r.updated_at, reverse=True
-    )[:limit]
-
-    def row(r: RoundRecord) -> dict[str, Any]:
-        d = r.as_dict()
-        d["announced"] = announced is not None and announced.round_id == r.round_id
-        return d
-
+    """The epsilon row (keys of `cli_privacy.ROW_KEYS`, plus `round_list`) of the rounds."""
+    t0 = time.perf_counter()
+    delta = check_delta(delta)
+    if not rounds:
+        raise InvalidParameters("no rounds to compose (the ledger has no committed round)")
+    mechs, counts = _grouped(rounds)
+    total = sum(counts)
+    krr = [m for m in mechs if isinstance(m, Mechanism)]
+    expanded = [m for m, c in zip(mechs, counts, strict=True) for _ in range(c)]
+    lower: float | None = None
+    if len(krr) == len(mechs):  # the ledger's own path
+        krr_counts = counts
+        eps = cost_model(model).total_epsilon(krr_as_list(expanded), delta)
+        if model == TightCost.name:
+            try:
+                lower = _krr_lower(krr, krr_counts, delta)
+            except AccountantError:  # the lower bound is extra information: never fail on it
+                lower = None
+        note = f"{total} rounds composed by the ledger's cost model '{model}'"
+        if model == TightCost.name:
+            note += " (dominating pairs, PLD); lower bound: the composed attack"
+    else:
+        eps = bits.rounds_epsilon(expanded, delta) if total == 1 else _mixed(mechs, counts, delta)
+        note = (
+            f"{total} rounds: k-RR dominating pairs and the bit rounds' generic pair "
+            "composed (PLD), capped by the sum of eps0; no attack for bit rounds"
+        )
     return {
-        "deployment": deployment,
-        "running": [row(r) for r in running],
-        "recent": [row(r) for r in recent],
-        "announced": None
-        if announced is None
-        else {
-            "round_id": announced.round_id,
-            "k": announced.k,
-            "eps0": announced.eps0,
-            "n_min": announced.n_min,
-            "deadline": announced.deadline,
-            "mixes": len(announced.mix_keys),
-        },
+        "method": model if len(krr) == len(mechs) else "tight+bits",
+        "soundness": Soundness.SOUND_UPPER.value,
+        "summary": "heterogeneous rounds composed",
+        "status": "ok",
+        "epsilon": eps,
+        "lower_bound": lower,
+        "delta": delta,
+        "log_delta": math.log(delta),
+        "rounds": total,
+        "round_list": [
+            {"n": m.n, "mechanism": bits.mechanism_tag(m), "eps0": m.eps0, "count": c}
+            for m, c in zip(mechs, counts, strict=True)
+        ],
+        "note": note,
+        "seconds": time.perf_counter() - t0,
     }
 
 
-async def announced_round(
-    transport: Transport, deployment: str, wait: float
-) -> Announcement | None:
-    """The deployment's retained announcement, or None if none arrives within `wait` seconds."""
-    with contextlib.suppress(TimeoutError):
-        return await current_announcement(transport, deployment, wait)
-    return None
+def krr_as_list(expanded: list[RoundMech]) -> list[Mechanism]:
+    """The k-RR rounds of a list that holds only k-RR rounds (typed for the cost model)."""
+    out = [m for m in expanded if isinstance(m, Mechanism)]
+    if len(out) != len(expanded):
+        raise InvalidParameters("the ledger's cost models take k-RR rounds only")
+    return out
 
 
-async def _from_broker(url: str, deployment: str, wait: float) -> Announcement | None:
-    async with MqttTransport(BrokerAddress.parse(url)) as t:
-        return await announced_round(t, deployment, wait)
-
-
-def _when(t: float | None) -> str:
-    if not t:
-        return "-"
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def rounds(
-    ledger: LedgerOpt = None,
-    deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            "--broker",
-            help="mqtt[s]://user:pass@host:port: also show the round the broker announces.",
-        ),
-    ] = None,
-    limit: Annotated[int, typer.Option(min=0, help="How many recent rounds to list.")] = 20,
-    wait: Annotated[
-        float, typer.Option(min=0.0, help="Seconds to wait for the retained announcement.")
-    ] = 2.0,
-    json_out: JsonOpt = False,
-) -> None:
-    """List the running and recent rounds of a deployment (ledger, and broker if given)."""
-    led = _open(ledger, deployment)
-    led.budget(deployment)  # LedgerError naming an unknown deployment
-    ann = asyncio.run(_from_broker(broker, deployment, wait)) if broker else None
-    data = listing(led, deployment, limit, ann)
-    if json_out:
-        print_json(data)
-        return
-    a = data["announced"]
-    if broker is not None:
-        line = (
-            "broker announces no round"
-            if a is None
-            else f"broker announces round {a['round_id']} (k={a['k']}, eps0={a['eps0']:g}, "
-            f"n_min={a['n_min']}, ingest closes {_when(a['deadline'])} UTC)"
-        )
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for title in ("running", "recent"):
-        t = Table(title=f"{title} rounds of {deployment!r}")
-        t.add_column("round", no_wrap=True)  # ids are needed whole (`budget refund`)
-        for col in ("status", "type", "batch", "epsilon", "updated (UTC)", "out"):
-            t.add_column(col)
-        for r in data[title]:
-            head = f"{r['k']}" if r["mechanism"] == "krr" else f"{r['mechanism']}:{r['k']}"
-            t.add_row(
-                r["round_id"] + (" (announced)" if r["announced"] else ""),
-                r["status"],
-                f"{head},{r['eps0']:g}",
-                str(r["batch_size"] or "-"),
-                f"{r['epsilon_round']:.4g}",
-                _when(r["updated_at"])[5:],
-                "yes" if r["published_at"] else "-",
-            )
-        console.print(t)
+def _mixed(mechs: list[RoundMech], counts: list[int], delta: float) -> float:
+    """k-RR and bit rounds: their dominating pairs composed, capped by the LDP sum."""
+    plds = [
+        composition.round_pld(m) if isinstance(m, Mechanism) else bits.bits_pld(m) for m in mechs
+    ]
+    composed = composition.compose(plds, counts=counts).epsilon(delta)
+    ldp_sum = float(sum(m.eps0 * c for m, c in zip(mechs, counts, strict=True)))
+    return min(float(composed), ldp_sum)

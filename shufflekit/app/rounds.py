@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.leakage import round_facts
+from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InternalError, InvalidReport, RoundAborted
@@ -97,6 +98,17 @@ def ledger_release_hook(
     async def hook(result: Result) -> Result:
         rid, n = result.round_id, result.batch_size
         facts = await offload(ledger.quote_commit, deployment, rid, n)
+        priced_rec = RoundRecord(
+            rid,
+            "committed",
+            result.k,
+            result.eps0,
+            int(facts["n_accounted"] or n),
+            n,
+            float(facts["epsilon_round"] or 0.0),
+            tag=result.mechanism,
+        )
+        facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
         priced = result.model_copy(update={"privacy": facts})
         text = priced.to_bytes().decode()
         await offload(ledger.commit, deployment, rid, n, actor, result=text)
@@ -120,6 +132,25 @@ def ledger_published_hook(
         await offload(ledger.mark_published, deployment, round_id)
 
     return hook
+
+
+async def participant_facts(
+    rec: RoundRecord, delta: float | None, offload: Offload = in_thread
+) -> dict[str, Any]:
+    """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
+    its accounted population, with the round's epsilon at `delta` (the budget's) when known.
+
+    Computed before the commit (they are stored with the result), and nothing here may stop the
+    round: on any failure the result goes out without these facts (`statement` null). Only k-RR
+    rounds are described.
+    """
+    if rec.tag != "krr":
+        return {}
+    epsilon = rec.epsilon_round if delta is not None else None
+    try:
+        return await offload(round_facts, rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
+    except Exception:
+        return {"statement": None}
 
 
 async def next_message(
