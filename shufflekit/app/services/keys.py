@@ -17,6 +17,8 @@ from typing import Protocol, TypeVar
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
+from shufflekit.core.keytext import raw_key_from_b64
+from shufflekit.core.results import result_public_key
 
 
 class _WritableKey(Protocol):
@@ -65,8 +67,42 @@ def _write_new(files: KeyFiles, key: K, force: bool) -> K:
 
 
 def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
-    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it."""
-    return _write_new(files, KeyPair.generate(), force)
+    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it; for the
+    analyzer also its result public key (`result_file`)."""
+    pair = _write_new(files, KeyPair.generate(), force)
+    if files.public.name == "analyzer.pub":
+        write_result_public(files.public, pair.private_b64())
+    return pair
+
+
+def result_file(analyzer_public: Path) -> Path:
+    """The analyzer's result key file next to its public key: `analyzer.result.pub`."""
+    return analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".result.pub")
+
+
+def write_result_public(analyzer_public: Path, private_b64: str) -> Path:
+    """Write the result public key derived from the analyzer's private key (core/results.py)."""
+    path = result_file(analyzer_public)
+    _write_atomic(path, result_public_key(private_b64) + "\n", 0o644)
+    return path
+
+
+def load_result_key(analyzer_public: Path) -> str:
+    """The analyzer's result public key (base64); ConfigError, saying how to make it, if not."""
+    path = result_file(analyzer_public)
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        key = analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".key")
+        raise ConfigError(
+            f"cannot read the analyzer's result key {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys result-key --key {key}` (where the analyzer's key is)"
+        ) from None
+    try:
+        raw_key_from_b64(text, "a result key")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a result public key: {exc}") from None
+    return text
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:

@@ -30,7 +30,7 @@ from shufflekit.app.services.config import (
     MixSettings,
     ServiceConfig,
 )
-from shufflekit.app.services.keys import KeyFiles
+from shufflekit.app.services.keys import KeyFiles, write_result_public
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
 from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
@@ -147,6 +147,8 @@ class World:
             files.private.touch(mode=0o600)
             files.private.write_text(pair.private_b64() + "\n")
             files.public.write_text(pair.public_b64() + "\n")
+            if name == "analyzer":
+                write_result_public(files.public, pair.private_b64())
         return ServiceConfig(
             broker="mqtt://simulated.invalid:1883",
             deployment=DEPLOYMENT,
