@@ -76,7 +76,7 @@ def keys_new(
         console.print(
             f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
             f"public key: {info['public_key']}",
-            highlight=False,
+            soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
         )
 
 
@@ -91,7 +91,7 @@ def keys_result_key(
     anyone reading results check it against this file. `keys new --role analyzer` writes it
     too; this is for a key made before results were signed.
     """
-    pair = load_private_key(key)
+    pair = load_private_key(key, "analyzer")
     public = key.with_name(key.name.removesuffix(".key") + ".pub")
     path = write_result_public(public, pair.private_b64())
     info = {"result_key": result_public_key(pair.private_b64()), "result_key_file": str(path)}
@@ -110,7 +110,8 @@ def keys_enroll(
     ],
     json_out: JsonOpt = False,
 ) -> None:
-    """Enrol clients: print each client id with its credential (base64) for DEPLOYMENT.
+    """Enrol clients: print each client id and its credential (base64), one pair per line
+    (`ID CREDENTIAL`, never wrapped, safe to redirect), or --json.
 
     A client sends its credential with every report; mix 0 checks it against the enrollment
     public key and accepts at most one report per client and round.
@@ -123,7 +124,7 @@ def keys_enroll(
         print_json({"deployment": deployment, "credentials": creds})
     else:
         for cid, cred in creds.items():
-            console.print(f"{cid} {cred}", highlight=False)
+            typer.echo(f"{cid} {cred}")  # plain: no wrapping, no styling, whatever the width
 
 
 def _setup(config: Path, log_level: str) -> ServiceConfig:
