@@ -5,6 +5,7 @@ dataset's PLD over rounds gives a LOWER bound on the composed privacy loss.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TypedDict
 
 import numpy as np
@@ -20,14 +21,31 @@ def _pld_all_at_x0(
     mech: Mechanism, reverse: bool, log_tau: float
 ) -> tuple[list[FloatArray], list[FloatArray]]:
     """Atoms (loss, log mass under the first law) of "all others at x0"; reverse: x1|x0."""
+    return _collect(_iter_all_at_x0(mech, reverse, log_tau))
+
+
+def _collect(
+    chunks: Iterator[tuple[FloatArray, FloatArray]],
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """The chunks of atoms as two lists (losses, log masses)."""
+    ls: list[FloatArray] = []
+    ms: list[FloatArray] = []
+    for loss, lm in chunks:
+        ls.append(loss)
+        ms.append(lm)
+    return ls, ms
+
+
+def _iter_all_at_x0(
+    mech: Mechanism, reverse: bool, log_tau: float
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """`_pld_all_at_x0`'s atoms, chunk by chunk (memory stays small at large n)."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
     r = math.exp(-eps0)
     lo, hi = tail_window(n, p, log_tau)
     h0_all = np.arange(lo[0], hi[0] + 1)
-    losses: list[FloatArray] = []
-    masses: list[FloatArray] = []
     lnq = math.log(n * q)
     for s0 in range(0, h0_all.size, 512):
         h0 = h0_all[s0 : s0 + 512]
@@ -52,9 +70,7 @@ def _pld_all_at_x0(
                 loss = np.log(a1v) - np.log(a0v)
                 lm = lp0[:, None] + lp1 + np.log(a1v) - lnq
         ok = np.isfinite(lm) & np.isfinite(loss)
-        losses.append(loss[ok])
-        masses.append(lm[ok])
-    return losses, masses
+        yield loss[ok], lm[ok]
 
 
 def _pld_all_at_z(
@@ -62,6 +78,13 @@ def _pld_all_at_z(
 ) -> tuple[list[FloatArray], list[FloatArray]]:
     """Atoms of "all others at z" (k >= 3); for k >= 4 the adversary sees h_z in z_bins bins
     per T (a post-processing of the histogram, so still a lower bound)."""
+    return _collect(_iter_all_at_z(mech, log_tau, z_bins))
+
+
+def _iter_all_at_z(
+    mech: Mechanism, log_tau: float, z_bins: int
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """`_pld_all_at_z`'s atoms, chunk by chunk."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
@@ -69,8 +92,6 @@ def _pld_all_at_z(
     lnq = math.log(n * q)
     tlo, thi = tail_window(n, 2 * q, log_tau)
     t_all = np.arange(tlo[0], thi[0] + 1)
-    losses: list[FloatArray] = []
-    masses: list[FloatArray] = []
     # per T: list of (log weight of the h_z bin, V = blanket term)
     if k == 3:
         bin_lw = np.zeros((t_all.size, 1))
@@ -112,9 +133,7 @@ def _pld_all_at_z(
                 loss = np.log(a0) - np.log(a1)
                 lm = lp + lw + np.log(a0) - lnq
             ok = valid & np.isfinite(lm)
-            losses.append(loss[ok])
-            masses.append(lm[ok])
-    return losses, masses
+            yield loss[ok], lm[ok]
 
 
 def _pld_k2_m(
@@ -194,6 +213,50 @@ def dataset_pld(
     """
     check_query(mech)
     check_options(direction, log_tau, z_bins)
+    ls, ms, desc = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
+    loss_all = np.concatenate(ls) if ls else np.zeros(0)
+    lm_all = np.concatenate(ms) if ms else np.zeros(0)
+    sig = lm_all > (float(np.max(lm_all, initial=-math.inf)) - 80.0)
+    span = float(np.ptp(loss_all[sig])) if np.any(sig) else mech.eps0
+    step = loss_step if loss_step is not None else default_loss_step(max(span, 1e-12), n_atoms)
+    if not (step > 0 and math.isfinite(step)):
+        raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
+    binner = LossBinner(step, up=False)
+    binner.add(loss_all, lm_all)
+    return binner.build(
+        f"tight attack (lower bound): {desc}, n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
+        f"losses rounded down to step {step:.3g}, mass beyond e^{log_tau:g} windows dropped"
+    )
+
+
+def dataset_atoms(
+    mech: Mechanism,
+    *,
+    dataset: str,
+    direction: str = "x0|x1",
+    m: int | None = None,
+    log_tau: float = -36.0,
+    z_bins: int = 4,
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """The exact atoms (losses, log P-masses) of the pair of `dataset_pld` (same arguments),
+    chunk by chunk and before any rounding: for curves computed exactly (`curve_pld`)."""
+    check_query(mech)
+    check_options(direction, log_tau, z_bins)
+    reverse = direction == "x1|x0"
+    if dataset == "all_at_x1":
+        dataset, reverse = "all_at_x0", not reverse
+    if dataset == "all_at_z" and mech.k >= 3:
+        return _iter_all_at_z(mech, log_tau, z_bins)
+    if dataset == "all_at_x0":
+        return _iter_all_at_x0(mech, reverse, log_tau)
+    ls, ms, _ = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
+    return iter(list(zip(ls, ms, strict=True)))
+
+
+def _dataset_atoms(
+    mech: Mechanism, dataset: str, direction: str, m: int | None, log_tau: float, z_bins: int
+) -> tuple[list[FloatArray], list[FloatArray], str]:
+    """(losses, log masses, description) of a dataset's pair (see `dataset_pld`)."""
     reverse = direction == "x1|x0"
     if dataset == "all_at_x1":  # relabel x0 <-> x1: the reverse order of "all at x0"
         dataset, reverse = "all_at_x0", not reverse
@@ -214,16 +277,4 @@ def dataset_pld(
         desc = f"{m} others at x0, {mech.n - 1 - m} at x1 ({'x1|x0' if reverse else 'x0|x1'})"
     else:
         raise InvalidParameters(f"unknown dataset {dataset!r}")
-    loss_all = np.concatenate(ls) if ls else np.zeros(0)
-    lm_all = np.concatenate(ms) if ms else np.zeros(0)
-    sig = lm_all > (float(np.max(lm_all, initial=-math.inf)) - 80.0)
-    span = float(np.ptp(loss_all[sig])) if np.any(sig) else mech.eps0
-    step = loss_step if loss_step is not None else default_loss_step(max(span, 1e-12), n_atoms)
-    if not (step > 0 and math.isfinite(step)):
-        raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
-    binner = LossBinner(step, up=False)
-    binner.add(loss_all, lm_all)
-    return binner.build(
-        f"tight attack (lower bound): {desc}, n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
-        f"losses rounded down to step {step:.3g}, mass beyond e^{log_tau:g} windows dropped"
-    )
+    return ls, ms, desc

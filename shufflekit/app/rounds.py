@@ -12,12 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.leakage import round_facts
+from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
@@ -97,8 +99,9 @@ def ledger_release_hook(
         try:
             status = await offload(ledger.status, deployment)
         except LedgerError:
-            return {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-        return {
+            own = {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
+            return own | await participant_facts(rec, None, offload)
+        facts = {
             "epsilon_round": rec.epsilon_round,
             "delta": status.budget.delta_total,
             "cost_model": status.cost_model,
@@ -106,8 +109,27 @@ def ledger_release_hook(
             "epsilon_spent_total": status.epsilon_spent,
             "epsilon_budget": status.budget.epsilon_total,
         }
+        return facts | await participant_facts(rec, status.budget.delta_total, offload)
 
     return hook
+
+
+async def participant_facts(
+    rec: RoundRecord, delta: float | None, offload: Offload = in_thread
+) -> dict[str, Any]:
+    """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
+    its accounted population, with the round's epsilon at `delta` (the budget's) when known.
+
+    The round is already committed, so nothing here may stop its result: on any failure the
+    result goes out without these facts (`statement` null). Only k-RR rounds are described.
+    """
+    if getattr(rec, "bits", None) or getattr(rec, "mechanism_tag", "krr") != "krr":
+        return {}
+    epsilon = rec.epsilon_round if delta is not None else None
+    try:
+        return await offload(round_facts, rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
+    except Exception:
+        return {"statement": None}
 
 
 async def next_message(
@@ -139,17 +161,28 @@ async def next_message(
 
 
 async def first_outcome(
-    result_sub: Subscription, abort_sub: Subscription, round_id: str, timeout: float
+    result_sub: Subscription,
+    abort_sub: Subscription,
+    round_id: str,
+    timeout: float,
+    control: RejectionCounter | None = None,
 ) -> Result | Abort:
-    """The analyzer's result or the first abort of the round, whichever comes first."""
+    """The analyzer's result or the first abort of the round, whichever comes first; invalid
+    messages on those topics are counted by reason in `control` and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
             msg = await sub.get()
-            with contextlib.suppress(InvalidReport):
+            if not msg.payload:
+                continue  # a retained message being cleared
+            try:
                 m = kind.from_bytes(msg.payload)
-                if isinstance(m, Result | Abort) and m.round_id == round_id:
-                    return m
+            except InvalidReport as exc:
+                if control is not None:
+                    control.reject(exc.reason)
+                continue
+            if isinstance(m, Result | Abort) and m.round_id == round_id:
+                return m
 
     watchers = [
         asyncio.create_task(watch(result_sub, Result)),
