@@ -219,8 +219,8 @@ def epsilon(
     delta: Annotated[
         float | None, typer.Option(help="Target delta (with --from-ledger: the budget's).")
     ] = None,
-    n: Annotated[int | None, typer.Option("--n", min=1, help="Users per round.")] = None,
-    k: Annotated[int | None, typer.Option("--k", min=2, help="Categories.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Users per round.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Categories.")] = None,
     eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon of k-RR.")] = None,
     rounds: ROUNDS = 1,
     method: METHOD = "tight",
