@@ -79,9 +79,10 @@ def _write_new(files: KeyFiles, key: K, force: bool, algo: str) -> K:
     return key
 
 
-def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
-    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it."""
-    return _write_new(files, KeyPair.generate(), force, X25519)
+def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None = None) -> KeyPair:
+    """Write an HPKE (X25519) key pair for a mix or the analyzer: `pair`, or a new one from
+    the OS CSPRNG (a simulation passes seeded ones)."""
+    return _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:
