@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 from typing import Any, TypeVar
 
 import pytest
@@ -97,9 +97,9 @@ async def test_a_round_with_an_hour_deadline_runs_on_a_virtual_clock() -> None:
     )
     committed: list[int] = []
 
-    async def on_release(result: Result) -> Result:
+    async def on_release(result: Result, seal: Callable[[Result], Result]) -> Result:
         committed.append(result.batch_size)
-        return result
+        return seal(result)
 
     permutation = CountingShuffles(1)
     async with broker.connect() as m, broker.connect() as a, broker.connect() as c:

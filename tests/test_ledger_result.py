@@ -24,6 +24,10 @@ def _budget() -> Budget:
     return Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive")
 
 
+def _unsigned(result: Result) -> Result:
+    return result
+
+
 def _result(rid: str, estimate: float) -> Result:
     return Result(
         round_id=rid,
@@ -71,9 +75,9 @@ async def test_a_retried_commit_returns_the_first_result(ledger_url: str) -> Non
     led.init_budget(_budget())
     led.reserve("test", "r1", 2, 1.0)
     hook = ledger_release_hook(led, "test")
-    first = await hook(_result("r1", 9.0))
+    first = await hook(_result("r1", 9.0), _unsigned)
     assert first.privacy["epsilon_round"] == 1.0
-    again = await hook(_result("r1", 11.0))  # an analyzer restarted: it estimated anew
+    again = await hook(_result("r1", 11.0), _unsigned)  # restarted: it estimated anew
     assert again == first and again.estimate[0] == 9.0
     assert led.unpublished("test") == [("r1", first.to_bytes().decode())]
     led.mark_published("test", "r1")
@@ -87,7 +91,7 @@ async def test_a_coordinator_that_missed_the_publish_takes_the_stored_result(
     led = Ledger(ledger_url)
     led.init_budget(_budget())
     led.reserve("test", "r1", 2, 1.0)
-    stored = await ledger_release_hook(led, "test")(_result("r1", 9.0))
+    stored = await ledger_release_hook(led, "test")(_result("r1", 9.0), _unsigned)
     broker = MemoryBroker()
     async with broker.connect() as t, broker.connect() as spy:
         coord = Coordinator(

@@ -36,17 +36,19 @@ from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.results import ResultSigner
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
 
 log = logging.getLogger("shufflekit.analyzer")
 
-# The round's result (no privacy facts yet) -> the result to publish. It must commit the round's
-# cost TOGETHER WITH the result it returns (one durable step, e.g. in the ledger) and raise if
-# the commit did not succeed; a round committed before (a restart) returns the result stored
+# (the round's result without privacy facts, `seal`) -> the result to publish. It prices the
+# result, seals it (the analyzer's signature: `seal` must be the last change), and commits the
+# round's cost TOGETHER WITH the sealed result (one durable step, e.g. in the ledger); it raises
+# if the commit did not succeed. A round committed before (a restart) returns the result stored
 # then. The result is published only after it returns.
-ReleaseHook = Callable[[Result], Awaitable[Result]]
+ReleaseHook = Callable[[Result, Callable[[Result], Result]], Awaitable[Result]]
 # Called with a round id once its result went out (best effort: marks it published).
 PublishedHook = Callable[[str], Awaitable[None]]
 
@@ -95,6 +97,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         self.on_release = on_release
         self.on_published = on_published
         self.hops = hops
+        self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
@@ -171,7 +174,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
                 iterations=est.details.get("iterations"),
             )
             try:  # one durable step: the cost and the result are committed together
-                result = await self.on_release(unpriced)
+                result = await self.on_release(unpriced, self.signer.sign)
             except Exception as exc:  # any failure: the cost is not known to be committed
                 raise RoundAborted(
                     f"the round's cost was not committed, nothing is released: {exc}"

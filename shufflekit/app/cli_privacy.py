@@ -29,8 +29,9 @@ app = typer.Typer(
     help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
 )
 
-N = Annotated[int, typer.Option("--n", min=1, help="Users per round.")]
-K = Annotated[int, typer.Option("--k", min=2, help="Categories.")]
+# n and k are checked by Mechanism (one-line typed errors naming the valid range)
+N = Annotated[int, typer.Option("--n", help="Users per round.")]
+K = Annotated[int, typer.Option("--k", help="Categories.")]
 EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
 ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
 METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(method_names(True)))]
@@ -218,8 +219,8 @@ def epsilon(
     delta: Annotated[
         float | None, typer.Option(help="Target delta (with --from-ledger: the budget's).")
     ] = None,
-    n: Annotated[int | None, typer.Option("--n", min=1, help="Users per round.")] = None,
-    k: Annotated[int | None, typer.Option("--k", min=2, help="Categories.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Users per round.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Categories.")] = None,
     eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon of k-RR.")] = None,
     rounds: ROUNDS = 1,
     method: METHOD = "tight",

@@ -91,11 +91,12 @@ def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
     """The analyzer's `on_release`: price the round (outside the ledger's lock: its cost and the
-    composed total after it, from the curve cache), then commit the cost and the priced result
-    in one transaction, and return what is stored (a round committed before a restart returns
-    the result stored then). Raises unless the commit succeeded; nothing slow runs after it."""
+    composed total after it, from the curve cache), seal it (sign), then commit the cost and the
+    sealed result in one transaction, and return what is stored (a round committed before a
+    restart returns the result stored then). Raises unless the commit succeeded; nothing slow
+    runs after it."""
 
-    async def hook(result: Result) -> Result:
+    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
         rid, n = result.round_id, result.batch_size
         facts = await offload(ledger.quote_commit, deployment, rid, n)
         priced_rec = RoundRecord(
@@ -109,7 +110,7 @@ def ledger_release_hook(
             tag=result.mechanism,
         )
         facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
-        priced = result.model_copy(update={"privacy": facts})
+        priced = seal(result.model_copy(update={"privacy": facts}))
         text = priced.to_bytes().decode()
         await offload(ledger.commit, deployment, rid, n, actor, result=text)
         stored = await offload(ledger.stored_result, deployment, rid)
@@ -187,9 +188,11 @@ async def first_outcome(
     round_id: str,
     timeout: float,
     control: RejectionCounter | None = None,
+    verify: Callable[[Result], None] | None = None,
 ) -> Result | Abort:
     """The analyzer's result or the first abort of the round, whichever comes first; invalid
-    messages on those topics are counted by reason in `control` and otherwise ignored."""
+    messages on those topics (and results `verify` refuses) are counted by reason in `control`
+    and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
@@ -198,6 +201,8 @@ async def first_outcome(
                 continue  # a retained message being cleared
             try:
                 m = kind.from_bytes(msg.payload)
+                if verify is not None and isinstance(m, Result) and m.round_id == round_id:
+                    verify(m)
             except InvalidReport as exc:
                 if control is not None:
                     control.reject(exc.reason)
