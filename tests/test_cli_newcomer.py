@@ -5,19 +5,24 @@ terminal. Every test drives the command as a user does: a process on a pipe or a
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import math
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.roots import bracket_boundary
 from shufflekit.app.cli import app
 from shufflekit.app.datasets import DatasetError, from_csv
+from shufflekit.app.experiment_report import utility_figure
+from shufflekit.app.plots import privacy_figure
 from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
@@ -252,3 +257,66 @@ def test_demo_points_at_its_own_ledger(tmp_path: Path) -> None:
     assert f"see it with `{command}`" in out.stdout  # the closing line
     status = cli([*command.split()[1:], "--json"], tmp_path)
     assert status.returncode == 0 and json.loads(status.stdout)["deployment"] == "a-b"
+
+
+def _utility_rows() -> list[dict[str, Any]]:
+    """Rows of docs/utility.csv (the committed experiment) as the experiment returns them."""
+    rows = []
+    with (APP.parent.parent / "docs" / "utility.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            d: dict[str, Any] = {k: (None if v == "" else v) for k, v in r.items()}
+            for f in ("epsilon", "eps0", "delta", "tv_mean", "tv_std"):
+                d[f] = None if d[f] is None else float(d[f])
+            for f in ("n", "k", "repetitions"):
+                d[f] = int(d[f])
+            rows.append(d)
+    return rows
+
+
+def test_utility_plot_separates_models_and_shows_estimators_relative_to_inv() -> None:
+    import matplotlib.pyplot as plt
+
+    rows = _utility_rows()
+    fig = utility_figure(rows)
+    errors, relative = fig.axes[:2]
+    labels = [t.get_text() for t in errors.get_legend().get_texts()]
+    assert labels == [
+        "shuffle model, INV (unbiased inversion)",
+        "central model: Gaussian noise, raw counts",
+        "central model: Gaussian noise, projected onto the simplex",
+        "local model: k-RR alone, no shuffle (INV)",
+    ]
+    lines = relative.get_lines()[:5]
+    assert len({(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in lines}) == 5
+    # each estimator's curve is its error divided by INV's at the same epsilon (from the CSV)
+    inv = {
+        r["epsilon"]: r["tv_mean"]
+        for r in rows
+        if (r["model"], r["estimator"]) == ("shuffle", "inv")
+    }
+    mle = sorted(
+        (r["epsilon"], r["tv_mean"] / inv[r["epsilon"]])
+        for r in rows
+        if r["model"] == "shuffle" and r["estimator"] == "mle"
+    )
+    drawn = next(ln for ln in lines if ln.get_label().startswith("MLE"))
+    assert list(drawn.get_xdata()) == [e for e, _ in mle]
+    assert list(drawn.get_ydata()) == pytest.approx([q for _, q in mle], rel=1e-12)
+    assert "n = 100,000 users, k = 10 categories" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_privacy_plot_names_methods_and_styles_every_curve_apart() -> None:
+    import matplotlib.pyplot as plt
+
+    mech = Mechanism(n=300, k=3, eps0=1.0)
+    fig, drawn = privacy_figure(mech, 1, ["ldp", "clones", "biswas", "tight"])
+    assert drawn == ["ldp", "clones", "biswas", "tight"]
+    ax = fig.axes[0]
+    styles = {(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in ax.get_lines()}
+    assert len(styles) == len(ax.get_lines()) == 5  # 4 methods and tight's attack
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert labels[0] == "local DP of one report (no shuffle) [ldp]: upper bound"
+    assert labels[2].startswith("Biswas et al. as printed [biswas]: NOT a guarantee")
+    assert "n = 300 users" in ax.get_title() and ax.get_xlabel() == "epsilon (one round)"
+    plt.close(fig)
