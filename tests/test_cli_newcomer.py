@@ -336,3 +336,9 @@ def test_eps0_beyond_float_range_is_one_line(tmp_path: Path) -> None:
     out = cli(args, tmp_path)
     assert out.returncode == 2 and "800" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_demo_refuses_a_k_its_estimator_cannot_hold(tmp_path: Path) -> None:
+    out = cli(["demo", "--users", "10", "--k", "65535", "--estimator", "mle"], tmp_path)
+    assert out.returncode == 2 and "k <= 4,096" in out.stderr, out.stderr
+    assert not (tmp_path / "state").exists()  # refused before the ledger is even opened
