@@ -16,6 +16,7 @@ from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_leakage import leakage
 from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
@@ -59,6 +60,7 @@ app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
 app.command()(leakage)
+app.command()(rounds)
 
 
 @app.command()
