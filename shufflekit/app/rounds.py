@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shufflekit.accountant.leakage import round_facts
-from shufflekit.accountant.ledger import Ledger, RoundRecord
+from shufflekit.accountant.ledger import BudgetStatus, Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
@@ -97,26 +97,34 @@ def ledger_release_hook(
     async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
         rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
         try:
-            status = await offload(ledger.status, deployment)
+            # one offloaded call for the totals and the participant facts: no extra scheduling
+            # point (the seeded simulation's interleavings stay those of the round code)
+            status, about_you = await offload(_status_and_facts, ledger, deployment, rec)
         except LedgerError:
             own = {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-            return own | await participant_facts(rec, None, offload)
-        facts = {
+            return own | participant_facts(rec, None)
+        return {
             "epsilon_round": rec.epsilon_round,
             "delta": status.budget.delta_total,
             "cost_model": status.cost_model,
             "n_accounted": float(rec.n_accounted),
             "epsilon_spent_total": status.epsilon_spent,
             "epsilon_budget": status.budget.epsilon_total,
-        }
-        return facts | await participant_facts(rec, status.budget.delta_total, offload)
+        } | about_you
 
     return hook
 
 
-async def participant_facts(
-    rec: RoundRecord, delta: float | None, offload: Offload = in_thread
-) -> dict[str, Any]:
+def _status_and_facts(
+    ledger: Ledger, deployment: str, rec: RoundRecord
+) -> tuple[BudgetStatus, dict[str, Any]]:
+    """The deployment's totals (LedgerError if unreadable), then the round's participant facts
+    at the budget's delta."""
+    status = ledger.status(deployment)
+    return status, participant_facts(rec, status.budget.delta_total)
+
+
+def participant_facts(rec: RoundRecord, delta: float | None) -> dict[str, Any]:
     """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
     its accounted population, with the round's epsilon at `delta` (the budget's) when known.
 
@@ -127,8 +135,8 @@ async def participant_facts(
         return {}
     epsilon = rec.epsilon_round if delta is not None else None
     try:
-        return await offload(round_facts, rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
-    except Exception:
+        return round_facts(rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
+    except Exception:  # a committed round's result must go out regardless
         return {"statement": None}
 
 
