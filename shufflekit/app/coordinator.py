@@ -111,6 +111,7 @@ class Coordinator:
             deadline=self.clock.time() + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
+            close_at=params.close_at,
         )
 
     async def run_round(

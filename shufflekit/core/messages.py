@@ -41,6 +41,13 @@ class Announcement(_Control):
     deadline: float  # unix time after which mix 0 stops accepting
     mix_keys: list[str] = Field(min_length=1)
     analyzer_key: str
+    # mix 0 closes ingest once this many accepted (enrolled, de-duplicated) reports are stored
+    close_at: int | None = Field(default=None, ge=1)
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON for the wire (without `close_at` when the round has none)."""
+        drop = {"close_at"} if self.close_at is None else None
+        return self.model_dump_json(exclude=drop).encode()
 
     @property
     def hops(self) -> int:
