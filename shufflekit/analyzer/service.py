@@ -141,7 +141,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.result = await self._publish(stored)
             return outcome
         try:
-            batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
+            batch = await self.receive_batch(
+                ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
+            )
             started = self.clock.monotonic()
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
