@@ -80,8 +80,27 @@ class ShufflekitUser(User):
         self.connected = Event()
         self.client = self._connect()
         self.out = Path(self.s.out_dir)
+        self.phase = "waiting for round 1"
+        gevent.spawn(self._progress)
         (self.out / "ready").mkdir(parents=True, exist_ok=True)
         (self.out / "ready" / f"{self.slot}").write_text("ready")
+
+    def _progress(self) -> None:
+        """Every second: what this connection did so far (the harness shows the sums)."""
+        folder = self.out / "progress"
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            state = {
+                "phase": self.phase,
+                "sent": sum(st["sent"] for st in self.stats.values()),
+                "acked": sum(st["acked"] for st in self.stats.values()),
+                "pending": len(self.sent_at),
+                "rounds_seen": len(self.seen),
+            }
+            tmp = folder / f".{self.slot}.tmp"
+            tmp.write_text(json.dumps(state))
+            tmp.rename(folder / f"{self.slot}.json")
+            gevent.sleep(1.0)
 
     def _connect(self) -> mqtt.Client:
         c = mqtt.Client(
@@ -209,6 +228,7 @@ class ShufflekitUser(User):
             "latency_ms": [],
             "size": 0,
         }
+        self.phase = f"round {r + 1}: sending"
         mine = [j for j in self.clients if plan.role[j] != DROPOUT]
         mine.sort(key=lambda j: plan.offset[j])
         late: list[int] = []
@@ -224,6 +244,7 @@ class ShufflekitUser(User):
             st["encrypt_s"] += time.perf_counter() - t
             self._send(ann, payload, bool(plan.role[j] != BAD), False)
         if late:
+            self.phase = f"round {r + 1}: stragglers wait for the close"
             while ann.round_id not in self.withdrawn:  # stragglers: after the round is over
                 gevent.sleep(0.05)
             for j in late:
@@ -235,8 +256,10 @@ class ShufflekitUser(User):
     def rounds(self) -> None:
         """Answer `rounds` announcements, then write this user's measurements and idle."""
         for r in range(self.s.rounds):
+            self.phase = f"waiting for round {r + 1}"
             ann, seen_at = self.announcements.get()
             self._round(ann, seen_at, r)
+        self.phase = "done: last acknowledgements and result"
         end = time.time() + 120
         while self.sent_at and time.time() < end:  # the last acknowledgements
             gevent.sleep(0.05)
