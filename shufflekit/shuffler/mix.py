@@ -196,15 +196,15 @@ class MixNode(Hop[MixOutcome]):
         at its close marker, whose seq this returns."""
         rid, seen = ann.round_id, -1
         while (close := self.spool.close_seq(rid)) is None:
+            left = ann.seconds_left(self.clock)
+            if left <= 0:
+                return self.spool.close_round(rid)  # the deadline: the normal end
             batch = self.spool.messages(rid, "data", after=ingest.last, limit=INGEST_STEP)
             if batch:
                 await ingest.take(batch)
                 if ann.close_at is not None and ingest.outcome.counters.accepted >= ann.close_at:
                     return self.spool.close_round(rid)  # the target count is stored: close now
                 continue  # more may be spooled already; the close is checked again first
-            left = ann.seconds_left(self.clock)
-            if left <= 0:
-                return self.spool.close_round(rid)  # the deadline: the normal end
             seen = await inbox.changed(seen, left)
         return close
 

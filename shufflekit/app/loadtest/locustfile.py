@@ -15,6 +15,7 @@ across machines see deploy/loadtest.md.
 from __future__ import annotations
 
 import itertools
+import logging
 import json
 import os
 import time
@@ -48,7 +49,11 @@ from shufflekit.core.topics import Topics
 from shufflekit.core.wire import Envelope
 
 REQUEST_NAME = "report (PUBACK)"
+log = logging.getLogger("shufflekit.loadtest")
 runners.WORKER_REPORT_INTERVAL = 1.0  # workers send their statistics to the master every second
+# Building onions is CPU work: on a loaded machine a worker may answer heartbeats late. The
+# master (which imports this file too) must not take it for gone and stop the test.
+runners.HEARTBEAT_LIVENESS = 60
 _local_slots = itertools.count()
 
 
@@ -78,6 +83,7 @@ class ShufflekitUser(User):
         self.early: dict[int, float] = {}
         self.stats: dict[str, dict[str, Any]] = {}
         self.connected = Event()
+        self.disconnects = 0
         self.client = self._connect()
         self.out = Path(self.s.out_dir)
         self.phase = "waiting for round 1"
@@ -96,6 +102,7 @@ class ShufflekitUser(User):
                 "acked": sum(st["acked"] for st in self.stats.values()),
                 "pending": len(self.sent_at),
                 "rounds_seen": len(self.seen),
+                "disconnects": self.disconnects,
             }
             tmp = folder / f".{self.slot}.tmp"
             tmp.write_text(json.dumps(state))
@@ -117,6 +124,8 @@ class ShufflekitUser(User):
         c.on_connect = self._on_connect
         c.on_message = self._on_message
         c.on_publish = self._on_publish
+        c.on_disconnect = self._on_disconnect
+        c.enable_logger(log)
         c.connect(self.s.host, self.s.port, keepalive=120)
         c.loop_start()
         if not self.connected.wait(30):
@@ -129,6 +138,10 @@ class ShufflekitUser(User):
         c.subscribe(self.topics.announce, qos=1)
         c.subscribe(f"{self.topics.prefix}/round/+/result", qos=1)
         self.connected.set()
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any = None) -> None:
+        self.disconnects += 1
+        log.warning("connection %d lost (%s); paho reconnects", self.slot, rc)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         now = time.time()
@@ -243,6 +256,7 @@ class ShufflekitUser(User):
             payload = self._payload(ann, j, int(plan.role[j]), int(plan.value[j]), rng)
             st["encrypt_s"] += time.perf_counter() - t
             self._send(ann, payload, bool(plan.role[j] != BAD), False)
+            gevent.sleep(0)  # let the MQTT loop, the other connections and heartbeats run
         if late:
             self.phase = f"round {r + 1}: stragglers wait for the close"
             while ann.round_id not in self.withdrawn:  # stragglers: after the round is over

@@ -258,6 +258,7 @@ def _follow(
     started = time.monotonic()
     limit = opts.rounds * (opts.deadline + 120) + 120
     done_dir = work / "load" / "users"
+    rate_state: list[float] = []
     while True:
         done = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
         if done >= connections:
@@ -268,22 +269,38 @@ def _follow(
             text = log.read_text(errors="replace")
             if "Traceback" in text:
                 raise LoadTestFailed(f"a Locust user failed ({log.name}):\n{text[-1500:]}")
+        released = "?"
         if stack is not None:
             for name, p in stack.procs.items():
                 if p.poll() not in (None, 0):
                     err = (stack.folder / f"{name}.err").read_text()[-600:]
                     raise LoadTestFailed(f"service {name} failed:\n{err}")
-            lines = stack.lines("coordinator")
-            released = sum(1 for x in lines if x.get("released"))
-            last = lines[-1] if lines else {}
-            progress(
-                f"round {min(len(lines) + 1, opts.rounds)}/{opts.rounds}: {released} released"
-                + (f", last took {last.get('seconds')} s" if last else "")
-                + f"; {time.monotonic() - started:.0f} s"
-            )
+            released = str(sum(1 for x in stack.lines("coordinator") if x.get("released")))
+        sent, acked, rate = _load_progress(work / "load" / "progress", rate_state)
+        progress(
+            f"{released}/{opts.rounds} rounds released; {sent:,} reports sent, {acked:,} "
+            f"acknowledged, {rate:,.0f}/s; {time.monotonic() - started:.0f} s"
+        )
         if time.monotonic() - started > limit:
             raise LoadTestFailed(f"the load did not finish within {limit:.0f}s")
         time.sleep(0.5)
+
+
+def _load_progress(folder: Path, state: list[float]) -> tuple[int, int, float]:
+    """Reports sent and acknowledged so far (summed over connections) and the rate of
+    acknowledgements since the last call (`state` keeps [time, acked] between calls)."""
+    sent = acked = 0
+    for f in folder.glob("*.json") if folder.exists() else []:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        sent, acked = sent + int(d["sent"]), acked + int(d["acked"])
+    now, rate = time.monotonic(), 0.0
+    if state and now > state[0]:
+        rate = (acked - state[1]) / (now - state[0])
+    state[:] = [now, float(acked)]
+    return sent, acked, max(rate, 0.0)
 
 
 def _existing(opts: LoadTestOptions, connections: int, work: Path) -> LoadSettings:
