@@ -182,7 +182,10 @@ def _history(csv_path: Path) -> tuple[list[float], dict[str, list[float]]]:
     t = [float(r["Timestamp"]) - t0 for r in rows]
     cols = {}
     for c in ("Requests/s", "50%", "95%", "99%"):
-        cols[c] = [float(r[c]) if r.get(c) not in (None, "", "N/A") else float("nan") for r in rows]
+        vals = [float(r[c]) if r.get(c) not in (None, "", "N/A") else float("nan") for r in rows]
+        if c != "Requests/s":  # no request in Locust's window: no percentile (not 0 ms)
+            vals = [v if v > 0 else float("nan") for v in vals]
+        cols[c] = vals
     return t, cols
 
 
@@ -206,7 +209,7 @@ def plots(report: dict[str, Any], rounds: list[RoundFacts], history: Path) -> li
         ax.plot(t, cols["Requests/s"], color="#1f77b4")
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("acknowledged reports / s")
-    ax.set_title("Throughput over time (Locust, broker acknowledgements)")
+    ax.set_title("Throughput over time (Locust's current rate: acknowledgements, recent window)")
     ax.grid(alpha=0.3)
     out.append(("Throughput over time", _png(fig)))
     plt.close(fig)
