@@ -1,4 +1,4 @@
-"""The `shufflekit` command line: demo, budget, privacy, simulate, keys, serve, clients."""
+"""The `shufflekit` command line: demo, budget, privacy, leakage, simulate, keys, serve, clients."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
+from shufflekit.app.cli_leakage import leakage
 from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
@@ -58,6 +59,7 @@ app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
 app.command()(loadtest)
+app.command()(leakage)
 
 
 @app.command()
@@ -67,7 +69,14 @@ def demo(
     eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds to run.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic population.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the users' values and k-RR responses: the same seed and options give "
+            "the same result (histograms, estimates; not timings or round ids). Default: "
+            "responses from the OS CSPRNG. Mix permutations and encryption always use it."
+        ),
+    ] = None,
     ledger: LedgerOpt = None,
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     budget_epsilon: Annotated[
@@ -153,6 +162,9 @@ def _print_demo(out: dict[str, Any]) -> None:
                     (f"{last['tv_distance']:.4f}", "bold"),
                 )
             )
+            statement = (last.get("privacy") or {}).get("statement")
+            if statement:
+                console.print(f"what a participant risks: {statement}", soft_wrap=True)
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
         stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
@@ -173,7 +185,8 @@ def _print_demo(out: dict[str, Any]) -> None:
             f"remaining {p['epsilon_remaining']:.4g}",
         )
     )
-    console.print(f"ledger: {out['ledger']}")
+    see = f" (see it with `{out['status_command']}`)" if out.get("status_command") else ""
+    console.print(f"ledger: {out['ledger']}{see}")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, RoundAborted
+from shufflekit.base.errors import ConfigError, RoundAborted, SpoolError
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
@@ -134,6 +134,7 @@ class MixNode(Hop[MixOutcome]):
             if self.index == 0:
                 ingest = _Ingest(self._job(ann), self.peeler, outcome, self.clock)
                 close = await self._closed(ann, inbox, stop, ingest)
+                inbox.check(ann.round_id)  # every input up to the close was stored
                 items = await self._ingest(ann, close, ingest)
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
@@ -142,13 +143,19 @@ class MixNode(Hop[MixOutcome]):
             if len(items) < ann.n_min:
                 raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
         except RoundAborted as exc:
+            inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
             return outcome
         self.rng.shuffle(items)
         outcome.released = True
         outcome.forwarded = len(items)
-        self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        try:  # nothing is forwarded unless the permuted output is stored first
+            self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        except SpoolError as exc:
+            outcome.released, outcome.forwarded, outcome.abort_reason = False, 0, str(exc)
+            await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            return outcome
         return await self._forward(ann, items, outcome)
 
     def _job(self, ann: Announcement) -> PeelJob:
@@ -196,17 +203,28 @@ class MixNode(Hop[MixOutcome]):
         at its close marker, whose seq this returns."""
         rid, seen = ann.round_id, -1
         while (close := self.spool.close_seq(rid)) is None:
+            inbox.check(rid)  # input was lost: the round is aborted now
             left = ann.seconds_left(self.clock)
             if left <= 0:
-                return self.spool.close_round(rid)  # the deadline: the normal end
+                return self._close_now(rid, inbox)  # the deadline: the normal end
             batch = self.spool.messages(rid, "data", after=ingest.last, limit=INGEST_STEP)
             if batch:
                 await ingest.take(batch)
                 if ann.close_at is not None and ingest.outcome.counters.accepted >= ann.close_at:
-                    return self.spool.close_round(rid)  # the target count is stored: close now
+                    return self._close_now(rid, inbox)  # the target count is stored: close now
                 continue  # more may be spooled already; the close is checked again first
             seen = await inbox.changed(seen, left)
         return close
+
+    def _close_now(self, rid: str, inbox: Inbox) -> int:
+        """Freeze the round's input at a close marker now; RoundAborted (through the inbox) if
+        the spool cannot store the marker."""
+        try:
+            return self.spool.close_round(rid)
+        except SpoolError as exc:
+            inbox.fail(rid, str(exc))
+            inbox.check(rid)
+            raise  # check raised already: the round's input is marked failed
 
     async def _ingest(self, ann: Announcement, close: int, ingest: _Ingest) -> list[bytes]:
         """Mix 0: the envelopes spooled before the close marker `close` not checked yet, then

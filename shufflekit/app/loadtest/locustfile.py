@@ -15,8 +15,8 @@ across machines see deploy/loadtest.md.
 from __future__ import annotations
 
 import itertools
-import logging
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -296,4 +296,3 @@ class ShufflekitUser(User):
         """Close the connection."""
         self.client.loop_stop()
         self.client.disconnect()
-
