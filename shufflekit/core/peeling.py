@@ -27,7 +27,7 @@ from shufflekit.core.credentials import CredentialVerifier, admit
 from shufflekit.core.crypto import PrivateKey, peel
 from shufflekit.core.wire import Envelope
 
-MIN_PER_TASK = 64  # fewer items than this are peeled inline: a process hop costs more
+MIN_PER_TASK = 64  # the smallest slice handed to one worker process
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,8 @@ class ProcessPeeler:
         return [slice(i, i + per) for i in range(0, n, per)]
 
     async def envelopes(self, job: PeelJob, payloads: Sequence[bytes]) -> list[Checked]:
-        """`check_envelopes` over slices of `payloads` in the pool, results in order."""
-        if len(payloads) < MIN_PER_TASK:
-            return check_envelopes(job, payloads)
+        """`check_envelopes` over slices of `payloads` in the pool, results in order (never in
+        the service's event loop, which keeps receiving meanwhile)."""
         loop, pool = asyncio.get_running_loop(), self._executor()
         parts = await asyncio.gather(
             *(
@@ -184,8 +183,6 @@ class ProcessPeeler:
 
     async def layers(self, job: PeelJob, items: Sequence[bytes]) -> list[bytes | str]:
         """`peel_layers` over slices of `items` in the pool, results in order."""
-        if len(items) < MIN_PER_TASK:
-            return peel_layers(job, items)
         loop, pool = asyncio.get_running_loop(), self._executor()
         parts = await asyncio.gather(
             *(
