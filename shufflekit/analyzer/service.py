@@ -35,6 +35,7 @@ from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.results import ResultSigner
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
@@ -87,6 +88,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         self.estimator = estimator
         self.on_release = on_release
         self.hops = hops
+        self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
@@ -164,7 +166,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
-        result = Result(
+        unsigned = Result(
             round_id=ann.round_id,
             k=ann.k,
             eps0=ann.eps0,
@@ -178,6 +180,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
             converged=est.details.get("converged"),
             iterations=est.details.get("iterations"),
         )
+        result = self.signer.sign(unsigned)
         # Committed: from here the result must go out. It is stored first, so a restart or a
         # lost connection publishes the very same result again (state "output").
         self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})

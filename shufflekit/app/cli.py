@@ -21,6 +21,7 @@ from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
+from shufflekit.app.simulate import MAX_K
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
 app = typer.Typer(
@@ -102,6 +103,11 @@ def demo(
         refuse("--eps0 must be > 0")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
+        refuse(
+            f"--estimator {estimator} with k = {k:,}: its bootstrap draws from a k x k law and "
+            f"allows k <= {MAX_K:,}; use --estimator inv (closed form) for larger k"
+        )
     cfg = DemoConfig(
         users=users,
         k=k,

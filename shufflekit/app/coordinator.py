@@ -47,6 +47,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import current_announcement
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
+from shufflekit.core.results import verify_result
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Subscription, Transport
 
@@ -77,7 +78,10 @@ class Coordinator:
         clock: Clock = system_clock,
         rng: Randomness | None = None,
         offload: Offload = in_thread,
+        result_key: str | None = None,
     ) -> None:
+        """`result_key` (base64) is the analyzer's result public key: a result it did not
+        sign is refused (counted as bad_signature); None accepts unsigned results."""
         if not mix_keys:
             raise ValueError("a cascade needs at least one mix")
         self.transport = transport
@@ -86,6 +90,7 @@ class Coordinator:
         self.ledger = ledger
         self.mix_keys = list(mix_keys)
         self.analyzer_key = analyzer_key
+        self.result_key = result_key
         self.batch_timeout = batch_timeout
         self.ready_timeout = ready_timeout
         self.actor = actor
@@ -116,6 +121,7 @@ class Coordinator:
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
             close_at=params.close_at,
+            result_key=self.result_key,
         )
 
     async def run_round(
@@ -218,7 +224,9 @@ class Coordinator:
                 log.info("round %s: resuming it, outcome expected within %.0fs", rid, timeout)
                 if self._left(ann) > 0:  # a broker that restarted afresh lost it: clients
                     await coord.publish(t.announce, ann.to_bytes(), retain=True)
-                waiting = asyncio.create_task(first_outcome(rs, ab, rid, timeout, self.control))
+                waiting = asyncio.create_task(
+                    first_outcome(rs, ab, rid, timeout, self.control, self._verify)
+                )
                 try:
                     if stop is not None:
                         stopper = asyncio.create_task(stop.wait())
@@ -324,6 +332,7 @@ class Coordinator:
                         rid,
                         max(self._left(ann), 0.0) + 2 * self.batch_timeout,
                         self.control,
+                        self._verify,
                     )
                 )
                 try:
@@ -350,6 +359,12 @@ class Coordinator:
                 closer.cancel()
                 with contextlib.suppress(TransportError):
                     await coord.publish(t.announce, b"", retain=True)
+
+    def _verify(self, result: Result) -> None:
+        """InvalidReport('bad_signature') unless the analyzer signed `result` (if a result key
+        is configured)."""
+        if self.result_key is not None:
+            verify_result(result, self.deployment, self.result_key)
 
     async def _close_at_deadline(self, ann: Announcement) -> None:
         """Close mix 0's ingest when the announced deadline passes (a lost close is harmless:

@@ -167,9 +167,11 @@ async def first_outcome(
     round_id: str,
     timeout: float,
     control: RejectionCounter | None = None,
+    verify: Callable[[Result], None] | None = None,
 ) -> Result | Abort:
     """The analyzer's result or the first abort of the round, whichever comes first; invalid
-    messages on those topics are counted by reason in `control` and otherwise ignored."""
+    messages on those topics (and results `verify` refuses) are counted by reason in `control`
+    and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
@@ -178,6 +180,8 @@ async def first_outcome(
                 continue  # a retained message being cleared
             try:
                 m = kind.from_bytes(msg.payload)
+                if verify is not None and isinstance(m, Result) and m.round_id == round_id:
+                    verify(m)
             except InvalidReport as exc:
                 if control is not None:
                     control.reject(exc.reason)

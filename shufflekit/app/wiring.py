@@ -104,9 +104,14 @@ class Wiring:
         )
 
     def coordinator(
-        self, transport: Transport, mix_keys: Sequence[str], analyzer_key: str
+        self,
+        transport: Transport,
+        mix_keys: Sequence[str],
+        analyzer_key: str,
+        result_key: str | None = None,
     ) -> Coordinator:
-        """The operator's coordinator, announcing these base64 public keys."""
+        """The operator's coordinator, announcing these base64 public keys; it accepts only
+        results signed with `result_key` (the analyzer's, see core/results.py)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -120,4 +125,5 @@ class Wiring:
             clock=self.clock,
             rng=self.rng,
             offload=retrying(self.offload, self.clock),
+            result_key=result_key,
         )

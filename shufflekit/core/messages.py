@@ -75,6 +75,7 @@ class Announcement(_Control):
     analyzer_key: Key
     mechanism: Literal["krr", "bits"] = "krr"
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+    result_key: Key | None = None  # the analyzer's result public key (core/results.py)
     # mix 0 closes ingest once this many accepted (enrolled, de-duplicated) reports are stored
     close_at: int | None = Field(default=None, ge=1)
 
@@ -156,6 +157,8 @@ class Result(_Control):
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
     bit_frequency: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
     bit_stderr: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
+    # the analyzer's Ed25519 signature over everything above (core/results.py)
+    signature: str | None = Field(default=None, max_length=100)
 
 
 class Ready(_Control):
