@@ -126,15 +126,16 @@ Connector = Callable[[ServiceConfig, str, Sequence[str]], Callable[[], Transport
 
 @dataclass(frozen=True)
 class ServiceEnv:
-    """What a service gets from outside: how it connects, and its clock, randomness and thread
-    offload. Production uses the defaults; the deterministic simulation (`shufflekit.app.sim`)
-    passes an in-memory faulty broker, a virtual clock, seeded randomness and inline calls, and
-    so runs these very services."""
+    """What a service gets from outside: how it connects, and its clock, randomness, thread
+    offload and a mix's peeling pool. Production uses the defaults; the deterministic simulation
+    (`shufflekit.app.sim`) passes an in-memory faulty broker, a virtual clock, seeded randomness
+    and inline calls and peeling, and so runs these very services."""
 
     connector: Connector = _connector
     clock: Clock = system_clock
     rng: Randomness = field(default_factory=SystemRandomness)
     offload: Offload = in_thread
+    peeler: Callable[[int], Peeler] = field(default=lambda n: default_peeler(n))
 
     def wiring(self, cfg: ServiceConfig, ledger: Ledger | None = None, **kw: Any) -> Wiring:
         """The deployment's composition root with this environment's clock and randomness."""
@@ -147,6 +148,11 @@ class ServiceEnv:
             offload=self.offload,
             **kw,
         )
+
+
+def default_peeler(workers: int) -> Peeler:
+    """A mix's peeling: `workers` worker processes, or inline in the service if 0."""
+    return ProcessPeeler(workers) if workers else InlinePeeler()
 
 
 DEFAULT_ENV = ServiceEnv()
@@ -233,7 +239,7 @@ async def serve_mix(
     spool = Spool(cfg.spool_path(f"mix{i}"), clock=env.clock)
     wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
-    peeler: Peeler = ProcessPeeler(cfg.mix.peel_workers) if cfg.mix.peel_workers else InlinePeeler()
+    peeler = env.peeler(cfg.mix.peel_workers)
 
     def node(t: Transport) -> MixNode:
         return wiring.mix(t, i, key, credentials=creds, spool=spool, peeler=peeler)
