@@ -341,7 +341,7 @@ def attack_pld(
     if dataset == "auto":
         res = tight_epsilon(mech, ref_delta)
         eps_ref = min(res.lower_epsilon or 0.0, mech.eps0 * (1 - 1e-9))
-        cands = attack_log_delta(mech, eps_ref)[2]
+        cands = attack_log_delta(mech, eps_ref, every=True)[2]
         choices: dict[str, tuple[str, bool, int | None]] = {
             "all others at x0 (x0|x1)": ("all_at_x0", False, None),
             "all others at x1 (x0|x1)": ("all_at_x0", True, None),

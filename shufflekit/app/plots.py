@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -113,9 +114,15 @@ def _same_as(mine: list[float], others: dict[str, list[float]]) -> str | None:
     return None
 
 
-def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[str]) -> list[str]:
+def plot_privacy_curves(
+    path: str,
+    mech: Mechanism,
+    rounds: int,
+    methods: list[str],
+    progress: Callable[[int, str], None] | None = None,
+) -> list[str]:
     """`privacy_figure` written to `path` (PNG); returns the methods drawn, in order."""
-    fig, drawn = privacy_figure(mech, rounds, methods)  # selects the Agg backend first
+    fig, drawn = privacy_figure(mech, rounds, methods, progress)  # selects the Agg backend first
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=110, format="png")
@@ -123,8 +130,14 @@ def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[s
     return drawn
 
 
-def privacy_figure(mech: Mechanism, rounds: int, methods: list[str]) -> tuple[Any, list[str]]:
-    """delta(epsilon) of each method on a log-log plot down to 1e-40 (a matplotlib Figure).
+def privacy_figure(
+    mech: Mechanism,
+    rounds: int,
+    methods: list[str],
+    progress: Callable[[int, str], None] | None = None,
+) -> tuple[Any, list[str]]:
+    """delta(epsilon) of each method on a log-log plot down to 1e-40 (a matplotlib Figure);
+    `progress(done, method)` is called as each method's curve is computed (the slow part).
 
     Every curve has its own colour, dash pattern and markers (shifted along the curve, so
     coinciding curves still show each marker); a curve equal to another one's says so in the
@@ -145,8 +158,10 @@ def privacy_figure(mech: Mechanism, rounds: int, methods: list[str]) -> tuple[An
     uppers: dict[str, list[float]] = {}
     lowers: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
-    for name in order:
+    for i, name in enumerate(order, 1):
         uppers[name], lowers[name], failed[name] = _curve(name, mech, rounds, eps)
+        if progress is not None:
+            progress(i, name)
     drawn: list[str] = []
     for j, name in enumerate(order):
         m = get_method(name)
