@@ -28,7 +28,9 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
+    "loadtest": ("bench_loadtest.py", ["--quick"]),
     "leakage": ("bench_leakage.py", ["--quick"]),
+    "ledger_status": ("bench_ledger_status.py", ["--rounds", "200"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

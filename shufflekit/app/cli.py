@@ -15,11 +15,14 @@ from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_leakage import leakage
+from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
+from shufflekit.app.simulate import MAX_K
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
 app = typer.Typer(
@@ -57,7 +60,9 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
+app.command()(loadtest)
 app.command()(leakage)
+app.command()(rounds)
 
 
 @app.command()
@@ -100,6 +105,11 @@ def demo(
         refuse("--eps0 must be > 0")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
+        refuse(
+            f"--estimator {estimator} with k = {k:,}: its bootstrap draws from a k x k law and "
+            f"allows k <= {MAX_K:,}; use --estimator inv (closed form) for larger k"
+        )
     cfg = DemoConfig(
         users=users,
         k=k,
