@@ -274,9 +274,20 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     seen: dict[float, str] = {}
     n_low = [0]
 
+    with_z: list[bool] = []  # whether the first evaluation could afford "all others at z"
+
     def fg_lower(x: float) -> tuple[float, float | None]:
+        # the same datasets at every step (a root search on a function that changes shape
+        # when an attack drops out of its budget wanders)
         n_low[0] += 1
-        val, name, _ = attack_log_delta(mech, x, log_tau=min(-40.0, ld - 20.0))
+        tau = min(-40.0, ld - 20.0)
+        if not with_z:
+            val, name, cands = attack_log_delta(mech, x, log_tau=tau)
+            with_z.append("all others at z" in cands)
+        else:
+            val, name, _ = attack_log_delta(
+                mech, x, log_tau=tau, cheap=not with_z[0], every=with_z[0]
+            )
         seen[x] = name
         return val - ld, None
 
@@ -341,7 +352,7 @@ def attack_pld(
     if dataset == "auto":
         res = tight_epsilon(mech, ref_delta)
         eps_ref = min(res.lower_epsilon or 0.0, mech.eps0 * (1 - 1e-9))
-        cands = attack_log_delta(mech, eps_ref)[2]
+        cands = attack_log_delta(mech, eps_ref, every=True)[2]
         choices: dict[str, tuple[str, bool, int | None]] = {
             "all others at x0 (x0|x1)": ("all_at_x0", False, None),
             "all others at x1 (x0|x1)": ("all_at_x0", True, None),

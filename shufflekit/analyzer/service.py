@@ -7,17 +7,17 @@ the result is published; if the commit fails the round is aborted and nothing is
 no released result is ever uncharged.
 
 The final batch is spooled before it is acknowledged (shufflekit.core.spool); the commit is
-idempotent, so an analyzer restarted at any point of a round counts the same batch again and
-commits and publishes it once in the ledger.
+idempotent and stores the result with it, so an analyzer restarted at any point of a round
+counts the same batch again and publishes the very result stored with the commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from shufflekit.base.errors import (
     InternalError,
     InvalidReport,
     RoundAborted,
+    SpoolError,
     TransportError,
 )
 from shufflekit.core.counters import RejectionCounter
@@ -40,9 +41,16 @@ from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Report
 
-# (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
-# raise if the commit did not succeed: the result is published only after it returns.
-ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
+log = logging.getLogger("shufflekit.analyzer")
+
+# (the round's result without privacy facts, `seal`) -> the result to publish. It prices the
+# result, seals it (the analyzer's signature: `seal` must be the last change), and commits the
+# round's cost TOGETHER WITH the sealed result (one durable step, e.g. in the ledger); it raises
+# if the commit did not succeed. A round committed before (a restart) returns the result stored
+# then. The result is published only after it returns.
+ReleaseHook = Callable[[Result, Callable[[Result], Result]], Awaitable[Result]]
+# Called with a round id once its result went out (best effort: marks it published).
+PublishedHook = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -53,6 +61,7 @@ class AnalyzerOutcome:
     result: Result | None
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # wall seconds: analyze, ledger
 
 
 class Analyzer(Hop[AnalyzerOutcome]):
@@ -71,6 +80,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         key: KeyPair,
         *,
         on_release: ReleaseHook,
+        on_published: PublishedHook | None = None,
         estimator: str = "inv",
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
@@ -86,6 +96,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         )
         self.estimator = estimator
         self.on_release = on_release
+        self.on_published = on_published
         self.hops = hops
         self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
@@ -145,13 +156,30 @@ class Analyzer(Hop[AnalyzerOutcome]):
             batch = await self.receive_batch(
                 ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
             )
+            started = self.clock.monotonic()
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
             est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
-            try:
-                privacy = await self.on_release(ann.round_id, n)
+            outcome.stages["analyze"] = self.clock.monotonic() - started
+            unpriced = Result(
+                round_id=ann.round_id,
+                k=ann.k,
+                eps0=ann.eps0,
+                batch_size=n,
+                histogram=hist,
+                estimate=[float(x) for x in est.counts],
+                stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
+                estimator=est.method,
+                rejected=outcome.counters.as_dict(),
+                converged=est.details.get("converged"),
+                iterations=est.details.get("iterations"),
+            )
+            started = self.clock.monotonic()
+            try:  # one durable step: the cost and the result are committed together
+                result = await self.on_release(unpriced, self.signer.sign)
+                outcome.stages["ledger"] = self.clock.monotonic() - started
             except Exception as exc:  # any failure: the cost is not known to be committed
                 raise RoundAborted(
                     f"the round's cost was not committed, nothing is released: {exc}"
@@ -161,24 +189,13 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
-        unsigned = Result(
-            round_id=ann.round_id,
-            k=ann.k,
-            eps0=ann.eps0,
-            batch_size=n,
-            histogram=hist,
-            estimate=[float(x) for x in est.counts],
-            stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
-            estimator=est.method,
-            rejected=outcome.counters.as_dict(),
-            privacy=privacy,
-            converged=est.details.get("converged"),
-            iterations=est.details.get("iterations"),
-        )
-        result = self.signer.sign(unsigned)
-        # Committed: from here the result must go out. It is stored first, so a restart or a
-        # lost connection publishes the very same result again (state "output").
-        self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        # Committed: from here the result must go out, and nothing slow runs before it does.
+        # The spool keeps a copy so that this hop's state machine resumes at "output"; the
+        # durable copy is the ledger's, so a spool that cannot take it does not stop the publish.
+        try:
+            self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        except SpoolError as exc:
+            log.warning("round %s: result not spooled (the ledger holds it): %s", ann.round_id, exc)
         outcome.result = await self._publish(result)
         return outcome
 
@@ -196,4 +213,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             cap=5.0,
         )
         self.spool.finish(result.round_id, {"batch_size": result.batch_size})
+        if self.on_published is not None:
+            try:
+                await self.on_published(result.round_id)
+            except Exception as exc:  # only a record of the fact: the result is out
+                log.warning("round %s: could not record its publication: %s", result.round_id, exc)
         return result

@@ -2,8 +2,10 @@
 
 reserve the cost in the ledger (refused -> nobody is asked anything) -> prepare: every hop
 subscribes to its input and says it is ready -> announce -> clients answer -> close (or the
-deadline) -> the analyzer commits the cost and publishes, or a hop aborts and the reservation
-is refunded. The analyzer publishes only after its commit succeeded; a failed commit is an abort
+deadline) -> the analyzer commits the cost together with the result and publishes, or a hop
+aborts and the reservation is refunded. A round whose outcome does not arrive in time is looked
+up in the ledger: committed, its stored result is the outcome (and is published again).
+The analyzer publishes only after its commit succeeded; a failed commit is an abort
 like any other (the refund then changes nothing if the round had expired, and is refused if the
 commit did land). A round with no result nor abort by its deadline plus the batch timeouts
 is aborted (published, so the hops stop) and refunded; a refunded round can no longer be
@@ -120,6 +122,7 @@ class Coordinator:
             deadline=self.clock.time() + self.ready_timeout + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
+            close_at=params.close_at,
             result_key=self.result_key,
         )
 
@@ -155,11 +158,15 @@ class Coordinator:
             try:
                 outcome = await self._drive(ann, params.deadline_seconds, report, answer, stop)
             except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
-                outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
-                with contextlib.suppress(TransportError):  # so that the hops stop too
-                    await self.transport.publish(
-                        self.topics.abort(rid), outcome.to_bytes(), retain=True
-                    )
+                stored = await self._committed_result(rid)  # or the analyzer committed it
+                if stored is not None:
+                    outcome = stored
+                else:
+                    outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
+                    with contextlib.suppress(TransportError):  # so that the hops stop too
+                        await self.transport.publish(
+                            self.topics.abort(rid), outcome.to_bytes(), retain=True
+                        )
         except BaseException:
             report.seconds = self.clock.monotonic() - started
             raise
@@ -240,6 +247,8 @@ class Coordinator:
                 finally:
                     waiting.cancel()
             if outcome is None:
+                outcome = await self._committed_result(rid)
+            if outcome is None:
                 outcome = Abort(
                     round_id=rid,
                     hop=COORDINATOR_HOP,
@@ -270,6 +279,24 @@ class Coordinator:
             if not any(r.round_id == rid and r.status == "committed" for r in rounds):
                 raise
             report.released, report.abort = True, None
+            report.result = await self._committed_result(rid)
+
+    async def _committed_result(self, rid: str) -> Result | None:
+        """The result the analyzer stored with the round's commit, published again (the same
+        bytes: idempotent for readers), or None if the round is not committed with one."""
+        text = await self.offload(self.ledger.stored_result, self.deployment, rid)
+        if text is None:
+            return None
+        try:
+            result = Result.from_bytes(text.encode())
+        except InvalidReport:
+            log.error("round %s: the ledger's stored result is invalid", rid)
+            return None
+        if not isinstance(result, Result):
+            return None
+        with contextlib.suppress(TransportError):
+            await self.transport.publish(self.topics.result(rid), result.to_bytes())
+        return result
 
     async def _drive(
         self,

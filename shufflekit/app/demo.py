@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
 from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
@@ -99,6 +100,8 @@ def ensure_budget(
             n_min,
             cfg.max_corrupt,
             cost_model=cfg.cost_model,
+            # a planned budget: every round of the demo is of this one type
+            schedule=(ScheduleEntry(RoundType(KRR, cfg.k, cfg.eps0), None),),
         )
         ledger.init_budget(created, actor="demo")
         if notice is not None:
@@ -198,7 +201,8 @@ async def run_demo(
         "privacy_spent": {
             "epsilon": status.epsilon_spent,
             "delta": status.budget.delta_total,
-            "epsilon_reserved": status.epsilon_reserved,
+            "epsilon_spent_or_reserved": status.epsilon_spent_or_reserved,
+            "mode": status.budget.mode,
             "epsilon_budget": status.budget.epsilon_total,
             "epsilon_remaining": status.epsilon_remaining,
             "cost_model": status.cost_model,

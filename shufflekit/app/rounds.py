@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from shufflekit.accountant.leakage import round_facts
 from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
+from shufflekit.base.errors import InternalError, InvalidReport, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.counters import RejectionCounter
@@ -55,6 +55,7 @@ class RoundParams:
     eps0: float
     n_min: int
     deadline_seconds: float = 60.0
+    close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
 
 
 @dataclass
@@ -90,26 +91,47 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
 def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
-    """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
-    describe it for the published result. Once the commit landed the result must go out: if the
-    totals cannot be read then, it goes out with the round's own cost only."""
+    """The analyzer's `on_release`: price the round (outside the ledger's lock: its cost and the
+    composed total after it, from the curve cache), seal it (sign), then commit the cost and the
+    sealed result in one transaction, and return what is stored (a round committed before a
+    restart returns the result stored then). Raises unless the commit succeeded; nothing slow
+    runs after it."""
 
-    async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
-        rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
-        try:
-            status = await offload(ledger.status, deployment)
-        except LedgerError:
-            own = {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-            return own | await participant_facts(rec, None, offload)
-        facts = {
-            "epsilon_round": rec.epsilon_round,
-            "delta": status.budget.delta_total,
-            "cost_model": status.cost_model,
-            "n_accounted": float(rec.n_accounted),
-            "epsilon_spent_total": status.epsilon_spent,
-            "epsilon_budget": status.budget.epsilon_total,
-        }
-        return facts | await participant_facts(rec, status.budget.delta_total, offload)
+    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
+        rid, n = result.round_id, result.batch_size
+        facts = await offload(ledger.quote_commit, deployment, rid, n)
+        priced_rec = RoundRecord(
+            rid,
+            "committed",
+            result.k,
+            result.eps0,
+            int(facts["n_accounted"] or n),
+            n,
+            float(facts["epsilon_round"] or 0.0),
+            tag=result.mechanism,
+        )
+        facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
+        priced = seal(result.model_copy(update={"privacy": facts}))
+        text = priced.to_bytes().decode()
+        await offload(ledger.commit, deployment, rid, n, actor, result=text)
+        stored = await offload(ledger.stored_result, deployment, rid)
+        if stored is None or stored == text:
+            return priced
+        earlier = Result.from_bytes(stored.encode())
+        if not isinstance(earlier, Result):
+            raise InternalError(f"round {rid}: the ledger holds no valid result")
+        return earlier
+
+    return hook
+
+
+def ledger_published_hook(
+    ledger: Ledger, deployment: str, offload: Offload = in_thread
+) -> Callable[[str], Awaitable[None]]:
+    """The analyzer's `on_published`: record in the ledger that the round's result went out."""
+
+    async def hook(round_id: str) -> None:
+        await offload(ledger.mark_published, deployment, round_id)
 
     return hook
 
@@ -120,10 +142,11 @@ async def participant_facts(
     """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
     its accounted population, with the round's epsilon at `delta` (the budget's) when known.
 
-    The round is already committed, so nothing here may stop its result: on any failure the
-    result goes out without these facts (`statement` null). Only k-RR rounds are described.
+    Computed before the commit (they are stored with the result), and nothing here may stop the
+    round: on any failure the result goes out without these facts (`statement` null). Only k-RR
+    rounds are described.
     """
-    if getattr(rec, "bits", None) or getattr(rec, "mechanism_tag", "krr") != "krr":
+    if rec.tag != "krr":
         return {}
     epsilon = rec.epsilon_round if delta is not None else None
     try:
