@@ -25,6 +25,7 @@ RESULTS = HERE / "results"
 BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tight": ("bench_tight.py", ["--repeats", "3"]),
     "gap": ("bench_gap.py", ["--quick"]),
+    "soundness": ("bench_soundness.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
