@@ -122,6 +122,7 @@ class Coordinator:
             deadline=self.clock.time() + self.ready_timeout + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
+            close_at=params.close_at,
             result_key=self.result_key,
         )
 

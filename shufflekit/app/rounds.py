@@ -55,6 +55,7 @@ class RoundParams:
     eps0: float
     n_min: int
     deadline_seconds: float = 60.0
+    close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
 
 
 @dataclass

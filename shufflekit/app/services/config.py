@@ -45,6 +45,12 @@ class MixSettings(_Section):
         default=None,
         description="mix 0: enrollment public key; every report then needs a valid credential",
     )
+    peel_workers: int = Field(
+        default=2,
+        ge=0,
+        le=256,
+        description="worker processes that peel reports as they arrive (0: in the service)",
+    )
 
 
 class AnalyzerSettings(_Section):
@@ -69,6 +75,11 @@ class CoordinatorSettings(_Section):
     eps0: float = Field(gt=0, description="local epsilon of k-RR")
     n_min: int | None = Field(default=None, ge=1, description="default: the budget's n_min")
     deadline: float = Field(default=60.0, gt=0, description="seconds clients have to answer")
+    close_at: int | None = Field(
+        default=None,
+        ge=1,
+        description="close ingest early once this many accepted reports are stored",
+    )
     interval: float = Field(default=5.0, ge=0, description="seconds between rounds")
     ready_timeout: float = Field(
         default=30.0, gt=0, description="seconds for every hop to be ready"
