@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from shufflekit.accountant.bits import GENERIC_NOTE, PURE_EPSILON_NOTE
+from shufflekit.analyzer.bits import RECORD_ESTIMATE_MAX_BITS, estimate_bits, estimate_records
 from shufflekit.analyzer.estimators import estimate
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
@@ -37,7 +39,7 @@ from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
-from shufflekit.core.wire import REPORT_SIZE, Report
+from shufflekit.core.wire import REPORT_SIZE, decode_report
 
 # (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
 # raise if the commit did not succeed: the result is published only after it returns.
@@ -97,7 +99,8 @@ class Analyzer(Hop[AnalyzerOutcome]):
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
     ) -> list[int]:
-        """Decrypt and validate each report; count the valid ones per category."""
+        """Decrypt and validate each report; count the valid ones per category (per record,
+        2^L bins, in a bits round)."""
         hop = ann.hops
         hist = [0] * ann.k
         seen: set[bytes] = set()
@@ -109,11 +112,11 @@ class Analyzer(Hop[AnalyzerOutcome]):
             seen.add(digest)
             try:
                 plain = peel(ct, self.key.private, self.deployment, ann.round_id, hop)
-                report = Report.decode(plain, ann.k)
+                value = decode_report(plain, ann.mechanism, ann.report_size)
             except InvalidReport as exc:
                 counters.reject(exc.reason)
                 continue
-            hist[report.value] += 1
+            hist[value] += 1
             counters.accept()
         return hist
 
@@ -145,7 +148,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
-            est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+            fields = self.estimates(hist, ann)
             try:
                 privacy = await self.on_release(ann.round_id, n)
             except Exception as exc:  # any failure: the cost is not known to be committed
@@ -156,25 +159,52 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
+        if ann.mechanism == "bits":
+            privacy = {**privacy, "accounting": f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"}
         result = Result(
             round_id=ann.round_id,
             k=ann.k,
             eps0=ann.eps0,
             batch_size=n,
             histogram=hist,
-            estimate=[float(x) for x in est.counts],
-            stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
-            estimator=est.method,
             rejected=outcome.counters.as_dict(),
             privacy=privacy,
-            converged=est.details.get("converged"),
-            iterations=est.details.get("iterations"),
+            **fields,
         )
         # Committed: from here the result must go out. It is stored first, so a restart or a
         # lost connection publishes the very same result again (state "output").
         self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
         outcome.result = await self._publish(result)
         return outcome
+
+    def estimates(self, hist: list[int], ann: Announcement) -> dict[str, Any]:
+        """The result's estimate fields: k-RR frequencies by the configured estimator, or for
+        a bits round per-bit frequencies and (L <= 10) whole-record counts, with stderrs."""
+        n = sum(hist)
+        if ann.mechanism == "bits" and ann.bits is not None:
+            bits = estimate_bits(np.asarray(hist), ann.bits, ann.eps0)
+            fields: dict[str, Any] = {
+                "mechanism": "bits",
+                "bits": ann.bits,
+                "bit_frequency": [float(x) for x in bits.frequency],
+                "bit_stderr": [float(x) for x in bits.stderr],
+                "estimator": "bits-inv",
+                "estimate": [],
+                "stderr": [],
+            }
+            if ann.bits <= RECORD_ESTIMATE_MAX_BITS:
+                rec = estimate_records(np.asarray(hist), ann.bits, ann.eps0)
+                fields["estimate"] = [float(x) * n for x in rec.frequency]
+                fields["stderr"] = [float(x) * n for x in rec.stderr]
+            return fields
+        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+        return {
+            "estimate": [float(x) for x in est.counts],
+            "stderr": [float(x) * n for x in est.stderr],  # counts, like `estimate`
+            "estimator": est.method,
+            "converged": est.details.get("converged"),
+            "iterations": est.details.get("iterations"),
+        }
 
     async def _publish(self, result: Result) -> Result:
         """Publish a committed round's result, resending a lost publish with backoff for up to

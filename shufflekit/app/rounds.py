@@ -10,17 +10,18 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
+from shufflekit.base.errors import InvalidParameters, InvalidReport, LedgerError, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
+from shufflekit.core.wire import MAX_RECORD_BITS
 from shufflekit.shuffler.mix import MixOutcome
 
 TransportFactory = Callable[[str], Transport]
@@ -47,12 +48,44 @@ class RoundTopics(Topics):
 
 @dataclass(frozen=True)
 class RoundParams:
-    """What the operator chooses for one round."""
+    """What the operator chooses for one round: k-RR over k values, or (with `bits` = L) bit
+    randomization of L-bit records, where k must be 2^L (`RoundParams.for_bits`)."""
 
     k: int
     eps0: float
     n_min: int
     deadline_seconds: float = 60.0
+    bits: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.bits is not None and (
+            isinstance(self.bits, bool)
+            or not isinstance(self.bits, int)
+            or not 1 <= self.bits <= MAX_RECORD_BITS
+            or self.k != 1 << self.bits
+        ):
+            raise InvalidParameters(
+                f"a bits round needs L in [1, {MAX_RECORD_BITS}] and k = 2^L, got L={self.bits!r}"
+            )
+
+    @classmethod
+    def for_bits(
+        cls, bits: int, eps0: float, n_min: int, deadline_seconds: float = 60.0
+    ) -> RoundParams:
+        """A bit-vector round: records of `bits` = L bits, eps0 per record."""
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_RECORD_BITS:
+            raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_RECORD_BITS}]")
+        return cls(1 << bits, eps0, n_min, deadline_seconds, bits)
+
+    @property
+    def mechanism(self) -> Literal["krr", "bits"]:
+        """ "krr" or "bits"."""
+        return "krr" if self.bits is None else "bits"
+
+    @property
+    def size(self) -> int:
+        """The mechanism's size as the ledger records it: k of k-RR, L of bits."""
+        return self.k if self.bits is None else self.bits
 
 
 @dataclass
