@@ -152,14 +152,20 @@ def _print_bits(last: dict[str, Any]) -> None:
         t.add_row(str(b["bit"]), f"{b['true']:.4f}", f"{b['estimate']:.4f}", f"{b['stderr']:.4f}")
     console.print(t)
     console.print(
-        f"largest error: [bold]{last['max_abs_error']:.4f}[/] "
-        f"({last['max_abs_error_in_stderr']:.2f} standard errors)"
-        + (
-            f"; whole records: total variation distance {last['tv_distance']:.4f}"
-            if last.get("tv_distance") is not None
-            else ""
+        styled(
+            "largest error: ",
+            (f"{last['max_abs_error']:.4f}", "bold"),
+            f" ({last['max_abs_error_in_stderr']:.2f} standard errors)"
+            + (
+                f"; whole records: total variation distance {last['tv_distance']:.4f}"
+                if last.get("tv_distance") is not None
+                else ""
+            ),
         )
     )
+    note = last.get("privacy", {}).get("accounting")
+    if note:
+        console.print(f"accounting: {note}")
 
 
 def _print_demo(out: dict[str, Any]) -> None:
