@@ -4,6 +4,7 @@ terminal. Every test drives the command as a user does: a process on a pipe or a
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -11,8 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from shufflekit.accountant.numerics.roots import bracket_boundary
 from shufflekit.app.cli import app
+from shufflekit.app.cli_common import EXIT_USER, describe
 from shufflekit.app.datasets import DatasetError, from_csv
+from shufflekit.base.errors import Unavailable
+from shufflekit.core.spool import Spool
 from tests.cli_run import run_cli, run_cli_tty
 
 APP = Path(__file__).resolve().parent.parent / "shufflekit" / "app"
@@ -116,3 +121,47 @@ def test_long_simulation_shows_progress_on_a_terminal_only(tmp_path: Path) -> No
     piped = run_cli(["simulate", "--rounds", "3000", "--n-boot", "0"], tmp_path)
     assert piped.returncode == 0 and piped.stderr == ""
     assert "estimating rounds" not in piped.stdout
+
+
+def test_bracketing_a_far_boundary_does_not_overflow() -> None:
+    """`privacy calibrate --k 10 --rounds 1 --eps0 20 --epsilon 0.01` died of OverflowError:
+    the secant step exp(1.1 * dist) overflowed when the boundary was far away (it is capped
+    at a factor of 16 anyway). g = 1 - 0.001 ln x has its root at x = e^1000, past the cap."""
+    hi = 1e300
+    got = bracket_boundary(
+        lambda x: math.exp(1.0 - 0.001 * math.log(x)),
+        1.0,
+        1.0,
+        1.0,
+        hi,
+        feasible_below=False,
+        integer=False,
+    )
+    assert got == (None, hi)
+    # and a near boundary is still found on both sides: root at x = e^5
+    feas, inf = bracket_boundary(
+        lambda x: math.exp(5.0 - math.log(x)),
+        1.0,
+        1.0,
+        1.0,
+        hi,
+        feasible_below=False,
+        integer=False,
+    )
+    assert feas is not None and inf is not None and inf < math.exp(5.0) <= feas
+
+
+def test_a_corrupted_spool_is_a_one_line_user_error(tmp_path: Path) -> None:
+    path = tmp_path / "mix0.sqlite"
+    path.write_bytes(b"this is not a database, it was overwritten by mistake " * 100)
+    with pytest.raises(Unavailable) as info:
+        Spool(path)
+    message, code = describe(info.value)
+    assert code == EXIT_USER and str(path) in message and "\n" not in message
+
+
+def test_a_sqlite_ledger_url_naming_a_folder_is_refused(tmp_path: Path) -> None:
+    out = run_cli(["demo", "--users", "50", "--ledger", f"sqlite:///{tmp_path}"], tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "is a folder" in out.stderr and "internal error" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -143,7 +143,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.result = await self._publish(stored)
             return outcome
         try:
-            batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
+            batch = await self.receive_batch(
+                ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
+            )
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:

@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.batch import await_batch
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement
 from shufflekit.core.spool import (
@@ -101,13 +102,26 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         return classify_hop_input(msg)
 
     async def receive_batch(
-        self, ann: Announcement, item_size: int, inbox: Inbox, stop: asyncio.Event | None
+        self,
+        ann: Announcement,
+        item_size: int,
+        inbox: Inbox,
+        stop: asyncio.Event | None,
+        counters: RejectionCounter | None = None,
     ) -> list[bytes]:
         """The verified batch sent to this hop (see `await_batch`), awaited until the round's
-        deadline plus `batch_timeout`; RoundAborted if it does not come or `stop` is set."""
+        deadline plus `batch_timeout`; RoundAborted if it does not come or `stop` is set.
+        Junk on the hop's topics is counted by reason in `counters`."""
         timeout = max(ann.seconds_left(self.clock), 0.0) + self.batch_timeout
         batch = await_batch(
-            self.spool, inbox, ann.round_id, self.hop_of(ann), item_size, timeout, clock=self.clock
+            self.spool,
+            inbox,
+            ann.round_id,
+            self.hop_of(ann),
+            item_size,
+            timeout,
+            clock=self.clock,
+            counters=counters,
         )
         return await unless_stopped(batch, stop, self.name)
 

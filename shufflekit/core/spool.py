@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InternalError, InvalidReport, TransportError
+from shufflekit.base.errors import InternalError, InvalidReport, TransportError, Unavailable
 from shufflekit.core.messages import Announcement, Close
 from shufflekit.core.transport.base import Message, Subscription, Transport, drain
 from shufflekit.core.waiting import within
@@ -75,11 +75,18 @@ class Spool:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(str(path) if path is not None else ":memory:")
-        if path is not None:
-            self._db.execute("pragma journal_mode=wal")
-            self._db.execute("pragma synchronous=normal")  # a commit survives a killed process
-        self._db.executescript(_SCHEMA)
-        self._db.commit()
+        try:
+            if path is not None:
+                self._db.execute("pragma journal_mode=wal")
+                self._db.execute("pragma synchronous=normal")  # a commit survives a kill
+            self._db.executescript(_SCHEMA)
+            self._db.commit()
+        except sqlite3.DatabaseError as exc:  # corrupt, truncated, or not SQLite at all
+            self._db.close()
+            raise Unavailable(
+                f"spool {path} cannot be read ({exc}): restore it, or move it aside to start "
+                "with an empty spool (its unfinished rounds are then lost)"
+            ) from exc
 
     def close(self) -> None:
         """Close the database."""

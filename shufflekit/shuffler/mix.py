@@ -122,7 +122,7 @@ class MixNode(Hop[MixOutcome]):
                 items = self._ingest(ann, close, outcome.counters)
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
-                batch = await self.receive_batch(ann, size, inbox, stop)
+                batch = await self.receive_batch(ann, size, inbox, stop, outcome.counters)
                 items = self._peel_batch(ann, batch, outcome.counters)
             if len(items) < ann.n_min:
                 raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
