@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
+    "leakage": ("bench_leakage.py", ["--quick"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

@@ -347,7 +347,7 @@ def test_min_cohort_large_and_refusals() -> None:
 def test_statement_wording_keeps_delta_and_the_eps0_cap() -> None:
     r = lk.leakage_report(1000, 2, 1.0)
     text = lk.participant_statement(r, epsilon=0.3, delta=1e-6)
-    assert "guesses your answer with probability 0.5058 (chance: 1/2 = 0.5)" in text
+    assert "guesses your answer with probability 0.5058 (chance: 1/2 = 0.5000)" in text
     assert f"with at most {r.insider_vulnerability:.4g}" in text
     assert "at most e^0.3 = 1.35 times as likely (plus 1e-06)" in text
     assert text.endswith("never more than e^1 = 2.718 times as likely")

@@ -139,7 +139,7 @@ def leakage_report(n: int, k: int, eps0: float, *, insider_work: float | None = 
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.4g}" if x < 0.99995 else f"{x:.6g}"
+    return f"{x:#.4g}" if x < 0.99995 else f"{x:.6g}"
 
 
 def participant_statement(
@@ -244,3 +244,23 @@ def _regula_falsi(gap: Callable[[int], float], lo: int, g_lo: float, hi: int, g_
             kept = 1
         stalls = stalls + 1 if 2 * (hi - lo) > width else 0
     return hi
+
+
+ROUND_INSIDER_WORK = 3e6
+"""Exact insider work allowed when a round is released (well under a second); bound beyond."""
+
+
+def round_facts(
+    n: int, k: int, eps0: float, epsilon: float | None, delta: float | None
+) -> dict[str, float | bool | str]:
+    """What a released round's result says about one participant: the prior, the outsider's and
+    the insider's vulnerability, whether the insider's is exact, and the sentence with
+    (epsilon, delta). Kept quick (the insider's exact work is capped at ROUND_INSIDER_WORK)."""
+    r = leakage_report(n, k, eps0, insider_work=ROUND_INSIDER_WORK)
+    return {
+        "prior_vulnerability": r.prior_vulnerability,
+        "outsider_vulnerability": r.outsider_vulnerability,
+        "insider_vulnerability": r.insider_vulnerability,
+        "insider_exact": r.insider_exact,
+        "statement": participant_statement(r, epsilon, delta),
+    }

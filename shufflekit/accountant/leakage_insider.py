@@ -143,7 +143,7 @@ def _count_partitions(total: int, parts: int) -> int:
 
 def general_work(n: int, k: int) -> float:
     """Elementary steps of `general_worst_case`: configurations x users x grid cells x k."""
-    if float(n + 1) ** k > 5e6:
+    if k * math.log(n + 1) > math.log(5e6):  # the grid alone is too large (no float overflow)
         return math.inf
     return float(_count_partitions(n - 1, k)) * n * k * float(n + 1) ** k
 

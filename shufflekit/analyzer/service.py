@@ -158,6 +158,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
                     f"the round's cost was not committed, nothing is released: {exc}"
                 ) from exc
         except RoundAborted as exc:
+            inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome

@@ -1,4 +1,4 @@
-"""The `shufflekit` command line: demo, budget, privacy, simulate, keys, serve, clients."""
+"""The `shufflekit` command line: demo, budget, privacy, leakage, simulate, keys, serve, clients."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
+from shufflekit.app.cli_leakage import leakage
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
@@ -57,6 +58,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
+app.command()(leakage)
 
 
 @app.command()
@@ -197,6 +199,9 @@ def _print_demo(out: dict[str, Any]) -> None:
                     (f"{last['tv_distance']:.4f}", "bold"),
                 )
             )
+            statement = (last.get("privacy") or {}).get("statement")
+            if statement:
+                console.print(f"what a participant risks: {statement}", soft_wrap=True)
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
         stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]

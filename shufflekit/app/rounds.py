@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.leakage import round_facts
+from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidParameters, InvalidReport, LedgerError, RoundAborted
@@ -131,8 +132,9 @@ def ledger_release_hook(
         try:
             status = await offload(ledger.status, deployment)
         except LedgerError:
-            return {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-        return {
+            own = {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
+            return own | await participant_facts(rec, None, offload)
+        facts = {
             "epsilon_round": rec.epsilon_round,
             "delta": status.budget.delta_total,
             "cost_model": status.cost_model,
@@ -140,8 +142,27 @@ def ledger_release_hook(
             "epsilon_spent_total": status.epsilon_spent,
             "epsilon_budget": status.budget.epsilon_total,
         }
+        return facts | await participant_facts(rec, status.budget.delta_total, offload)
 
     return hook
+
+
+async def participant_facts(
+    rec: RoundRecord, delta: float | None, offload: Offload = in_thread
+) -> dict[str, Any]:
+    """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
+    its accounted population, with the round's epsilon at `delta` (the budget's) when known.
+
+    The round is already committed, so nothing here may stop its result: on any failure the
+    result goes out without these facts (`statement` null). Only k-RR rounds are described.
+    """
+    if getattr(rec, "bits", None) or getattr(rec, "mechanism_tag", "krr") != "krr":
+        return {}
+    epsilon = rec.epsilon_round if delta is not None else None
+    try:
+        return await offload(round_facts, rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
+    except Exception:
+        return {"statement": None}
 
 
 async def next_message(

@@ -69,6 +69,7 @@ async def await_batch(
     end = clock.monotonic() + timeout
     seen = -1
     while True:
+        inbox.check(round_id)
         manifest, chunks, junk = _scan(spool, round_id, hop, item_size)
         if manifest is not None and len(chunks) >= manifest.chunks:
             _count(counters, junk)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from typing import Any, Generic, TypeVar
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError
+from shufflekit.base.errors import ConfigError, SpoolError
 from shufflekit.core.batch import await_batch
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair
@@ -24,6 +25,8 @@ from shufflekit.core.spool import (
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
+
+log = logging.getLogger("shufflekit.hop")
 
 OutcomeT = TypeVar("OutcomeT")
 
@@ -89,7 +92,12 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         async with running_inbox(inbox, lambda: self.hop_inbox(self.hop_of(ann))) as running:
             if ready is not None:
                 ready.set()
-            return await self._serve(ann, self.spool.begin(ann), running, stop)
+            try:
+                state = self.spool.begin(ann)
+            except SpoolError as exc:  # cannot even record the round: it fails like its input
+                running.failed.setdefault(ann.round_id, (str(exc), 0))
+                state = "open"
+            return await self._serve(ann, state, running, stop)
 
     def hop_inbox(self, hop: int) -> Inbox:
         """The durable inbox of hop `hop`'s input, every round, on this hop's transport:
@@ -133,4 +141,7 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         msg = Abort(round_id=ann.round_id, hop=self.hop_of(ann), reason=reason, received=received)
         # retained: a hop that was away when the round ended learns it when it resumes
         await self.transport.publish(self.topics.abort(ann.round_id), msg.to_bytes(), retain=True)
-        self.spool.finish(ann.round_id, outcome)
+        try:
+            self.spool.finish(ann.round_id, outcome)
+        except SpoolError as exc:  # the abort is out (retained): a resumed round stops there
+            log.error("%s: round %s aborted, but %s", self.name, ann.round_id, exc)

@@ -139,7 +139,7 @@ class Result(_Control):
     stderr: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
     estimator: Name
     rejected: dict[Name, Annotated[int, Field(ge=0)]] = Field(max_length=256)
-    privacy: dict[str, float | str | None] = Field(default_factory=dict)
+    privacy: dict[str, float | bool | str | None] = Field(default_factory=dict)
     # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
     converged: bool | None = None
     iterations: int | None = None
