@@ -67,7 +67,8 @@ def test_plot_is_a_png(tmp_path: Path) -> None:
     [
         (["--k", "2", "--eps0", "1"], "give exactly one of --n"),
         (["--k", "2", "--eps0", "1", "--n", "5", "--max-excess", "0.1"], "give exactly one"),
-        (["--k", "2", "--eps0", "0", "--n", "5"], "--eps0 must be a finite number > 0"),
+        (["--k", "2", "--eps0", "0", "--n", "5"], "--eps0 must be a number in (0, 700]"),
+        (["--k", "2", "--eps0", "800", "--n", "5"], "--eps0 must be a number in (0, 700]"),
         (["--k", "3", "--eps0", "1", "--max-excess", "1e-9"], "ask for a larger excess"),
         (["--k", "2", "--eps0", "1", "--max-excess", "-1"], "must be a number > 0"),
     ],

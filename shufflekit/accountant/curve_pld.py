@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,21 +115,22 @@ def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
 # ----------------------------------------------------------------------------- attacks
 
 
-def _cells(atoms: list[tuple[np.ndarray, np.ndarray]], step: float) -> CurveCells:
-    lo = min((float(a.min()) for a, _ in atoms if a.size), default=0.0)
-    hi = max((float(a.max()) for a, _ in atoms if a.size), default=0.0)
+def _cells(
+    atoms: Iterable[tuple[np.ndarray, np.ndarray]], step: float, lo: float, hi: float
+) -> CurveCells:
+    """The atoms (chunk by chunk: never all in memory) summed into cells over [lo, hi]."""
     cells = CurveCells.empty(step, lo, hi, rel_error=1e-7)
     for loss, lm in atoms:
         cells.add(loss, lm)
     return cells
 
 
-def _atoms(mech: Mechanism, dataset: str) -> list[tuple[np.ndarray, np.ndarray]]:
+def _atoms(mech: Mechanism, dataset: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Exact atoms (losses, log P-masses) of a dataset; "k2_m=M": the k = 2 leaf of m = M."""
     if dataset.startswith("k2_m="):
         m = int(dataset.split("=")[1])
         lf = k2_pair(mech).exact_leaf(m)
-        return [(lf.losses, lf.log_mass)]
+        return iter([(lf.losses, lf.log_mass)])
     return dataset_atoms(mech, dataset=dataset)
 
 
@@ -150,17 +151,16 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
         if dataset == "auto":
             dataset = "all_at_z" if mech.k >= 3 else "all_at_x0"
         desc = dataset
-    atoms = _atoms(mech, dataset)
-    span = max((float(np.ptp(a)) for a, _ in atoms if a.size), default=0.0)
-    base = BASE_STEP if span / BASE_STEP <= _MAX_BASE_CELLS else 1e-4
-    cells = _cells(atoms, base)
-    del atoms  # possibly large: rebuilt only for a step that is not a multiple of the base
+    lo, hi = -mech.eps0, mech.eps0  # k-RR is eps0-LDP: every loss of a pair is in there
+    base = BASE_STEP if 2 * mech.eps0 / BASE_STEP <= _MAX_BASE_CELLS else 1e-4
+    cells = _cells(_atoms(mech, dataset), base, lo, hi)
 
     def make(step: float) -> GridPLD:
         ratio = step / base
         if abs(ratio - round(ratio)) <= 1e-9 * ratio:
             return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}")
-        return lower_grid(_cells(_atoms(mech, dataset), step), step, f"attack:{mech}:{step!r}")
+        again = _cells(_atoms(mech, dataset), step, lo, hi)
+        return lower_grid(again, step, f"attack:{mech}:{desc}:{step!r}")
 
     fine = make(1e-4 if base <= 1e-4 else base)
     losses, lps, _ = _as_pld(fine)

@@ -68,7 +68,14 @@ def demo(
     eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds to run.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic population.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the users' values and k-RR responses: the same seed and options give "
+            "the same result (histograms, estimates; not timings or round ids). Default: "
+            "responses from the OS CSPRNG. Mix permutations and encryption always use it."
+        ),
+    ] = None,
     ledger: LedgerOpt = None,
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     budget_epsilon: Annotated[
@@ -222,7 +229,8 @@ def _print_demo(out: dict[str, Any]) -> None:
             f"remaining {p['epsilon_remaining']:.4g}",
         )
     )
-    console.print(f"ledger: {out['ledger']}")
+    see = f" (see it with `{out['status_command']}`)" if out.get("status_command") else ""
+    console.print(f"ledger: {out['ledger']}{see}")
 
 
 def main() -> None:

@@ -7,7 +7,6 @@ the smallest cohort that keeps the outsider within a margin of chance (`--max-ex
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +14,7 @@ from rich.table import Table
 
 from shufflekit.accountant import leakage as lk
 from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.leakage_insider import MAX_EPS0
 from shufflekit.accountant.tight import tight_epsilon
 from shufflekit.app.cli_common import JsonOpt, refuse
 from shufflekit.app.render import console, err_console, print_json, progress_bar
@@ -60,8 +60,8 @@ def leakage(
     json_out: JsonOpt = False,
 ) -> None:
     """One participant's risk: chance of guessing their answer, for outsiders and insiders."""
-    if not (eps0 > 0 and math.isfinite(eps0)):
-        refuse("--eps0 must be a finite number > 0")
+    if not 0 < eps0 <= MAX_EPS0:
+        refuse(f"--eps0 must be a number in (0, {MAX_EPS0:g}]")
     if (n is None) == (max_excess is None):
         refuse("give exactly one of --n (a cohort's risk) or --max-excess X (the smallest cohort)")
     if delta is not None and not 0 < delta < 1:

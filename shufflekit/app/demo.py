@@ -7,7 +7,8 @@ tests drive over a real broker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,9 @@ from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams, RoundReport, TransportFactory
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 from shufflekit.base.errors import BudgetExceeded, InvalidParameters
+from shufflekit.base.random import SeededRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.messages import Result
 from shufflekit.core.transport.memory import MemoryBroker
@@ -34,7 +37,7 @@ class DemoConfig:
     eps0: float = 2.0
     mixes: int = 1
     rounds: int = 1
-    seed: int = 0
+    seed: int | None = None
     deployment: str = "default"
     budget_epsilon: float = 10.0
     budget_delta: float = 1e-6
@@ -85,13 +88,32 @@ def bits_summary(result: Result, true_hist: list[int], bits: int) -> dict[str, A
     }
 
 
+def demo_population(values: Sequence[int], seed: int | None) -> Population:
+    """The simulated users. With a seed their k-RR responses come from a seeded stream, so the
+    same seed gives the same histograms and estimates; without one, from the OS CSPRNG as a
+    real client's would. Mix permutations and onion encryption always use the OS CSPRNG."""
+    rng = None if seed is None else SeededRandomness(seed).fork("demo responses")
+    return Population(values, rng=rng)
+
+
+def status_command(ledger_url: str, deployment: str) -> str:
+    """The `shufflekit budget status` command that shows this ledger's deployment (the options
+    only where they differ from the defaults, so it can be pasted as is)."""
+    words = ["shufflekit", "budget", "status"]
+    if ledger_url != default_ledger_url():
+        words += ["--ledger", ledger_url]
+    if deployment != DEFAULT_DEPLOYMENT:
+        words += ["--deployment", deployment]
+    return shlex.join(words)
+
+
 def budget_created_notice(budget: Budget, ledger_url: str) -> str:
     """The one line that tells an operator the demo created a budget, with its totals."""
     return (
         f"notice: deployment {budget.deployment!r} had no budget, so the demo created one: "
         f"epsilon {budget.epsilon_total:g}, delta {budget.delta_total:g}, "
         f"n_min {budget.n_min}, cost model {budget.cost_model} (ledger {ledger_url}); "
-        "`shufflekit budget status` shows it"
+        f"`{status_command(ledger_url, budget.deployment)}` shows it"
     )
 
 
@@ -187,18 +209,19 @@ async def run_demo(
         broker = MemoryBroker()
         connect = lambda _name: broker.connect()  # noqa: E731
     dep = LocalDeployment(connect, cfg.deployment, ledger, cfg.mixes, estimator=cfg.estimator)
+    seed = 0 if cfg.seed is None else cfg.seed
     if cfg.mechanism == "bits":
         if cfg.bits is None:
             raise InvalidParameters("a bits demo needs the record length L (--bits)")
         params = RoundParams.for_bits(cfg.bits, cfg.eps0, budget.n_min, cfg.deadline)
-        values = demo_records(cfg.users, cfg.bits, cfg.seed)
+        values = demo_records(cfg.users, cfg.bits, seed)
     elif cfg.mechanism == "krr":
         params = RoundParams(cfg.k, cfg.eps0, budget.n_min, deadline_seconds=cfg.deadline)
-        values = demo_values(cfg.users, cfg.k, cfg.seed)
+        values = demo_values(cfg.users, cfg.k, seed)
     else:
         raise InvalidParameters(f"mechanism must be krr or bits, got {cfg.mechanism!r}")
     true_hist = np.bincount(values, minlength=params.k).astype(int).tolist()
-    population = Population(values.tolist())
+    population = demo_population(values.tolist(), cfg.seed)
     rounds: list[dict[str, Any]] = []
     refused: str | None = None
     for r in range(cfg.rounds):
@@ -229,4 +252,5 @@ async def run_demo(
             "rounds_committed": sum(1 for x in status.rounds if x.status == "committed"),
         },
         "ledger": ledger.url,
+        "status_command": status_command(ledger.url, cfg.deployment),
     }

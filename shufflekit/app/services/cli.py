@@ -73,7 +73,7 @@ def keys_new(
         console.print(
             f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
             f"public key: {info['public_key']}",
-            highlight=False,
+            soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
         )
 
 
@@ -86,7 +86,8 @@ def keys_enroll(
     ],
     json_out: JsonOpt = False,
 ) -> None:
-    """Enrol clients: print each client id with its credential (base64) for DEPLOYMENT.
+    """Enrol clients: print each client id and its credential (base64), one pair per line
+    (`ID CREDENTIAL`, never wrapped, safe to redirect), or --json.
 
     A client sends its credential with every report; mix 0 checks it against the enrollment
     public key and accepts at most one report per client and round.
@@ -99,7 +100,7 @@ def keys_enroll(
         print_json({"deployment": deployment, "credentials": creds})
     else:
         for cid, cred in creds.items():
-            console.print(f"{cid} {cred}", highlight=False)
+            typer.echo(f"{cid} {cred}")  # plain: no wrapping, no styling, whatever the width
 
 
 def _setup(config: Path, log_level: str) -> ServiceConfig:

@@ -219,7 +219,7 @@ async def serve_mix(
 ) -> int:
     """`shufflekit serve mix`: mix `index` of the cascade, round after round."""
     i = cfg.mix_index(index)
-    key = load_private_key(cfg.mix_private_key(i))
+    key = load_private_key(cfg.mix_private_key(i), f"mix{i}")
     creds = None
     if i == 0 and cfg.mix.enrollment_key is not None:
         creds = load_credential_verifier(cfg.mix.enrollment_key, cfg.deployment)
@@ -253,7 +253,7 @@ async def serve_analyzer(
     cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json, env: ServiceEnv | None = None
 ) -> int:
     """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
-    key = load_private_key(cfg.analyzer_private_key())
+    key = load_private_key(cfg.analyzer_private_key(), "analyzer")
     env = env or DEFAULT_ENV
     wiring = env.wiring(
         cfg,
@@ -296,8 +296,8 @@ async def serve_coordinator(
     (forever if None), `interval` seconds apart. BudgetExceeded ends it (the caller reports)."""
     c = cfg.coordinator_settings()
     mix_files, analyzer_file = cfg.public_keys()
-    mix_keys = [load_public_key(p) for p in mix_files]
-    analyzer_key = load_public_key(analyzer_file)
+    mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
+    analyzer_key = load_public_key(analyzer_file, "analyzer")
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
     params = c.round_params(budget.n_min)

@@ -30,13 +30,19 @@ from shufflekit.app.services.config import (
     MixSettings,
     ServiceConfig,
 )
-from shufflekit.app.services.keys import KeyFiles
+from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
 from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import BudgetExceeded, InvalidReport, LedgerBusy, TransportError
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    ConfigError,
+    InvalidReport,
+    LedgerBusy,
+    TransportError,
+)
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.core import standin
@@ -143,10 +149,7 @@ class World:
         for i, name in enumerate([*(f"mix{i}" for i in range(spec.mixes)), "analyzer"]):
             key_rng = self.rng.fork(f"key-{i}")
             pair = KeyPair.generate(key_rng) if spec.real_crypto else KeyPair.standin(key_rng)
-            files = KeyFiles.of(keys, name)
-            files.private.touch(mode=0o600)
-            files.private.write_text(pair.private_b64() + "\n")
-            files.public.write_text(pair.public_b64() + "\n")
+            write_key_pair(KeyFiles.of(keys, name), pair=pair)
         return ServiceConfig(
             broker="mqtt://simulated.invalid:1883",
             deployment=DEPLOYMENT,
@@ -276,6 +279,12 @@ class World:
         exc = task.exception()
         if role == "coordinator" and isinstance(exc, BudgetExceeded):
             self.event(role, "budget_exhausted")  # the operator's rounds end here
+            self.coordinator_finished.set()
+        elif isinstance(exc, ConfigError):  # it can never start: the simulation is broken
+            self.event(role, "exited", error=type(exc).__name__)
+            self.checker.violations.append(
+                Violation("progress", f"{role} cannot start: {exc}", self.clock.monotonic())
+            )
             self.coordinator_finished.set()
         elif exc is not None:  # the process exited with an error: a supervisor restarts it
             self.event(role, "exited", error=type(exc).__name__)
