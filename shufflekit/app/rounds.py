@@ -156,7 +156,8 @@ async def participant_facts(
     The round is already committed, so nothing here may stop its result: on any failure the
     result goes out without these facts (`statement` null). Only k-RR rounds are described.
     """
-    if getattr(rec, "bits", None) or getattr(rec, "mechanism_tag", "krr") != "krr":
+    tag = getattr(rec, "tag", None) or getattr(rec, "mechanism_tag", "krr")
+    if getattr(rec, "bits", None) or tag != "krr":  # the ledger's RoundRecord.tag: "bits" rounds
         return {}
     epsilon = rec.epsilon_round if delta is not None else None
     try:
