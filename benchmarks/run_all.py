@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
     "leakage": ("bench_leakage.py", ["--quick"]),
+    "ledger_status": ("bench_ledger_status.py", ["--rounds", "200"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

@@ -170,19 +170,3 @@ def test_heterogeneous_composition() -> None:
     both = rounds_epsilon([b, k, b], 1e-6)
     singles = [round_epsilon(m, 1e-6).epsilon for m in (b, k)]
     assert max(singles) < both <= 4.5
-
-
-def test_ledger_cost_hooks() -> None:
-    """The ledger's hooks take any round type with size and eps0 and agree with bits_epsilon."""
-
-    class RoundTypeLike:
-        size = 3
-        eps0 = 1.5
-
-    from shufflekit.accountant.bits import charge_epsilon, charge_ldp_epsilon, charge_pld
-
-    t = RoundTypeLike()
-    mech = BitsMechanism(n=4_000, bits=3, eps0=1.5)
-    assert charge_epsilon(t, 4_000, 1e-6) == bits_epsilon(mech, 1e-6).epsilon
-    assert charge_ldp_epsilon(t) == 1.5
-    assert charge_pld(t, 4_000).log_delta(0.5) >= bits_delta(mech, 0.5).log_delta - 1e-9

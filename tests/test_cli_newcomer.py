@@ -5,19 +5,24 @@ terminal. Every test drives the command as a user does: a process on a pipe or a
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import math
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.roots import bracket_boundary
 from shufflekit.app.cli import app
 from shufflekit.app.datasets import DatasetError, from_csv
+from shufflekit.app.experiment_report import utility_figure
+from shufflekit.app.plots import privacy_figure
 from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
@@ -130,10 +135,10 @@ def test_simulate_refuses_sizes_before_allocating(
 
 
 def test_long_simulation_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
-    tty = run_cli_tty(["simulate", "--rounds", "3000", "--n-boot", "0"], tmp_path)
+    tty = run_cli_tty(["simulate", "--rounds", "1000", "--n-boot", "0"], tmp_path)
     assert tty.returncode == 0, tty.stdout
-    assert "estimating rounds" in tty.stdout and "/3000 rounds" in tty.stdout
-    piped = cli(["simulate", "--rounds", "3000", "--n-boot", "0"], tmp_path)
+    assert "estimating rounds" in tty.stdout and "/1000 rounds" in tty.stdout
+    piped = cli(["simulate", "--rounds", "1000", "--n-boot", "0"], tmp_path)
     assert piped.returncode == 0 and piped.stderr == ""
     assert "estimating rounds" not in piped.stdout
 
@@ -237,8 +242,6 @@ def test_seed_makes_the_demo_result_reproducible(tmp_path: Path) -> None:
     a, b = _demo(tmp_path, "a", *seeded), _demo(tmp_path, "b", *seeded)
     assert {k: a[k] for k in REPRODUCED} == {k: b[k] for k in REPRODUCED}
     assert a["round_id"] != b["round_id"]  # round ids (and permutations) stay on the OS CSPRNG
-    other = _demo(tmp_path, "c", "--seed", "12", "--estimator", "ibu")
-    assert other["noisy_histogram"] != a["noisy_histogram"]
     unseeded = [_demo(tmp_path, f"u{i}")["noisy_histogram"] for i in range(2)]
     assert unseeded[0] != unseeded[1]  # no seed: responses from the OS CSPRNG
 
@@ -252,3 +255,90 @@ def test_demo_points_at_its_own_ledger(tmp_path: Path) -> None:
     assert f"see it with `{command}`" in out.stdout  # the closing line
     status = cli([*command.split()[1:], "--json"], tmp_path)
     assert status.returncode == 0 and json.loads(status.stdout)["deployment"] == "a-b"
+
+
+def _utility_rows() -> list[dict[str, Any]]:
+    """Rows of docs/utility.csv (the committed experiment) as the experiment returns them."""
+    rows = []
+    with (APP.parent.parent / "docs" / "utility.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            d: dict[str, Any] = {k: (None if v == "" else v) for k, v in r.items()}
+            for f in ("epsilon", "eps0", "delta", "tv_mean", "tv_std"):
+                d[f] = None if d[f] is None else float(d[f])
+            for f in ("n", "k", "repetitions"):
+                d[f] = int(d[f])
+            rows.append(d)
+    return rows
+
+
+def test_utility_plot_separates_models_and_shows_estimators_relative_to_inv() -> None:
+    import matplotlib.pyplot as plt
+
+    rows = _utility_rows()
+    fig = utility_figure(rows)
+    errors, relative = fig.axes[:2]
+    labels = [t.get_text() for t in errors.get_legend().get_texts()]
+    assert labels == [
+        "shuffle model, INV (unbiased inversion)",
+        "central model: Gaussian noise, raw counts",
+        "central model: Gaussian noise, projected onto the simplex",
+        "local model: k-RR alone, no shuffle (INV)",
+    ]
+    lines = relative.get_lines()[:5]
+    assert len({(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in lines}) == 5
+    # each estimator's curve is its error divided by INV's at the same epsilon (from the CSV)
+    inv = {
+        r["epsilon"]: r["tv_mean"]
+        for r in rows
+        if (r["model"], r["estimator"]) == ("shuffle", "inv")
+    }
+    mle = sorted(
+        (r["epsilon"], r["tv_mean"] / inv[r["epsilon"]])
+        for r in rows
+        if r["model"] == "shuffle" and r["estimator"] == "mle"
+    )
+    drawn = next(ln for ln in lines if ln.get_label().startswith("MLE"))
+    assert list(drawn.get_xdata()) == [e for e, _ in mle]
+    assert list(drawn.get_ydata()) == pytest.approx([q for _, q in mle], rel=1e-12)
+    assert "n = 100,000 users, k = 10 categories" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_privacy_plot_names_methods_and_styles_every_curve_apart() -> None:
+    import matplotlib.pyplot as plt
+
+    mech = Mechanism(n=300, k=3, eps0=1.0)
+    fig, drawn = privacy_figure(mech, 1, ["ldp", "clones", "biswas", "tight"])
+    assert drawn == ["ldp", "clones", "biswas", "tight"]
+    ax = fig.axes[0]
+    styles = {(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in ax.get_lines()}
+    assert len(styles) == len(ax.get_lines()) == 5  # 4 methods and tight's attack
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert labels[0] == "local DP of one report (no shuffle) [ldp]: upper bound"
+    assert labels[2].startswith("Biswas et al. as printed [biswas]: NOT a guarantee")
+    assert "n = 300 users" in ax.get_title() and ax.get_xlabel() == "epsilon (one round)"
+    plt.close(fig)
+
+
+def test_compare_with_a_plot_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    args = ["privacy", "compare", "--n", "200", "--k", "3", "--eps0", "1", "--delta", "1e-6"]
+    tty = run_cli_tty([*args, "--plot", str(tmp_path / "c.png")], tmp_path)
+    assert tty.returncode == 0, tty.stdout
+    assert "epsilon of each method" in tty.stdout and "delta(epsilon) curves" in tty.stdout
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    piped = cli([*args, "--json"], tmp_path)
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert json.loads(piped.stdout)["rows"]
+
+
+def test_eps0_beyond_float_range_is_one_line(tmp_path: Path) -> None:
+    args = ["privacy", "epsilon", "--n", "1000", "--k", "10", "--eps0", "800", "--delta", "1e-6"]
+    out = cli(args, tmp_path)
+    assert out.returncode == 2 and "800" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_demo_refuses_a_k_its_estimator_cannot_hold(tmp_path: Path) -> None:
+    out = cli(["demo", "--users", "10", "--k", "65535", "--estimator", "mle"], tmp_path)
+    assert out.returncode == 2 and "k <= 4,096" in out.stderr, out.stderr
+    assert not (tmp_path / "state").exists()  # refused before the ledger is even opened

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaln
@@ -295,32 +295,6 @@ def round_delta(mech: RoundMechanism, epsilon: float) -> PrivacyResult:
     if isinstance(mech, Mechanism):
         return ldp.cap_delta(tight.tight_delta(mech, epsilon), mech)
     raise InvalidParameters(f"expected a round mechanism, got {type(mech).__name__}")
-
-
-class SizedRoundType(Protocol):
-    """What the ledger's round types expose: the mechanism's size (L for bits) and eps0."""
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def eps0(self) -> float: ...
-
-
-def charge_pld(t: SizedRoundType, n: int) -> PrivacyLossDistribution:
-    """The ledger's cost hook: dominating pair of a bits:L round at n users."""
-    return bits_pld(BitsMechanism(n=int(n), bits=int(t.size), eps0=float(t.eps0)))
-
-
-def charge_epsilon(t: SizedRoundType, n: int, delta: float) -> float:
-    """The ledger's cost hook: one bits:L round's epsilon at `delta` (sound upper bound)."""
-    mech = BitsMechanism(n=int(n), bits=int(t.size), eps0=float(t.eps0))
-    return float(bits_epsilon(mech, delta).epsilon)
-
-
-def charge_ldp_epsilon(t: SizedRoundType) -> float:
-    """The ledger's cost hook: pure epsilon of a bits:L round: eps0 (no gain by shuffling)."""
-    return float(t.eps0)
 
 
 def rounds_epsilon(rounds: Sequence[RoundMechanism], delta: float) -> float:

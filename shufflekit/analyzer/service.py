@@ -7,14 +7,15 @@ the result is published; if the commit fails the round is aborted and nothing is
 no released result is ever uncharged.
 
 The final batch is spooled before it is acknowledged (shufflekit.core.spool); the commit is
-idempotent, so an analyzer restarted at any point of a round counts the same batch again and
-commits and publishes it once in the ledger.
+idempotent and stores the result with it, so an analyzer restarted at any point of a round
+counts the same batch again and publishes the very result stored with the commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,19 +32,28 @@ from shufflekit.base.errors import (
     InternalError,
     InvalidReport,
     RoundAborted,
+    SpoolError,
     TransportError,
 )
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.results import ResultSigner
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, decode_report
 
-# (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
-# raise if the commit did not succeed: the result is published only after it returns.
-ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
+log = logging.getLogger("shufflekit.analyzer")
+
+# (the round's result without privacy facts, `seal`) -> the result to publish. It prices the
+# result, seals it (the analyzer's signature: `seal` must be the last change), and commits the
+# round's cost TOGETHER WITH the sealed result (one durable step, e.g. in the ledger); it raises
+# if the commit did not succeed. A round committed before (a restart) returns the result stored
+# then. The result is published only after it returns.
+ReleaseHook = Callable[[Result, Callable[[Result], Result]], Awaitable[Result]]
+# Called with a round id once its result went out (best effort: marks it published).
+PublishedHook = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -72,6 +82,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         key: KeyPair,
         *,
         on_release: ReleaseHook,
+        on_published: PublishedHook | None = None,
         estimator: str = "inv",
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
@@ -87,7 +98,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
         )
         self.estimator = estimator
         self.on_release = on_release
+        self.on_published = on_published
         self.hops = hops
+        self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
@@ -151,8 +164,21 @@ class Analyzer(Hop[AnalyzerOutcome]):
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
             fields = self.estimates(hist, ann)
-            try:
-                privacy = await self.on_release(ann.round_id, n)
+            notes: dict[str, float | str | None] = {}
+            if ann.mechanism == "bits":
+                notes["accounting"] = f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"
+            unpriced = Result(
+                round_id=ann.round_id,
+                k=ann.k,
+                eps0=ann.eps0,
+                batch_size=n,
+                histogram=hist,
+                rejected=outcome.counters.as_dict(),
+                privacy=notes,
+                **fields,
+            )
+            try:  # one durable step: the cost and the result are committed together
+                result = await self.on_release(unpriced, self.signer.sign)
             except Exception as exc:  # any failure: the cost is not known to be committed
                 raise RoundAborted(
                     f"the round's cost was not committed, nothing is released: {exc}"
@@ -162,21 +188,13 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
-        if ann.mechanism == "bits":
-            privacy = {**privacy, "accounting": f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"}
-        result = Result(
-            round_id=ann.round_id,
-            k=ann.k,
-            eps0=ann.eps0,
-            batch_size=n,
-            histogram=hist,
-            rejected=outcome.counters.as_dict(),
-            privacy=privacy,
-            **fields,
-        )
-        # Committed: from here the result must go out. It is stored first, so a restart or a
-        # lost connection publishes the very same result again (state "output").
-        self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        # Committed: from here the result must go out, and nothing slow runs before it does.
+        # The spool keeps a copy so that this hop's state machine resumes at "output"; the
+        # durable copy is the ledger's, so a spool that cannot take it does not stop the publish.
+        try:
+            self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        except SpoolError as exc:
+            log.warning("round %s: result not spooled (the ledger holds it): %s", ann.round_id, exc)
         outcome.result = await self._publish(result)
         return outcome
 
@@ -223,4 +241,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             cap=5.0,
         )
         self.spool.finish(result.round_id, {"batch_size": result.batch_size})
+        if self.on_published is not None:
+            try:
+                await self.on_published(result.round_id)
+            except Exception as exc:  # only a record of the fact: the result is out
+                log.warning("round %s: could not record its publication: %s", result.round_id, exc)
         return result

@@ -17,10 +17,12 @@ from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_leakage import leakage
 from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
+from shufflekit.app.simulate import MAX_K
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
 app = typer.Typer(
@@ -59,6 +61,7 @@ app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
 app.command()(leakage)
+app.command()(rounds)
 
 
 @app.command()
@@ -115,6 +118,11 @@ def demo(
         refuse("--bits needs --mechanism bits")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
+        refuse(
+            f"--estimator {estimator} with k = {k:,}: its bootstrap draws from a k x k law and "
+            f"allows k <= {MAX_K:,}; use --estimator inv (closed form) for larger k"
+        )
     cfg = DemoConfig(
         users=users,
         k=k,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -21,7 +22,7 @@ from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
 from shufflekit.app.cli_common import refuse
-from shufflekit.app.render import console, print_json, styled
+from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
 
@@ -29,8 +30,9 @@ app = typer.Typer(
     help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
 )
 
-N = Annotated[int, typer.Option("--n", min=1, help="Users per round.")]
-K = Annotated[int, typer.Option("--k", min=2, help="Categories.")]
+# n and k are checked by Mechanism (one-line typed errors naming the valid range)
+N = Annotated[int, typer.Option("--n", help="Users per round.")]
+K = Annotated[int, typer.Option("--k", help="Categories.")]
 EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
 ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
 METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(method_names(True)))]
@@ -218,8 +220,8 @@ def epsilon(
     delta: Annotated[
         float | None, typer.Option(help="Target delta (with --from-ledger: the budget's).")
     ] = None,
-    n: Annotated[int | None, typer.Option("--n", min=1, help="Users per round.")] = None,
-    k: Annotated[int | None, typer.Option("--k", min=2, help="Categories.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Users per round.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Categories.")] = None,
     eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon of k-RR.")] = None,
     rounds: ROUNDS = 1,
     method: METHOD = "tight",
@@ -368,11 +370,13 @@ def calibrate_cmd(
     if (n is None) == (eps0 is None):
         refuse("give exactly one of --n (to find eps0) or --eps0 (to find n)")
     t0 = time.perf_counter()
-    if n is not None:
-        cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
-    else:
-        assert eps0 is not None
-        cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
+    finding = "largest eps0" if n is not None else "smallest n"
+    with working(f"searching the {finding} (composed tight accountant)", quiet=json_out):
+        if n is not None:
+            cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
+        else:
+            assert eps0 is not None
+            cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
     found = Mechanism(
         n=n if n is not None else int(cal.value),
         k=k,
@@ -436,14 +440,19 @@ def compare(
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
-    rows = compare_rows(mech, delta, rounds, variants)
-    plotted: list[str] | None = None
-    if plot:
-        from shufflekit.app.plots import plot_privacy_curves
+    steps = len(all_methods(include_variants=variants))
+    with progress_bar("epsilon of each method", steps, "steps", quiet=json_out) as update:
+        rows = compare_rows(mech, delta, rounds, variants, progress=lambda i, name: update(i))
+        plotted: list[str] | None = None
+        if plot:
+            from shufflekit.app.plots import plot_privacy_curves
 
-        # epsilon 0 is an answer (biswas often gives it), None is not: test identity, not truth
-        usable = [r["method"] for r in rows if r["epsilon"] is not None]
-        plotted = plot_privacy_curves(plot, mech, rounds, usable)
+            # epsilon 0 is an answer (biswas often gives it), None is not: test identity
+            usable = [r["method"] for r in rows if r["epsilon"] is not None]
+            update(steps, description="delta(epsilon) curves", total=steps + len(usable))
+            plotted = plot_privacy_curves(
+                plot, mech, rounds, usable, progress=lambda i, name: update(steps + i)
+            )
     if json_out:
         print_json(
             {
@@ -467,24 +476,35 @@ def compare(
 
 
 def compare_rows(
-    mech: Mechanism, delta: float, rounds: int, variants: bool = False
+    mech: Mechanism,
+    delta: float,
+    rounds: int,
+    variants: bool = False,
+    progress: Callable[[int, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per method, all with the keys of ROW_KEYS; a method that cannot answer gets
-    status "not applicable" or "error", epsilon null, and the reason in `note`."""
+    status "not applicable" or "error", epsilon null, and the reason in `note`.
+    `progress(done, method)` is called after each method."""
     rows: list[dict[str, Any]] = []
     for m in all_methods(include_variants=variants):
-        t0 = time.perf_counter()
-        try:
-            rows.append(epsilon_row(m, mech, delta, rounds))
-            continue
-        except NotApplicable as exc:
-            status, note = "not applicable", f"not applicable: {exc}"
-        except AccountantError as exc:
-            status, note = "error", f"error: {exc}"
-        row = _blank_row(m, delta, rounds)
-        row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
-        rows.append(row)
+        rows.append(_compare_row(m, mech, delta, rounds))
+        if progress is not None:
+            progress(len(rows), m.name)
     return rows
+
+
+def _compare_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
+    """One method's row of `compare_rows`."""
+    t0 = time.perf_counter()
+    try:
+        return epsilon_row(m, mech, delta, rounds)
+    except NotApplicable as exc:
+        status, note = "not applicable", f"not applicable: {exc}"
+    except AccountantError as exc:
+        status, note = "error", f"error: {exc}"
+    row = _blank_row(m, delta, rounds)
+    row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
+    return row
 
 
 def compare_table(rows: list[dict[str, Any]], title: str) -> Table:

@@ -44,7 +44,7 @@ def parse_round(spec: str) -> tuple[RoundMech, int]:
     return bits.round_mechanism(parts[1], n, eps0), count
 
 
-def ledger_rounds(url: str | None, deployment: str) -> tuple[list[Mechanism], str, float, float]:
+def ledger_rounds(url: str | None, deployment: str) -> tuple[list[RoundMech], str, float, float]:
     """(committed rounds as the ledger accounts them, cost model, budget delta, ledger's own
     spent epsilon) of a deployment; LedgerNotFound / LedgerError when there is none."""
     try:

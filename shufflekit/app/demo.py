@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
 from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
@@ -117,6 +118,13 @@ def budget_created_notice(budget: Budget, ledger_url: str) -> str:
     )
 
 
+def demo_round_type(cfg: DemoConfig) -> RoundType:
+    """The type of the demo's rounds: k-RR over k values, or bits:L."""
+    if cfg.mechanism == "bits" and cfg.bits is not None:
+        return RoundType("bits", cfg.bits, cfg.eps0)
+    return RoundType(KRR, cfg.k, cfg.eps0)
+
+
 def ensure_budget(
     ledger: Ledger, cfg: DemoConfig, notice: Callable[[str], None] | None = None
 ) -> Budget:
@@ -134,6 +142,8 @@ def ensure_budget(
             n_min,
             cfg.max_corrupt,
             cost_model=cfg.cost_model,
+            # a planned budget: every round of the demo is of this one type
+            schedule=(ScheduleEntry(demo_round_type(cfg), None),),
         )
         ledger.init_budget(created, actor="demo")
         if notice is not None:
@@ -245,7 +255,8 @@ async def run_demo(
         "privacy_spent": {
             "epsilon": status.epsilon_spent,
             "delta": status.budget.delta_total,
-            "epsilon_reserved": status.epsilon_reserved,
+            "epsilon_spent_or_reserved": status.epsilon_spent_or_reserved,
+            "mode": status.budget.mode,
             "epsilon_budget": status.budget.epsilon_total,
             "epsilon_remaining": status.epsilon_remaining,
             "cost_model": status.cost_model,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,7 +16,12 @@ from shufflekit.accountant.leakage import round_facts
 from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidParameters, InvalidReport, LedgerError, RoundAborted
+from shufflekit.base.errors import (
+    InternalError,
+    InvalidParameters,
+    InvalidReport,
+    RoundAborted,
+)
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.counters import RejectionCounter
@@ -123,26 +128,48 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
 def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
-    """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
-    describe it for the published result. Once the commit landed the result must go out: if the
-    totals cannot be read then, it goes out with the round's own cost only."""
+    """The analyzer's `on_release`: price the round (outside the ledger's lock: its cost and the
+    composed total after it, from the curve cache), seal it (sign), then commit the cost and the
+    sealed result in one transaction, and return what is stored (a round committed before a
+    restart returns the result stored then). Raises unless the commit succeeded; nothing slow
+    runs after it."""
 
-    async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
-        rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
-        try:
-            status = await offload(ledger.status, deployment)
-        except LedgerError:
-            own = {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-            return own | await participant_facts(rec, None, offload)
-        facts = {
-            "epsilon_round": rec.epsilon_round,
-            "delta": status.budget.delta_total,
-            "cost_model": status.cost_model,
-            "n_accounted": float(rec.n_accounted),
-            "epsilon_spent_total": status.epsilon_spent,
-            "epsilon_budget": status.budget.epsilon_total,
-        }
-        return facts | await participant_facts(rec, status.budget.delta_total, offload)
+    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
+        rid, n = result.round_id, result.batch_size
+        facts = await offload(ledger.quote_commit, deployment, rid, n)
+        priced_rec = RoundRecord(
+            rid,
+            "committed",
+            result.k,
+            result.eps0,
+            int(facts["n_accounted"] or n),
+            n,
+            float(facts["epsilon_round"] or 0.0),
+            tag=result.mechanism,
+        )
+        facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
+        # the analyzer's own notes (e.g. which bound a bits round used) stay next to the facts
+        priced = seal(result.model_copy(update={"privacy": dict(result.privacy) | facts}))
+        text = priced.to_bytes().decode()
+        await offload(ledger.commit, deployment, rid, n, actor, result=text)
+        stored = await offload(ledger.stored_result, deployment, rid)
+        if stored is None or stored == text:
+            return priced
+        earlier = Result.from_bytes(stored.encode())
+        if not isinstance(earlier, Result):
+            raise InternalError(f"round {rid}: the ledger holds no valid result")
+        return earlier
+
+    return hook
+
+
+def ledger_published_hook(
+    ledger: Ledger, deployment: str, offload: Offload = in_thread
+) -> Callable[[str], Awaitable[None]]:
+    """The analyzer's `on_published`: record in the ledger that the round's result went out."""
+
+    async def hook(round_id: str) -> None:
+        await offload(ledger.mark_published, deployment, round_id)
 
     return hook
 
@@ -153,11 +180,11 @@ async def participant_facts(
     """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
     its accounted population, with the round's epsilon at `delta` (the budget's) when known.
 
-    The round is already committed, so nothing here may stop its result: on any failure the
-    result goes out without these facts (`statement` null). Only k-RR rounds are described.
+    Computed before the commit (they are stored with the result), and nothing here may stop the
+    round: on any failure the result goes out without these facts (`statement` null). Only k-RR
+    rounds are described.
     """
-    tag = getattr(rec, "tag", None) or getattr(rec, "mechanism_tag", "krr")
-    if getattr(rec, "bits", None) or tag != "krr":  # the ledger's RoundRecord.tag: "bits" rounds
+    if rec.tag != "krr":
         return {}
     epsilon = rec.epsilon_round if delta is not None else None
     try:
@@ -200,9 +227,11 @@ async def first_outcome(
     round_id: str,
     timeout: float,
     control: RejectionCounter | None = None,
+    verify: Callable[[Result], None] | None = None,
 ) -> Result | Abort:
     """The analyzer's result or the first abort of the round, whichever comes first; invalid
-    messages on those topics are counted by reason in `control` and otherwise ignored."""
+    messages on those topics (and results `verify` refuses) are counted by reason in `control`
+    and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
@@ -211,6 +240,8 @@ async def first_outcome(
                 continue  # a retained message being cleared
             try:
                 m = kind.from_bytes(msg.payload)
+                if verify is not None and isinstance(m, Result) and m.round_id == round_id:
+                    verify(m)
             except InvalidReport as exc:
                 if control is not None:
                     control.reject(exc.reason)

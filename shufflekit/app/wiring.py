@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import ledger_release_hook
+from shufflekit.app.rounds import ledger_published_hook, ledger_release_hook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
 from shufflekit.base.offload import Offload, in_thread, retrying
@@ -83,7 +83,8 @@ class Wiring:
     def analyzer(
         self, transport: Transport, key: KeyPair, *, spool: Spool | None = None
     ) -> Analyzer:
-        """The analyzer (hop L): it commits each round's cost in the ledger, then publishes."""
+        """The analyzer (hop L): it commits each round's cost and result in the ledger, then
+        publishes, and records the publication there."""
         return Analyzer(
             transport,
             self.deployment,
@@ -93,6 +94,9 @@ class Wiring:
                 self.deployment,
                 offload=retrying(self.offload, self.clock),
             ),
+            on_published=ledger_published_hook(
+                self._ledger("analyzer"), self.deployment, retrying(self.offload, self.clock)
+            ),
             estimator=self.estimator,
             batch_timeout=self.batch_timeout,
             spool=spool,
@@ -101,9 +105,14 @@ class Wiring:
         )
 
     def coordinator(
-        self, transport: Transport, mix_keys: Sequence[str], analyzer_key: str
+        self,
+        transport: Transport,
+        mix_keys: Sequence[str],
+        analyzer_key: str,
+        result_key: str | None = None,
     ) -> Coordinator:
-        """The operator's coordinator, announcing these base64 public keys."""
+        """The operator's coordinator, announcing these base64 public keys; it accepts only
+        results signed with `result_key` (the analyzer's, see core/results.py)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -117,4 +126,5 @@ class Wiring:
             clock=self.clock,
             rng=self.rng,
             offload=retrying(self.offload, self.clock),
+            result_key=result_key,
         )

@@ -75,6 +75,7 @@ class Announcement(_Control):
     analyzer_key: Key
     mechanism: Literal["krr", "bits"] = "krr"
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+    result_key: Key | None = None  # the analyzer's result public key (core/results.py)
 
     @model_validator(mode="after")
     def _mechanism_matches(self) -> Self:
@@ -149,6 +150,8 @@ class Result(_Control):
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
     bit_frequency: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
     bit_stderr: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
+    # the analyzer's Ed25519 signature over everything above (core/results.py)
+    signature: str | None = Field(default=None, max_length=100)
 
 
 class Ready(_Control):

@@ -16,10 +16,13 @@ from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
     KeyFiles,
     load_enrollment_key,
+    load_private_key,
     role_name,
     write_enrollment_key,
     write_key_pair,
+    write_result_public,
 )
+from shufflekit.core.results import result_public_key
 
 keys_app = typer.Typer(
     help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
@@ -75,6 +78,27 @@ def keys_new(
             f"public key: {info['public_key']}",
             soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
         )
+
+
+@keys_app.command("result-key")
+def keys_result_key(
+    key: Annotated[Path, typer.Option("--key", help="The analyzer's private key file.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Write the analyzer's result public key (analyzer.result.pub) from its private key.
+
+    The analyzer signs every result with a key derived from its own; the coordinator and
+    anyone reading results check it against this file. `keys new --role analyzer` writes it
+    too; this is for a key made before results were signed.
+    """
+    pair = load_private_key(key, "analyzer")
+    public = key.with_name(key.name.removesuffix(".key") + ".pub")
+    path = write_result_public(public, pair.private_b64())
+    info = {"result_key": result_public_key(pair.private_b64()), "result_key_file": str(path)}
+    if json_out:
+        print_json(info)
+    else:
+        console.print(f"result key {path}: {info['result_key']}", highlight=False)
 
 
 @keys_app.command("enroll")

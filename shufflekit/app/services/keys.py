@@ -24,6 +24,8 @@ from typing import Protocol, TypeVar
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
+from shufflekit.core.keytext import raw_key_from_b64
+from shufflekit.core.results import result_public_key
 
 
 class _WritableKey(Protocol):
@@ -81,8 +83,47 @@ def _write_new(files: KeyFiles, key: K, force: bool, algo: str) -> K:
 
 def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None = None) -> KeyPair:
     """Write an HPKE (X25519) key pair for a mix or the analyzer: `pair`, or a new one from
-    the OS CSPRNG (a simulation passes seeded ones)."""
-    return _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
+    the OS CSPRNG (a simulation passes seeded ones); for the analyzer also its result public
+    key (`result_file`)."""
+    key = _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
+    if files.public.name == "analyzer.pub":
+        write_result_public(files.public, key.private_b64())
+    return key
+
+
+RESULT_NAME = "analyzer.result"  # the role name in the result key file's type line
+
+
+def result_file(analyzer_public: Path) -> Path:
+    """The analyzer's result key file next to its public key: `analyzer.result.pub`."""
+    return analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".result.pub")
+
+
+def write_result_public(analyzer_public: Path, private_b64: str) -> Path:
+    """Write the result public key derived from the analyzer's private key (core/results.py)."""
+    path = result_file(analyzer_public)
+    head = HEADER.format(algo=ED25519, half="public", name=RESULT_NAME)
+    _write_atomic(path, f"{head}\n{result_public_key(private_b64)}\n", 0o644)
+    return path
+
+
+def load_result_key(analyzer_public: Path) -> str:
+    """The analyzer's result public key (base64); ConfigError, saying how to make it, if not."""
+    path = result_file(analyzer_public)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        key = analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".key")
+        raise ConfigError(
+            f"cannot read the analyzer's result key {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys result-key --key {key}` (where the analyzer's key is)"
+        ) from None
+    b64 = key_text(path, text, ED25519, "public", RESULT_NAME)
+    try:
+        raw_key_from_b64(b64, "a result key")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a result public key: {exc}") from None
+    return b64
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:
@@ -93,7 +134,7 @@ def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentK
 def _describe(algo: str, half: str, name: str) -> str:
     """What a key is, for people: 'the enrollment private key', "mix0's HPKE public key"."""
     if algo == ED25519:
-        return f"the enrollment {half} key"
+        return "the analyzer's result key" if name == RESULT_NAME else f"the enrollment {half} key"
     return f"{name}'s HPKE {half} key"
 
 

@@ -29,6 +29,7 @@ from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
     load_public_key,
+    load_result_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
@@ -298,6 +299,7 @@ async def serve_coordinator(
     mix_files, analyzer_file = cfg.public_keys()
     mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
     analyzer_key = load_public_key(analyzer_file, "analyzer")
+    result_key = load_result_key(analyzer_file)
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
     params = c.round_params(budget.n_min)
@@ -312,7 +314,7 @@ async def serve_coordinator(
     async def body(transport: Transport) -> None:
         nonlocal done, coord
         if coord is None:
-            coord = wiring.coordinator(transport, mix_keys, analyzer_key)
+            coord = wiring.coordinator(transport, mix_keys, analyzer_key, result_key)
             if metrics is not None:
                 coord.control.on_reject = metrics.control_rejection
         # One Coordinator across reconnects: it remembers the round it was driving when the

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.app.services.config import (
     AnalyzerSettings,
     CoordinatorSettings,
@@ -128,7 +129,14 @@ class World:
         self.cfg = self._config(folder)
         self.ledger = Ledger(self.cfg.ledger_url())
         self.ledger.init_budget(
-            Budget(DEPLOYMENT, spec.eps0 * spec.rounds, 1e-6, n_min=N_MIN, cost_model="ldp")
+            Budget(
+                DEPLOYMENT,
+                spec.eps0 * spec.rounds,
+                1e-6,
+                n_min=N_MIN,
+                cost_model="ldp",
+                schedule=(ScheduleEntry(RoundType(KRR, spec.k, spec.eps0), None),),
+            )
         )
         self.ledger_rng = self.rng.fork("ledger")
         self.tasks: dict[str, asyncio.Task[Any]] = {}
@@ -225,8 +233,10 @@ class World:
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
             statuses = {r.round_id: r.status for r in status.rounds}
-            self.event("ledger", name, spent=round(status.epsilon_reserved, 9))
-            self.checker.on_ledger(self.clock.monotonic(), status.epsilon_reserved, statuses)
+            self.event("ledger", name, spent=round(status.epsilon_spent_or_reserved, 9))
+            self.checker.on_ledger(
+                self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
+            )
             self._check()
         return out
 
