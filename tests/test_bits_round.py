@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.cli import app
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.app.services.config import load_config
@@ -18,7 +20,6 @@ from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.base.errors import ConfigError, InvalidParameters
 from shufflekit.client.population import Population
 from shufflekit.core.transport import BrokerAddress, MqttTransport
-from tests.cli_run import run_cli
 from tests.service_procs import Procs
 from tests.test_services import run_clients, start_hops
 
@@ -84,11 +85,12 @@ def test_round_params_and_config_validate_the_mechanism(tmp_path: Path) -> None:
 
 def test_demo_bits_json_and_refusals(tmp_path: Path) -> None:
     """`shufflekit demo --mechanism bits --bits 3 --json`: per-bit estimates with stderrs and
-    max_abs_error against the truth; bad combinations are one-line errors."""
-    done = run_cli(
-        ["demo", "--mechanism", "bits", "--bits", "3", "--users", "3000", "--json"], tmp_path
-    )
-    assert done.returncode == 0, done.stderr
+    max_abs_error against the truth, charged as bits:3; bad combinations are one-line errors."""
+    runner = CliRunner()
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    args = ["demo", "--mechanism", "bits", "--bits", "3", "--users", "3000", "--ledger", url]
+    done = runner.invoke(app, [*args, "--seed", "5", "--json"])
+    assert done.exit_code == 0, done.output
     out = json.loads(done.stdout)
     assert out["mechanism"] == "bits" and len(out["bit_estimates"]) == 3
     for b in out["bit_estimates"]:
@@ -96,13 +98,16 @@ def test_demo_bits_json_and_refusals(tmp_path: Path) -> None:
     errors = [abs(b["estimate"] - b["true"]) for b in out["bit_estimates"]]
     assert out["max_abs_error"] == pytest.approx(max(errors))
     assert out["privacy_spent"]["rounds_committed"] == 1
-    for args, words in [
+    [rec] = Ledger(url).status("default").rounds
+    assert (rec.tag, rec.k, rec.status) == ("bits", 3, "committed")
+    for extra, words in [
         (["--mechanism", "bits"], "--bits"),
         (["--bits", "3"], "--mechanism bits"),
         (["--mechanism", "hadamard"], "krr or bits"),
     ]:
-        bad = run_cli(["demo", "--users", "100", *args], tmp_path)
-        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
+        bad = runner.invoke(app, ["demo", "--users", "100", "--ledger", url, *extra])
+        assert bad.exit_code == 2 and words in bad.stderr, bad.output
+        assert "Traceback" not in bad.output
 
 
 @pytest.mark.services
