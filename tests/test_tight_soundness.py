@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from shufflekit.accountant import Mechanism, tight_delta, tight_epsilon
 from shufflekit.accountant.core import EPS0_MAX
+from shufflekit.accountant.registry import all_methods
 from shufflekit.accountant.tight_upper import N_MAX
 from shufflekit.app.cli import app
 from shufflekit.base.errors import InvalidParameters, NotApplicable
@@ -154,3 +155,16 @@ def test_cli_tiny_eps0_answers() -> None:
     result = CliRunner().invoke(app, [*argv, "--json"])
     assert result.exit_code == 0, result.output
     assert '"epsilon": 0.0' in result.output
+
+
+@pytest.mark.parametrize("eps0", [40.0, EPS0_MAX])
+def test_every_method_answers_or_refuses_at_large_eps0(eps0: float) -> None:
+    """p rounds to 1 above eps0 ~ 37: no method may fail with a float error there."""
+    mech = Mechanism(100, 3, eps0)
+    for m in all_methods(include_variants=True):
+        for what in ("epsilon", "delta"):
+            try:
+                res = m.epsilon(mech, 1e-6) if what == "epsilon" else m.delta(mech, 0.5 * eps0)
+            except NotApplicable:
+                continue
+            assert not math.isnan(res.epsilon) and not math.isnan(res.log_delta), m.name
