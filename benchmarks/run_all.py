@@ -25,9 +25,11 @@ RESULTS = HERE / "results"
 BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tight": ("bench_tight.py", ["--repeats", "3"]),
     "gap": ("bench_gap.py", ["--quick"]),
+    "soundness": ("bench_soundness.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
+    "loadtest": ("bench_loadtest.py", ["--quick"]),
     "leakage": ("bench_leakage.py", ["--quick"]),
     "ledger_status": ("bench_ledger_status.py", ["--rounds", "200"]),
 }

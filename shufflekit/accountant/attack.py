@@ -41,14 +41,24 @@ from shufflekit.accountant.tight_upper import SAFETY
 DENSE_N = 24  # exact enumeration of the m-family up to this n
 X0_BLOCKS = 8192
 """Largest number of h0 values summed one by one in "all others at x0" (see there)."""
-Z_MAX_N = 2_000_000
-""""all others at z" costs ~1 s per 10^6 users and evaluation: above this n it is skipped (the
-lower bound is then the best of the other datasets: still valid, possibly weaker)."""
+Z_MAX_PIECES = 60_000
+""""all others at z" costs ~40 us per closed-form piece (a window of T times the runs of h_z):
+beyond this many pieces (n = 10^9 needs millions: minutes) it is skipped, and the lower bound
+is the best of the other datasets (still valid, possibly weaker)."""
+
+
+class _TooCostly(Exception):
+    """An attack would exceed its evaluation budget (Z_MAX_PIECES)."""
+
+
 _TAU_REL = 64 * 2.0**-53  # relative rounding allowance of a computed threshold (positive terms)
 
 
-def _attack_all_at_z(mech: Mechanism, eps: float, log_tau: float) -> float:
-    """Exact log delta of the dataset "all other users hold a third value z" (k >= 3)."""
+def _attack_all_at_z(
+    mech: Mechanism, eps: float, log_tau: float, budget: int | None = None
+) -> float:
+    """Exact log delta of the dataset "all other users hold a third value z" (k >= 3);
+    _TooCostly if it needs more than `budget` closed-form pieces."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
@@ -61,6 +71,8 @@ def _attack_all_at_z(mech: Mechanism, eps: float, log_tau: float) -> float:
     t = np.arange(tlo[0], thi[0] + 1)
     lpt = log_pmf(t, n, 2 * q)
     base = lpt + math.log(a_coef) - math.log(n * q)
+    if budget is not None and t.size > budget:
+        raise _TooCostly
     if k == 3:
         hz = n - t
         tau = (omg * e * t + c * (n - hz * kappa)) / a_coef
@@ -77,6 +89,8 @@ def _attack_all_at_z(mech: Mechanism, eps: float, log_tau: float) -> float:
     j_first = np.floor(tau0 - s * zlo) + 1  # threshold of h0 at the lowest hz (largest)
     j_last = np.floor(tau0 - s * zhi) + 1
     nruns = (j_first - j_last + 1).astype(np.int64)
+    if budget is not None and int(nruns.sum()) > budget:
+        raise _TooCostly
     ti = np.repeat(np.arange(t.size), nruns)
     r = np.arange(ti.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)
     j = j_first[ti] - r
@@ -252,9 +266,9 @@ def attack_log_delta(
     """Best exact attack: (log delta, worst dataset description, log delta of each dataset).
 
     cheap: skip "all others at z", whose windows grow with depth (tens of seconds at n = 1e5
-    for delta below 1e-300, where only its log could be reported anyway); it is skipped above
-    n = Z_MAX_N too (n = 10^9 took minutes) unless `every` (one evaluation that must see every
-    dataset, e.g. to pick the dataset whose PLD is composed).
+    for delta below 1e-300, where only its log could be reported anyway); it is also skipped
+    beyond Z_MAX_PIECES (n = 10^9 took minutes) unless `every` (one evaluation that must see
+    every dataset, e.g. to pick the dataset whose PLD is composed).
     """
     check_query(mech, epsilon)
     eps = float(epsilon)
@@ -268,8 +282,12 @@ def attack_log_delta(
     cands["all others at x0, event 'all n reports x0'"] = (mech.n - 1) * math.log(
         rr.p
     ) + log_ldp_delta(rr, eps)
-    if mech.k >= 3 and not cheap and (every or mech.n <= Z_MAX_N):
-        cands["all others at z"] = _attack_all_at_z(mech, eps, log_tau)
+    if mech.k >= 3 and not cheap:
+        try:
+            budget = None if every else Z_MAX_PIECES
+            cands["all others at z"] = _attack_all_at_z(mech, eps, log_tau, budget)
+        except _TooCostly:
+            pass
     cands["all others at x0 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=False)
     cands["all others at x1 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=True)
     if mech.k == 2 and 1 < mech.n <= DENSE_N:

@@ -358,7 +358,8 @@ def round_pld(mech: Mechanism, pld_fn: PldFn | None = None) -> PrivacyLossDistri
 
 
 def _nbytes(p: PrivacyLossDistribution) -> int:
-    return int(np.asarray(p.losses).nbytes + np.asarray(p.log_probs).nbytes)
+    extra = p.payload_bytes if isinstance(p, CurvePLD) else 0
+    return int(np.asarray(p.losses).nbytes + np.asarray(p.log_probs).nbytes) + extra
 
 
 def clear_caches() -> None:

@@ -21,13 +21,13 @@ import numpy as np
 from shufflekit.accountant.attack_pld import dataset_atoms
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
-from shufflekit.accountant.k2_compose import CHECK_STEP, MAX_N, K2Pair
-from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.accountant.k2_compose import MAX_N, K2Pair
+from shufflekit.accountant.numerics.grid import GridPLD, discretise
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
-#: Base step of an attack's curve cells: every default composition step is a multiple of it.
-BASE_STEP = 1e-5
+#: Base step of the curves: every default composition step (1e-4, 2e-4, 5e-4) is a multiple.
+BASE_STEP = 1e-4
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -38,6 +38,7 @@ class CurvePLD(PrivacyLossDistribution):
     make_grid: Callable[[float], GridPLD] | None = None
     upper: bool = True
     _grids: dict[float, GridPLD] = field(default_factory=dict, repr=False, compare=False)
+    payload_bytes: int = 0  # memory held besides losses / log_probs (for cache budgets)
 
     def on_grid(self, step: float, upper: bool) -> GridPLD:
         """This pair on the grid {j step}, as a bound of side `upper` (cached per step)."""
@@ -63,7 +64,7 @@ _K2_LOCK = threading.Lock()
 
 
 def k2_pair(mech: Mechanism) -> K2Pair:
-    """The refined k = 2 leaves of `mech` (cached for the 16 most recent mechanisms)."""
+    """The refined k = 2 leaves of `mech` (cached for the 4 most recent mechanisms)."""
     key = (int(mech.n), float(mech.eps0))
     with _K2_LOCK:
         hit = _K2.get(key)
@@ -73,24 +74,37 @@ def k2_pair(mech: Mechanism) -> K2Pair:
     pair = K2Pair(mech)
     with _K2_LOCK:
         _K2[key] = pair
-        while len(_K2) > 16:
+        while len(_K2) > 4:
             _K2.popitem(last=False)
     return pair
 
 
 def k2_upper_pld(mech: Mechanism) -> CurvePLD:
-    """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`)."""
+    """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`).
+
+    The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
+    composition step that is a multiple of it takes every r-th value (each is an upper bound of
+    the curve at its point, which is all `upper_grid` needs), any other step falls back to
+    splitting the hull at BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
+    """
     check_query(mech)
     pair = k2_pair(mech)
+    first, vals = pair.upper_values(BASE_STEP)
+    vals[-1] = max(pair.tail_mass(BASE_STEP), float(vals[-1]))
+    base = upper_grid(BASE_STEP, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")
 
     def make(step: float) -> GridPLD:
-        first, vals = pair.upper_values(step)
-        tail = max(pair.tail_mass(step), float(vals[-1]))
-        vals[-1] = tail
-        return upper_grid(step, first, vals, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+        r = round(step / BASE_STEP)
+        if r < 1 or abs(step / BASE_STEP - r) > 1e-9 * r:
+            return discretise(fallback, step)
+        j0 = -((-first) // r)  # first multiple of r at or after `first`
+        sub = vals[j0 * r - first :: r]
+        tail = float(vals[-1])  # beyond the last point: the curve is below the tail bound
+        sub = np.maximum(sub, tail)
+        return upper_grid(step, j0, sub, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
 
-    fallback = make(CHECK_STEP)
-    losses, lps, lim = _as_pld(fallback)
+    losses, lps, lim = _as_pld(base)
+    fallback = PrivacyLossDistribution(losses, lps, lim, "k = 2 hull at the base step")
     return CurvePLD(
         losses,
         lps,
@@ -100,7 +114,8 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
         f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
         make,
         True,
-        {CHECK_STEP: fallback},
+        {BASE_STEP: base},
+        int(vals.nbytes),
     )
 
 
@@ -152,7 +167,7 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
             dataset = "all_at_z" if mech.k >= 3 else "all_at_x0"
         desc = dataset
     lo, hi = -mech.eps0, mech.eps0  # k-RR is eps0-LDP: every loss of a pair is in there
-    base = BASE_STEP if 2 * mech.eps0 / BASE_STEP <= _MAX_BASE_CELLS else 1e-4
+    base = BASE_STEP if 2 * mech.eps0 / BASE_STEP <= _MAX_BASE_CELLS else 1e-3
     cells = _cells(_atoms(mech, dataset), base, lo, hi)
 
     def make(step: float) -> GridPLD:
@@ -172,4 +187,6 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
         f"eps0={mech.eps0}; put on the composition grid below its exact curve",
         make,
         False,
+        {},
+        int(cells.w.nbytes * 3),
     )

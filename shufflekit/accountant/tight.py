@@ -274,9 +274,20 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     seen: dict[float, str] = {}
     n_low = [0]
 
+    with_z: list[bool] = []  # whether the first evaluation could afford "all others at z"
+
     def fg_lower(x: float) -> tuple[float, float | None]:
+        # the same datasets at every step (a root search on a function that changes shape
+        # when an attack drops out of its budget wanders)
         n_low[0] += 1
-        val, name, _ = attack_log_delta(mech, x, log_tau=min(-40.0, ld - 20.0))
+        tau = min(-40.0, ld - 20.0)
+        if not with_z:
+            val, name, cands = attack_log_delta(mech, x, log_tau=tau)
+            with_z.append("all others at z" in cands)
+        else:
+            val, name, _ = attack_log_delta(
+                mech, x, log_tau=tau, cheap=not with_z[0], every=with_z[0]
+            )
         seen[x] = name
         return val - ld, None
 

@@ -64,6 +64,7 @@ class AnalyzerOutcome:
     result: Result | None
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # wall seconds: analyze, ledger
 
 
 class Analyzer(Hop[AnalyzerOutcome]):
@@ -159,6 +160,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
             batch = await self.receive_batch(
                 ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
             )
+            started = self.clock.monotonic()
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
@@ -167,6 +169,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
             notes: dict[str, float | str | None] = {}
             if ann.mechanism == "bits":
                 notes["accounting"] = f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"
+            outcome.stages["analyze"] = self.clock.monotonic() - started
             unpriced = Result(
                 round_id=ann.round_id,
                 k=ann.k,
@@ -177,8 +180,10 @@ class Analyzer(Hop[AnalyzerOutcome]):
                 privacy=notes,
                 **fields,
             )
+            started = self.clock.monotonic()
             try:  # one durable step: the cost and the result are committed together
                 result = await self.on_release(unpriced, self.signer.sign)
+                outcome.stages["ledger"] = self.clock.monotonic() - started
             except Exception as exc:  # any failure: the cost is not known to be committed
                 raise RoundAborted(
                     f"the round's cost was not committed, nothing is released: {exc}"

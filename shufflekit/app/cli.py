@@ -16,6 +16,7 @@ from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
 from shufflekit.app.cli_leakage import leakage
+from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
@@ -60,6 +61,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
+app.command()(loadtest)
 app.command()(leakage)
 app.command()(rounds)
 

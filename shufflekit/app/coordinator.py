@@ -125,6 +125,7 @@ class Coordinator:
             analyzer_key=self.analyzer_key,
             mechanism=params.mechanism,
             bits=params.bits,
+            close_at=params.close_at,
             result_key=self.result_key,
         )
 

@@ -63,6 +63,7 @@ class RoundParams:
     n_min: int
     deadline_seconds: float = 60.0
     bits: int | None = None
+    close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
 
     def __post_init__(self) -> None:
         if self.bits is not None and (
@@ -77,12 +78,17 @@ class RoundParams:
 
     @classmethod
     def for_bits(
-        cls, bits: int, eps0: float, n_min: int, deadline_seconds: float = 60.0
+        cls,
+        bits: int,
+        eps0: float,
+        n_min: int,
+        deadline_seconds: float = 60.0,
+        close_at: int | None = None,
     ) -> RoundParams:
         """A bit-vector round: records of `bits` = L bits, eps0 per record."""
         if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_RECORD_BITS:
             raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_RECORD_BITS}]")
-        return cls(1 << bits, eps0, n_min, deadline_seconds, bits)
+        return cls(1 << bits, eps0, n_min, deadline_seconds, bits=bits, close_at=close_at)
 
     @property
     def mechanism(self) -> Literal["krr", "bits"]:

@@ -22,6 +22,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK
 from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair
+from shufflekit.core.peeling import Peeler
 from shufflekit.core.spool import Spool
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Transport
@@ -65,6 +66,7 @@ class Wiring:
         *,
         spool: Spool | None = None,
         credentials: CredentialVerifier | None = None,
+        peeler: Peeler | None = None,
     ) -> MixNode:
         """Mix `index` of the cascade on `transport` (mix 0 checks `credentials` if given)."""
         return MixNode(
@@ -78,6 +80,7 @@ class Wiring:
             credentials=credentials,
             clock=self.clock,
             rng=self.rng,
+            peeler=peeler,
         )
 
     def analyzer(

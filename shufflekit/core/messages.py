@@ -76,6 +76,13 @@ class Announcement(_Control):
     mechanism: Literal["krr", "bits"] = "krr"
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
     result_key: Key | None = None  # the analyzer's result public key (core/results.py)
+    # mix 0 closes ingest once this many accepted (enrolled, de-duplicated) reports are stored
+    close_at: int | None = Field(default=None, ge=1)
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON for the wire (without `close_at` when the round has none)."""
+        drop = {"close_at"} if self.close_at is None else None
+        return self.model_dump_json(exclude=drop).encode()
 
     @model_validator(mode="after")
     def _mechanism_matches(self) -> Self:

@@ -54,6 +54,12 @@ class MixSettings(_Section):
         default=None,
         description="mix 0: enrollment public key; every report then needs a valid credential",
     )
+    peel_workers: int = Field(
+        default=2,
+        ge=0,
+        le=256,
+        description="worker processes that peel reports as they arrive (0: in the service)",
+    )
 
 
 class AnalyzerSettings(_Section):
@@ -84,6 +90,11 @@ class CoordinatorSettings(_Section):
     )
     n_min: int | None = Field(default=None, ge=1, description="default: the budget's n_min")
     deadline: float = Field(default=60.0, gt=0, description="seconds clients have to answer")
+    close_at: int | None = Field(
+        default=None,
+        ge=1,
+        description="close ingest early once this many accepted reports are stored",
+    )
     interval: float = Field(default=5.0, ge=0, description="seconds between rounds")
     ready_timeout: float = Field(
         default=30.0, gt=0, description="seconds for every hop to be ready"
@@ -110,8 +121,10 @@ class CoordinatorSettings(_Section):
         """The rounds' parameters, with `n_min` when the section does not set its own."""
         n = self.n_min or n_min
         if self.mechanism == "bits" and self.bits is not None:
-            return RoundParams.for_bits(self.bits, self.eps0, n, self.deadline)
-        return RoundParams(int(self.k or 0), self.eps0, n, deadline_seconds=self.deadline)
+            return RoundParams.for_bits(self.bits, self.eps0, n, self.deadline, self.close_at)
+        return RoundParams(
+            int(self.k or 0), self.eps0, n, deadline_seconds=self.deadline, close_at=self.close_at
+        )
 
 
 class ServiceConfig(BaseSettings):

@@ -37,6 +37,7 @@ from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
@@ -125,15 +126,16 @@ Connector = Callable[[ServiceConfig, str, Sequence[str]], Callable[[], Transport
 
 @dataclass(frozen=True)
 class ServiceEnv:
-    """What a service gets from outside: how it connects, and its clock, randomness and thread
-    offload. Production uses the defaults; the deterministic simulation (`shufflekit.app.sim`)
-    passes an in-memory faulty broker, a virtual clock, seeded randomness and inline calls, and
-    so runs these very services."""
+    """What a service gets from outside: how it connects, and its clock, randomness, thread
+    offload and a mix's peeling pool. Production uses the defaults; the deterministic simulation
+    (`shufflekit.app.sim`) passes an in-memory faulty broker, a virtual clock, seeded randomness
+    and inline calls and peeling, and so runs these very services."""
 
     connector: Connector = _connector
     clock: Clock = system_clock
     rng: Randomness = field(default_factory=SystemRandomness)
     offload: Offload = in_thread
+    peeler: Callable[[int], Peeler] = field(default=lambda n: default_peeler(n))
 
     def wiring(self, cfg: ServiceConfig, ledger: Ledger | None = None, **kw: Any) -> Wiring:
         """The deployment's composition root with this environment's clock and randomness."""
@@ -148,6 +150,11 @@ class ServiceEnv:
         )
 
 
+def default_peeler(workers: int) -> Peeler:
+    """A mix's peeling: `workers` worker processes, or inline in the service if 0."""
+    return ProcessPeeler(workers) if workers else InlinePeeler()
+
+
 DEFAULT_ENV = ServiceEnv()
 
 
@@ -158,6 +165,7 @@ def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
         "accepted": out.counters.accepted,
         "rejected": out.counters.as_dict(),
         "abort_reason": out.abort_reason,
+        "stages": {k: round(v, 4) for k, v in out.stages.items()},
     }
     if isinstance(out, MixOutcome):
         return (
@@ -231,12 +239,17 @@ async def serve_mix(
     spool = Spool(cfg.spool_path(f"mix{i}"), clock=env.clock)
     wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
+    peeler = env.peeler(cfg.mix.peel_workers)
+
     def node(t: Transport) -> MixNode:
-        return wiring.mix(t, i, key, credentials=creds, spool=spool)
+        return wiring.mix(t, i, key, credentials=creds, spool=spool, peeler=peeler)
 
     metrics = start_metrics(cfg.metrics, f"mix{i}", i)
     inputs = hop_filters(cfg.deployment, i, close=i == 0)
-    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
+    try:
+        return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
+    finally:
+        peeler.close()
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:

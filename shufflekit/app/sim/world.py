@@ -49,6 +49,7 @@ from shufflekit.client.agent import ClientAgent
 from shufflekit.core import standin
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.peeling import InlinePeeler
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
@@ -254,6 +255,7 @@ class World:
             clock=self.clock,
             rng=self.rng.fork(f"{role}-{n}"),
             offload=self._offload,
+            peeler=lambda _workers: InlinePeeler(),  # no real-time pool in virtual time
         )
 
     def _emit(self, role: str) -> Callable[[dict[str, Any]], None]:
