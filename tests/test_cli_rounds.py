@@ -8,10 +8,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from shufflekit.accountant import bits
 from shufflekit.accountant.composition import compose, round_pld
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.policy import TightCost, charges_epsilon
+from shufflekit.accountant.round_types import RoundType, parse_round_type
 from shufflekit.app.cli import app
 
 runner = CliRunner()
@@ -26,7 +28,10 @@ def test_rounds_compose_like_the_ledger(tmp_path: Path) -> None:
     rounds = [(1_800, 10, 2.0), (1_500, 4, 1.0)]
     url = f"sqlite:///{tmp_path}/l.db"
     led = Ledger(url)
-    led.init_budget(Budget("pilot", epsilon_total=5.0, delta_total=1e-6, n_min=1000))
+    schedule = (parse_round_type("10,2,1"), parse_round_type("4,1"))
+    led.init_budget(
+        Budget("pilot", epsilon_total=5.0, delta_total=1e-6, n_min=1000, schedule=schedule)
+    )
     for i, (n, k, e) in enumerate(rounds):
         led.reserve("pilot", f"r{i}", k, e, "op")
         led.commit("pilot", f"r{i}", n, "an")
@@ -57,12 +62,14 @@ def test_bit_rounds_compose_with_krr_rounds() -> None:
     )
     assert code == 0, out
     row = json.loads(out)
-    from shufflekit.accountant import bits
-
-    b = bits.BitsMechanism(n=10_000, bits=3, eps0=2.0)
-    expect = compose([bits.bits_pld(b), round_pld(Mechanism(5_000, 4, 1.0))], counts=[2, 1])
-    assert row["epsilon"] == min(expect.epsilon(1e-6), 5.0)
+    bit, krr = RoundType("bits", 3, 2.0), RoundType("krr", 4, 1.0)
+    expect = charges_epsilon("tight", [(bit, 10_000)] * 2 + [(krr, 5_000)], 1e-6)
+    assert row["epsilon"] == expect
     assert row["lower_bound"] is None
+    # an independent composition of the same dominating pairs, capped by the eps0 sum
+    b = bits.BitsMechanism(n=10_000, bits=3, eps0=2.0)
+    own = compose([bits.bits_pld(b), round_pld(Mechanism(5_000, 4, 1.0))], counts=[2, 1])
+    assert abs(row["epsilon"] - min(own.epsilon(1e-6), 5.0)) < 1e-9
 
 
 def test_round_errors_are_one_line(tmp_path: Path) -> None:

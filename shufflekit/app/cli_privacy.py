@@ -289,11 +289,13 @@ def _epsilon_of_rounds(
         refuse("--round / --from-ledger take no --n, --k, --eps0, --rounds or --method")
     if specs and ledger_url is not None:
         refuse("give either --round (repeatable) or --from-ledger, not both")
-    model = "tight"
+    model, mode = "tight", "planned"
     ledger_spent = None
     if ledger_url is not None:
-        mechs, model, budget_delta, ledger_spent = cli_rounds.ledger_rounds(ledger_url, deployment)
-        parsed: list[tuple[Any, int]] = [(m, 1) for m in mechs]
+        charges, model, mode, budget_delta, ledger_spent = cli_rounds.ledger_rounds(
+            ledger_url, deployment
+        )
+        parsed: list[tuple[Any, int]] = [(c, 1) for c in charges]
         if delta is None:
             delta = budget_delta
         elif delta != budget_delta:
@@ -302,7 +304,7 @@ def _epsilon_of_rounds(
         parsed = [cli_rounds.parse_round(sp) for sp in specs]
     if delta is None:
         refuse("give --delta")
-    row = cli_rounds.rounds_row(parsed, delta, model)
+    row = cli_rounds.rounds_row(parsed, delta, model, mode)
     if ledger_url is not None:
         row |= {"deployment": deployment, "ledger_epsilon_spent": ledger_spent}
     lower = None

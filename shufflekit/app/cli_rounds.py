@@ -19,15 +19,17 @@ from typing import Any
 from shufflekit.accountant import bits, composition, tight
 from shufflekit.accountant.core import Mechanism, Soundness, check_delta
 from shufflekit.accountant.ledger import Ledger
-from shufflekit.accountant.policy import TightCost, cost_model
+from shufflekit.accountant.policy import charges_epsilon
+from shufflekit.accountant.round_types import RoundType
 from shufflekit.app.state import default_ledger_url
 from shufflekit.base.errors import AccountantError, InvalidParameters, LedgerNotFound
 
 RoundMech = Mechanism | bits.BitsMechanism
+Charge = tuple[RoundType, int]
 
 
-def parse_round(spec: str) -> tuple[RoundMech, int]:
-    """(mechanism, count) of "N,K,EPS0[,COUNT]" (K: categories, or bits:L)."""
+def parse_round(spec: str) -> tuple[Charge, int]:
+    """((round type, n), count) of "N,K,EPS0[,COUNT]" (K: categories, or bits:L)."""
     parts = [p.strip() for p in str(spec).split(",")]
     if len(parts) not in (3, 4):
         raise InvalidParameters(f"--round takes N,K,EPS0[,COUNT] (K may be bits:L), got {spec!r}")
@@ -41,26 +43,27 @@ def parse_round(spec: str) -> tuple[RoundMech, int]:
         ) from None
     if count < 1:
         raise InvalidParameters(f"--round COUNT must be >= 1, got {count} in {spec!r}")
-    return bits.round_mechanism(parts[1], n, eps0), count
+    mech = bits.round_mechanism(parts[1], n, eps0)  # validates n, K or bits:L, eps0
+    kind, size = bits.parse_mechanism_tag(parts[1])
+    return (RoundType(kind, size, float(mech.eps0)), n), count
 
 
-def ledger_rounds(url: str | None, deployment: str) -> tuple[list[RoundMech], str, float, float]:
-    """(committed rounds as the ledger accounts them, cost model, budget delta, ledger's own
-    spent epsilon) of a deployment; LedgerNotFound / LedgerError when there is none."""
+def ledger_rounds(url: str | None, deployment: str) -> tuple[list[Charge], str, str, float, float]:
+    """(committed rounds as the ledger charges them, cost model, mode, budget delta, the
+    ledger's own spent epsilon) of a deployment; LedgerNotFound / LedgerError if none."""
     try:
         led = Ledger(url or default_ledger_url(), create=False)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment) from None
     st = led.status(deployment)
-    rounds = [r.mechanism for r in st.rounds if r.status == "committed"]
-    return rounds, st.cost_model, st.budget.delta_total, st.epsilon_spent
+    charges = [r.charge for r in st.rounds if r.status == "committed"]
+    return charges, st.cost_model, st.budget.mode, st.budget.delta_total, st.epsilon_spent
 
 
-def _grouped(rounds: list[tuple[RoundMech, int]]) -> tuple[list[RoundMech], list[int]]:
-    counts: Counter[RoundMech] = Counter()
-    for m, c in rounds:
-        counts[m] += c
-    return list(counts), list(counts.values())
+def _mech(c: Charge) -> RoundMech:
+    t, n = c
+    tag = str(t.size) if t.mechanism == "krr" else f"{t.mechanism}:{t.size}"
+    return bits.round_mechanism(tag, n, t.eps0)
 
 
 def _krr_lower(mechs: list[Mechanism], counts: list[int], delta: float) -> float:
@@ -73,37 +76,35 @@ def _krr_lower(mechs: list[Mechanism], counts: list[int], delta: float) -> float
 
 
 def rounds_row(
-    rounds: list[tuple[RoundMech, int]], delta: float, model: str = "tight"
+    rounds: list[tuple[Charge, int]], delta: float, model: str = "tight", mode: str = "planned"
 ) -> dict[str, Any]:
-    """The epsilon row (keys of `cli_privacy.ROW_KEYS`, plus `round_list`) of the rounds."""
+    """The epsilon row (keys of `cli_privacy.ROW_KEYS`, plus `round_list`) of the rounds,
+    charged by `policy.charges_epsilon` exactly as the ledger charges them."""
     t0 = time.perf_counter()
     delta = check_delta(delta)
     if not rounds:
         raise InvalidParameters("no rounds to compose (the ledger has no committed round)")
-    mechs, counts = _grouped(rounds)
-    total = sum(counts)
+    grouped: Counter[Charge] = Counter()
+    for c, k in rounds:
+        grouped[c] += k
+    charges = [c for c, k in grouped.items() for _ in range(k)]
+    eps = charges_epsilon(model, charges, delta, mode=mode)
+    mechs = [_mech(c) for c in grouped]
+    counts = list(grouped.values())
     krr = [m for m in mechs if isinstance(m, Mechanism)]
-    expanded = [m for m, c in zip(mechs, counts, strict=True) for _ in range(c)]
     lower: float | None = None
-    if len(krr) == len(mechs):  # the ledger's own path
-        krr_counts = counts
-        eps = cost_model(model).total_epsilon(krr_as_list(expanded), delta)
-        if model == TightCost.name:
-            try:
-                lower = _krr_lower(krr, krr_counts, delta)
-            except AccountantError:  # the lower bound is extra information: never fail on it
-                lower = None
-        note = f"{total} rounds composed by the ledger's cost model '{model}'"
-        if model == TightCost.name:
-            note += " (dominating pairs, PLD); lower bound: the composed attack"
-    else:
-        eps = bits.rounds_epsilon(expanded, delta) if total == 1 else _mixed(mechs, counts, delta)
-        note = (
-            f"{total} rounds: k-RR dominating pairs and the bit rounds' generic pair "
-            "composed (PLD), capped by the sum of eps0; no attack for bit rounds"
-        )
+    if model == "tight" and len(krr) == len(mechs):
+        try:
+            lower = _krr_lower(krr, counts, delta)
+        except AccountantError:  # the lower bound is extra information: never fail on it
+            lower = None
+    how = "a Rényi filter (adaptive mode)" if mode == "adaptive" else "dominating pairs (PLD)"
+    note = f"{len(charges)} rounds charged as the ledger does: cost model '{model}'"
+    if model == "tight":
+        note += f", {how}, capped by the sum of eps0"
+    note += "; lower bound: the composed attack" if lower is not None else ""
     return {
-        "method": model if len(krr) == len(mechs) else "tight+bits",
+        "method": model,
         "soundness": Soundness.SOUND_UPPER.value,
         "summary": "heterogeneous rounds composed",
         "status": "ok",
@@ -111,7 +112,8 @@ def rounds_row(
         "lower_bound": lower,
         "delta": delta,
         "log_delta": math.log(delta),
-        "rounds": total,
+        "rounds": len(charges),
+        "mode": mode,
         "round_list": [
             {"n": m.n, "mechanism": bits.mechanism_tag(m), "eps0": m.eps0, "count": c}
             for m, c in zip(mechs, counts, strict=True)
@@ -119,21 +121,3 @@ def rounds_row(
         "note": note,
         "seconds": time.perf_counter() - t0,
     }
-
-
-def krr_as_list(expanded: list[RoundMech]) -> list[Mechanism]:
-    """The k-RR rounds of a list that holds only k-RR rounds (typed for the cost model)."""
-    out = [m for m in expanded if isinstance(m, Mechanism)]
-    if len(out) != len(expanded):
-        raise InvalidParameters("the ledger's cost models take k-RR rounds only")
-    return out
-
-
-def _mixed(mechs: list[RoundMech], counts: list[int], delta: float) -> float:
-    """k-RR and bit rounds: their dominating pairs composed, capped by the LDP sum."""
-    plds = [
-        composition.round_pld(m) if isinstance(m, Mechanism) else bits.bits_pld(m) for m in mechs
-    ]
-    composed = composition.compose(plds, counts=counts).epsilon(delta)
-    ldp_sum = float(sum(m.eps0 * c for m, c in zip(mechs, counts, strict=True)))
-    return min(float(composed), ldp_sum)
