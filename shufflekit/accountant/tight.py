@@ -263,7 +263,10 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
 
         return fg_upper
 
-    eps_c, _ = newton_root(fg_on(coarse), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
+    if coarse.n_buckets == grid.n_buckets:  # the same grid (huge n: one bucket): one search
+        eps_c = _guess_epsilon(mech, ld)
+    else:
+        eps_c, _ = newton_root(fg_on(coarse), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
     eps_u, _ = newton_root(fg_on(grid), min(eps_c, top), last_slope[0], top, rtol, "up")
     if eps_u >= top:
         eps_u = eps0  # no amplification at this delta: the LDP bound

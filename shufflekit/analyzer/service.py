@@ -18,9 +18,12 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from shufflekit.accountant.bits import GENERIC_NOTE, PURE_EPSILON_NOTE
+from shufflekit.analyzer.bits import RECORD_ESTIMATE_MAX_BITS, estimate_bits, estimate_records
 from shufflekit.analyzer.estimators import estimate
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
@@ -39,7 +42,7 @@ from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.results import ResultSigner
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
-from shufflekit.core.wire import REPORT_SIZE, Report
+from shufflekit.core.wire import REPORT_SIZE, decode_report
 
 log = logging.getLogger("shufflekit.analyzer")
 
@@ -110,7 +113,8 @@ class Analyzer(Hop[AnalyzerOutcome]):
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
     ) -> list[int]:
-        """Decrypt and validate each report; count the valid ones per category."""
+        """Decrypt and validate each report; count the valid ones per category (per record,
+        2^L bins, in a bits round)."""
         hop = ann.hops
         hist = [0] * ann.k
         seen: set[bytes] = set()
@@ -122,11 +126,11 @@ class Analyzer(Hop[AnalyzerOutcome]):
             seen.add(digest)
             try:
                 plain = peel(ct, self.key.private, self.deployment, ann.round_id, hop)
-                report = Report.decode(plain, ann.k)
+                value = decode_report(plain, ann.mechanism, ann.report_size)
             except InvalidReport as exc:
                 counters.reject(exc.reason)
                 continue
-            hist[report.value] += 1
+            hist[value] += 1
             counters.accept()
         return hist
 
@@ -161,7 +165,10 @@ class Analyzer(Hop[AnalyzerOutcome]):
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
-            est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+            fields = self.estimates(hist, ann)
+            notes: dict[str, float | str | None] = {}
+            if ann.mechanism == "bits":
+                notes["accounting"] = f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"
             outcome.stages["analyze"] = self.clock.monotonic() - started
             unpriced = Result(
                 round_id=ann.round_id,
@@ -169,12 +176,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
                 eps0=ann.eps0,
                 batch_size=n,
                 histogram=hist,
-                estimate=[float(x) for x in est.counts],
-                stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
-                estimator=est.method,
                 rejected=outcome.counters.as_dict(),
-                converged=est.details.get("converged"),
-                iterations=est.details.get("iterations"),
+                privacy=notes,
+                **fields,
             )
             started = self.clock.monotonic()
             try:  # one durable step: the cost and the result are committed together
@@ -198,6 +202,35 @@ class Analyzer(Hop[AnalyzerOutcome]):
             log.warning("round %s: result not spooled (the ledger holds it): %s", ann.round_id, exc)
         outcome.result = await self._publish(result)
         return outcome
+
+    def estimates(self, hist: list[int], ann: Announcement) -> dict[str, Any]:
+        """The result's estimate fields: k-RR frequencies by the configured estimator, or for
+        a bits round per-bit frequencies and (L <= 10) whole-record counts, with stderrs."""
+        n = sum(hist)
+        if ann.mechanism == "bits" and ann.bits is not None:
+            bits = estimate_bits(np.asarray(hist), ann.bits, ann.eps0)
+            fields: dict[str, Any] = {
+                "mechanism": "bits",
+                "bits": ann.bits,
+                "bit_frequency": [float(x) for x in bits.frequency],
+                "bit_stderr": [float(x) for x in bits.stderr],
+                "estimator": "bits-inv",
+                "estimate": [],
+                "stderr": [],
+            }
+            if ann.bits <= RECORD_ESTIMATE_MAX_BITS:
+                rec = estimate_records(np.asarray(hist), ann.bits, ann.eps0)
+                fields["estimate"] = [float(x) * n for x in rec.frequency]
+                fields["stderr"] = [float(x) * n for x in rec.stderr]
+            return fields
+        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+        return {
+            "estimate": [float(x) for x in est.counts],
+            "stderr": [float(x) * n for x in est.stderr],  # counts, like `estimate`
+            "estimator": est.method,
+            "converged": est.details.get("converged"),
+            "iterations": est.details.get("iterations"),
+        }
 
     async def _publish(self, result: Result) -> Result:
         """Publish a committed round's result, resending a lost publish with backoff for up to

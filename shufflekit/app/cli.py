@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
@@ -94,15 +95,29 @@ def demo(
     estimator: Annotated[
         str, typer.Option(help=f"How the analyzer denoises: one of {', '.join(ESTIMATORS)}.")
     ] = "inv",
+    mechanism: Annotated[
+        str, typer.Option(help="krr (k-RR over --k values) or bits (L-bit records, --bits).")
+    ] = "krr",
+    bits: Annotated[
+        int | None,
+        typer.Option(min=1, max=16, help="Bits per record L (with --mechanism bits)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run shuffle-model rounds end to end on the embedded default (in-memory, SQLite).
 
     If the deployment has no budget yet, one is created from --budget-* (a notice on stderr
-    says so).
+    says so). With --mechanism bits --bits L each user holds an L-bit record and flips each
+    bit (eps0 per record); the result has per-bit estimates with standard errors.
     """
-    if eps0 <= 0:
-        refuse("--eps0 must be > 0")
+    if not math.isfinite(eps0) or eps0 <= 0:
+        refuse("--eps0 must be a finite number > 0")
+    if mechanism not in ("krr", "bits"):
+        refuse(f"--mechanism must be krr or bits, got {mechanism!r}")
+    if mechanism == "bits" and bits is None:
+        refuse("--mechanism bits needs --bits L (bits per record, 1..16)")
+    if mechanism == "krr" and bits is not None:
+        refuse("--bits needs --mechanism bits")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
@@ -122,6 +137,8 @@ def demo(
         budget_delta=budget_delta,
         cost_model=cost_model,
         estimator=estimator,
+        mechanism=mechanism,
+        bits=bits,
     )
     led = Ledger(ledger or default_ledger_url())
     with progress_bar("clients answering", users * rounds, quiet=json_out) as update:
@@ -143,10 +160,39 @@ def demo(
         refuse(f"round refused: {out['refused']}")
 
 
+def _print_bits(last: dict[str, Any]) -> None:
+    t = Table(
+        title=f"round {last['round_id']}: {last['batch_size']} reports of {last['bits']}-bit "
+        "records: frequency of ones per bit"
+    )
+    for col in ("bit", "true", "estimate", "± 1 s.e."):
+        t.add_column(col, justify="right")
+    for b in last["bit_estimates"]:
+        t.add_row(str(b["bit"]), f"{b['true']:.4f}", f"{b['estimate']:.4f}", f"{b['stderr']:.4f}")
+    console.print(t)
+    console.print(
+        styled(
+            "largest error: ",
+            (f"{last['max_abs_error']:.4f}", "bold"),
+            f" ({last['max_abs_error_in_stderr']:.2f} standard errors)"
+            + (
+                f"; whole records: total variation distance {last['tv_distance']:.4f}"
+                if last.get("tv_distance") is not None
+                else ""
+            ),
+        )
+    )
+    note = last.get("privacy", {}).get("accounting")
+    if note:
+        console.print(f"accounting: {note}")
+
+
 def _print_demo(out: dict[str, Any]) -> None:
     if out.get("rounds"):
         last = out["rounds"][-1]
-        if last["released"]:
+        if last["released"] and last.get("mechanism") == "bits":
+            _print_bits(last)
+        elif last["released"]:
             t = Table(
                 title=f"round {last['round_id']}: {last['batch_size']} reports, "
                 f"estimator {last['estimator']}"

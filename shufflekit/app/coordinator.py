@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -122,6 +123,8 @@ class Coordinator:
             deadline=self.clock.time() + self.ready_timeout + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
+            mechanism=params.mechanism,
+            bits=params.bits,
             close_at=params.close_at,
             result_key=self.result_key,
         )
@@ -144,9 +147,19 @@ class Coordinator:
         asked: its reservation is refunded.
         """
         rid = round_id or new_round_id(self.clock, self.rng)
-        await self.offload(
-            self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
-        )
+        if params.bits is None:
+            await self.offload(
+                self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
+            )
+        else:  # the ledger records the mechanism's size (L) and its tag
+            await self.offload(
+                functools.partial(self.ledger.reserve, mechanism=params.mechanism),
+                self.deployment,
+                rid,
+                params.size,
+                params.eps0,
+                self.actor,
+            )
         started = self.clock.monotonic()
         report = RoundReport(rid, released=False, result=None, abort=None)
         outcome: Result | Abort

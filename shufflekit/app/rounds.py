@@ -10,19 +10,25 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from shufflekit.accountant.leakage import round_facts
 from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InternalError, InvalidReport, RoundAborted
+from shufflekit.base.errors import (
+    InternalError,
+    InvalidParameters,
+    InvalidReport,
+    RoundAborted,
+)
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
+from shufflekit.core.wire import MAX_RECORD_BITS
 from shufflekit.shuffler.mix import MixOutcome
 
 TransportFactory = Callable[[str], Transport]
@@ -49,13 +55,50 @@ class RoundTopics(Topics):
 
 @dataclass(frozen=True)
 class RoundParams:
-    """What the operator chooses for one round."""
+    """What the operator chooses for one round: k-RR over k values, or (with `bits` = L) bit
+    randomization of L-bit records, where k must be 2^L (`RoundParams.for_bits`)."""
 
     k: int
     eps0: float
     n_min: int
     deadline_seconds: float = 60.0
+    bits: int | None = None
     close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
+
+    def __post_init__(self) -> None:
+        if self.bits is not None and (
+            isinstance(self.bits, bool)
+            or not isinstance(self.bits, int)
+            or not 1 <= self.bits <= MAX_RECORD_BITS
+            or self.k != 1 << self.bits
+        ):
+            raise InvalidParameters(
+                f"a bits round needs L in [1, {MAX_RECORD_BITS}] and k = 2^L, got L={self.bits!r}"
+            )
+
+    @classmethod
+    def for_bits(
+        cls,
+        bits: int,
+        eps0: float,
+        n_min: int,
+        deadline_seconds: float = 60.0,
+        close_at: int | None = None,
+    ) -> RoundParams:
+        """A bit-vector round: records of `bits` = L bits, eps0 per record."""
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_RECORD_BITS:
+            raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_RECORD_BITS}]")
+        return cls(1 << bits, eps0, n_min, deadline_seconds, bits=bits, close_at=close_at)
+
+    @property
+    def mechanism(self) -> Literal["krr", "bits"]:
+        """ "krr" or "bits"."""
+        return "krr" if self.bits is None else "bits"
+
+    @property
+    def size(self) -> int:
+        """The mechanism's size as the ledger records it: k of k-RR, L of bits."""
+        return self.k if self.bits is None else self.bits
 
 
 @dataclass
@@ -111,7 +154,8 @@ def ledger_release_hook(
             tag=result.mechanism,
         )
         facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
-        priced = seal(result.model_copy(update={"privacy": facts}))
+        # the analyzer's own notes (e.g. which bound a bits round used) stay next to the facts
+        priced = seal(result.model_copy(update={"privacy": dict(result.privacy) | facts}))
         text = priced.to_bytes().decode()
         await offload(ledger.commit, deployment, rid, n, actor, result=text)
         stored = await offload(ledger.stored_result, deployment, rid)

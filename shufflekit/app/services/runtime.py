@@ -23,7 +23,7 @@ from typing import Any
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import HopOutcome, RoundParams, RoundReport
+from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
     load_credential_verifier,
@@ -315,13 +315,7 @@ async def serve_coordinator(
     result_key = load_result_key(analyzer_file)
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
-    params = RoundParams(
-        k=c.k,
-        eps0=c.eps0,
-        n_min=c.n_min or budget.n_min,
-        deadline_seconds=c.deadline,
-        close_at=c.close_at,
-    )
+    params = c.round_params(budget.n_min)
     pause = c.interval if interval is None else interval
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
