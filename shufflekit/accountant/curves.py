@@ -18,10 +18,11 @@ import json
 import math
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
-from importlib import metadata
 from typing import Any
 
+import dp_accounting
 import numpy as np
+import scipy
 
 from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.rdp_filter import ORDERS, FloatArray, rdp_curve
@@ -35,19 +36,18 @@ Save = Callable[[str, bytes], None]
 
 @functools.cache
 def engine_version() -> str:
-    """A digest of every accountant source file and of numpy, scipy and dp_accounting's versions:
-    any change to the maths gives new cache keys."""
+    """A digest of every accountant source file, numpy's and scipy's versions and
+    dp_accounting's PLD sources: any change to the maths gives new cache keys."""
     h = hashlib.sha256()
     for path in sorted(pathlib.Path(__file__).parent.rglob("*.py")):
         if path.name.startswith("ledger"):
             continue  # the ledger's rules do not change a curve
         h.update(path.relative_to(pathlib.Path(__file__).parent).as_posix().encode())
         h.update(path.read_bytes())
-    for dist in ("numpy", "scipy", "dp-accounting"):
-        try:
-            h.update(f"{dist}={metadata.version(dist)}".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{dist}=none".encode())
+    h.update(f"numpy={np.__version__} scipy={scipy.__version__}".encode())
+    # dp_accounting has no version attribute: its PLD sources stand for it
+    for path in sorted(pathlib.Path(dp_accounting.__file__).parent.joinpath("pld").glob("*.py")):
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
