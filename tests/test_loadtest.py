@@ -86,3 +86,38 @@ def test_percentiles_match_numpy_and_handle_nothing() -> None:
     assert p["p50"] == pytest.approx(sorted(v)[500], abs=1e-3)
     assert p["max"] == pytest.approx(max(v), abs=1e-3)
     assert percentiles([]) == {"p50": None, "p95": None, "p99": None, "max": None}
+
+
+def test_bit_vector_load_tests_configure_a_bits_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`loadtest --mechanism bits --bits L` writes a deployment whose coordinator announces
+    L-bit records (k = 2^L; the Locust users draw records from the announcement's k), and
+    refuses the option mistakes in one line."""
+    from types import SimpleNamespace
+
+    from shufflekit.app.loadtest import stack
+    from shufflekit.app.services.config import load_config
+
+    monkeypatch.setattr(stack, "start_broker", lambda *a, **kw: SimpleNamespace(port=1883))
+    built = stack.build_stack(
+        tmp_path,
+        mixes=2,
+        k=10,
+        eps0=2.0,
+        close_at=100,
+        n_min=10,
+        deadline=60.0,
+        tls=False,
+        peel_workers=1,
+        bits=4,
+    )
+    c = load_config(built.config).coordinator_settings()
+    assert (c.mechanism, c.bits, c.k) == ("bits", 4, 16)
+    for args, msg in [
+        (["--mechanism", "bits"], "--mechanism bits needs --bits L"),
+        (["--bits", "3"], "--bits goes with --mechanism bits"),
+        (["--mechanism", "rappor"], "--mechanism is krr or bits"),
+    ]:
+        out = run_cli(["loadtest", *args], tmp_path)
+        assert out.returncode == 2 and out.stderr.startswith(f"error: {msg}"), out.stderr

@@ -11,6 +11,7 @@ import typer
 from shufflekit.app.cli_common import JsonOpt
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.base.errors import ConfigError
+from shufflekit.core.wire import MAX_RECORD_BITS
 
 
 def loadtest(
@@ -18,7 +19,13 @@ def loadtest(
     rounds: Annotated[int, typer.Option(min=1, help="Rounds.")] = 3,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 2,
     k: Annotated[int, typer.Option(min=2, help="Categories.")] = 10,
-    eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
+    eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon per report.")] = 2.0,
+    mechanism: Annotated[
+        str, typer.Option(help="krr (k-RR over --k values) or bits (--bits L per record).")
+    ] = "krr",
+    bits: Annotated[
+        int | None, typer.Option(help="Bits per record L (with --mechanism bits).")
+    ] = None,
     ramp: Annotated[float, typer.Option(min=0.0, help="Seconds over which clients arrive.")] = 0.0,
     dropout: Annotated[float, typer.Option(help="Fraction of clients that never send.")] = 0.0,
     stragglers: Annotated[
@@ -58,12 +65,22 @@ def loadtest(
         )
     from shufflekit.app.loadtest.run import LoadTestOptions, run_loadtest
 
+    if mechanism not in ("krr", "bits"):
+        raise ConfigError(f"--mechanism is krr or bits, got {mechanism!r}")
+    if mechanism == "bits":
+        if bits is None or not 1 <= bits <= MAX_RECORD_BITS:
+            raise ConfigError(f"--mechanism bits needs --bits L with 1 <= L <= {MAX_RECORD_BITS}")
+        k = 1 << bits
+    elif bits is not None:
+        raise ConfigError("--bits goes with --mechanism bits")
+
     opts = LoadTestOptions(
         users=users,
         rounds=rounds,
         mixes=mixes,
         k=k,
         eps0=eps0,
+        bits=bits if mechanism == "bits" else None,
         ramp=ramp,
         dropout=dropout,
         stragglers=stragglers,

@@ -47,6 +47,7 @@ class LoadTestOptions:
     mixes: int = 2
     k: int = 10
     eps0: float = 2.0
+    bits: int | None = None  # a bit-vector round of L-bit records (k = 2^L) instead of k-RR
     ramp: float = 0.0
     dropout: float = 0.0
     stragglers: float = 0.0
@@ -169,6 +170,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
                 mixes=opts.mixes,
                 k=opts.k,
                 eps0=opts.eps0,
+                bits=opts.bits,
                 close_at=good,
                 n_min=max(1, min(good, 100)),
                 deadline=opts.deadline,
@@ -346,7 +348,8 @@ def _write(
             shutil.copy(f, folder / f.name)
     load = os.getloadavg()
     notes = [
-        f"{opts.mixes} mixes, k = {opts.k}, eps0 = {opts.eps0}, "
+        f"{opts.mixes} mixes, "
+        f"{f'{opts.bits}-bit records' if opts.bits else f'k = {opts.k}'}, eps0 = {opts.eps0}, "
         f"{'TLS' if opts.tls else 'no TLS'}, ramp {opts.ramp:g} s, dropouts {opts.dropout:g}, "
         f"stragglers {opts.stragglers:g}, bad {opts.bad_fraction:g}",
         f"crypto floor: {us_per_report:.0f} us of cryptography per report on one core "

@@ -161,12 +161,15 @@ def build_stack(
     k: int,
     eps0: float,
     close_at: int,
+    bits: int | None = None,
     n_min: int,
     deadline: float,
     tls: bool,
     peel_workers: int,
 ) -> LocalStack:
-    """Keys, ledger, broker and config in `folder` (services are started by `start_services`)."""
+    """Keys, ledger, broker and config in `folder` (services are started by `start_services`).
+    With `bits` = L the rounds are bit-vector rounds of L-bit records (k = 2^L)."""
+    mechanism = f'mechanism = "bits"\nbits = {bits}\nk = {1 << bits}\n' if bits else f"k = {k}\n"
     keys = folder / "keys"
     for i in range(mixes):
         write_key_pair(KeyFiles.of(keys, f"mix{i}"))
@@ -188,7 +191,7 @@ def build_stack(
         f"[mix]\nbatch_timeout = {deadline}\nper_chunk = 2000\npeel_workers = {peel_workers}\n"
         'enrollment_key = "keys/enrollment.pub"\n\n'
         f"[analyzer]\nbatch_timeout = {deadline}\n\n"
-        f"[coordinator]\nk = {k}\neps0 = {eps0}\nn_min = {n_min}\ndeadline = {deadline}\n"
+        f"[coordinator]\n{mechanism}eps0 = {eps0}\nn_min = {n_min}\ndeadline = {deadline}\n"
         f"interval = 0.5\nclose_at = {close_at}\nbatch_timeout = {deadline}\n"
     )
     return LocalStack(folder, mixes, broker, cfg, enrol.private_b64())
