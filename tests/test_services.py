@@ -98,6 +98,7 @@ def test_a_round_across_processes_counts_each_accepted_client_once(
     [mix0] = procs.lines("mix0")
     good = sent["good"]
     assert mix0["accepted"] == good
+    assert sent["receipted"] == good  # every well-formed report holds mix 0's receipt
     assert sum(mix0["rejected"].values()) == sent["bad"]
     for i in range(1, mixes):
         [m] = procs.lines(f"mix{i}")

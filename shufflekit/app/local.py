@@ -25,6 +25,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
+from shufflekit.core.receipts import receipt_public_key
 from shufflekit.core.transport.base import Transport
 from shufflekit.shuffler.mix import MixNode, MixOutcome
 
@@ -90,7 +91,10 @@ class LocalDeployment:
                 for n, ev in zip(nodes, subscribed, strict=True)
             ]
             coordinator = w.coordinator(
-                coord, [k.public_b64() for k in self.mix_keys], self.analyzer_key.public_b64()
+                coord,
+                [k.public_b64() for k in self.mix_keys],
+                self.analyzer_key.public_b64(),
+                receipt_public_key(self.mix_keys[0].private_b64()),
             )
 
             async def answer(ann: Announcement) -> int:

@@ -101,9 +101,14 @@ class Wiring:
         )
 
     def coordinator(
-        self, transport: Transport, mix_keys: Sequence[str], analyzer_key: str
+        self,
+        transport: Transport,
+        mix_keys: Sequence[str],
+        analyzer_key: str,
+        receipt_key: str | None = None,
     ) -> Coordinator:
-        """The operator's coordinator, announcing these base64 public keys."""
+        """The operator's coordinator, announcing these base64 public keys (and mix 0's
+        receipt key)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -112,6 +117,7 @@ class Wiring:
             self._ledger("coordinator"),
             mix_keys,
             analyzer_key,
+            receipt_key=receipt_key,
             batch_timeout=self.batch_timeout,
             ready_timeout=self.ready_timeout,
             clock=self.clock,

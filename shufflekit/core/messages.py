@@ -41,6 +41,9 @@ class Announcement(_Control):
     deadline: float  # unix time after which mix 0 stops accepting
     mix_keys: list[str] = Field(min_length=1)
     analyzer_key: str
+    # mix 0's receipt key (Ed25519, base64): clients verify its receipts (core/receipts.py);
+    # None: an older deployment without receipts, where clients can only count PUBACKs
+    receipt_key: str | None = None
 
     @property
     def hops(self) -> int:

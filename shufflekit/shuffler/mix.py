@@ -15,23 +15,36 @@ is forwarded, so a mix restarted mid-round resumes it and forwards the same batc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted, TransportError
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
-from shufflekit.core.credentials import CredentialVerifier, admit
+from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement
-from shufflekit.core.spool import Inbox, Spool
-from shufflekit.core.transport.base import Transport
+from shufflekit.core.receipts import (
+    MAX_RECEIPTS_PER_BATCH,
+    Receipt,
+    ReceiptBatch,
+    ReceiptSigner,
+    onion_digest,
+    receipt_topic,
+)
+from shufflekit.core.spool import Arrival, Inbox, Spool, classify_hop_input
+from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
-from shufflekit.core.wire import REPORT_SIZE, Envelope
+from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
+from shufflekit.shuffler.ingest import RoundIngest
+
+log = logging.getLogger("shufflekit.mix")
 
 
 @dataclass
@@ -44,6 +57,7 @@ class MixOutcome:
     forwarded: int
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
+    resent: int = 0  # mix 0: envelopes delivered again while awaiting a receipt (stored once)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, kept in the spool with the round's stored output."""
@@ -60,7 +74,13 @@ class MixOutcome:
         for reason, n in d["counters"].items():
             counters.rejected[reason] = int(n)
         return cls(
-            d["round_id"], d["hop"], d["released"], d["forwarded"], counters, d["abort_reason"]
+            d["round_id"],
+            d["hop"],
+            d["released"],
+            d["forwarded"],
+            counters,
+            d["abort_reason"],
+            int(d.get("resent", 0)),
         )
 
 
@@ -93,6 +113,9 @@ class MixNode(Hop[MixOutcome]):
         self.per_chunk = per_chunk
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
+        self.ingests: dict[str, RoundIngest] = {}  # mix 0: rounds it collects, by id
+        self.dropped = RejectionCounter()  # mix 0: input dropped before spooling, by reason
+        self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
 
     def inbox(self) -> Inbox:
         """The durable inbox of this mix's input (every round) on its transport."""
@@ -120,6 +143,7 @@ class MixNode(Hop[MixOutcome]):
             if self.index == 0:
                 close = await self._closed(ann, inbox, stop)
                 items = self._ingest(ann, close, outcome.counters)
+                outcome.resent = self.spool.duplicates(ann.round_id, "resend")
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
                 batch = await self.receive_batch(ann, size, inbox, stop)
@@ -171,33 +195,79 @@ class MixNode(Hop[MixOutcome]):
         return close
 
     def _ingest(self, ann: Announcement, close: int, counters: RejectionCounter) -> list[bytes]:
-        """Mix 0: the envelopes spooled before the close marker `close`, checked in arrival
-        order: one report per client and per ciphertext, each peeled."""
-        rid = ann.round_id
-        size = onion_size(REPORT_SIZE, ann.hops + 1)
-        seen_clients: set[str] = set()
-        seen_digests: set[bytes] = set()
-        items: list[bytes] = []
-        for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
+        """Mix 0: the reports accepted among the envelopes spooled before the close marker
+        `close` (see `RoundIngest`), and their counts by reason."""
+        ingest = self._round_ingest(ann.round_id) or RoundIngest(ann, self.key, self.credentials)
+        ingest.advance(self.spool, close)
+        counters.accepted = ingest.counters.accepted
+        counters.rejected.update(ingest.counters.rejected)
+        for _ in range(self.spool.duplicates(ann.round_id, "data")):  # the same bytes again
             counters.reject("replayed")
-        for _, payload in self.spool.messages(rid, "data", before=close):
-            try:
-                env = Envelope.decode(payload, size)
-                admit(env, rid, self.credentials)
-                digest = hashlib.sha256(env.onion).digest()
-                if digest in seen_digests:
-                    raise InvalidReport("replayed", "this ciphertext was already received")
-                if env.client_id in seen_clients:
-                    raise InvalidReport("duplicate_client", f"second report from {env.client_id}")
-                inner = peel(env.onion, self.key.private, self.deployment, rid, 0)
-            except InvalidReport as exc:
-                counters.reject(exc.reason)
+        return list(ingest.items)
+
+    def _round_ingest(self, round_id: str) -> RoundIngest | None:
+        """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
+        spool after a restart); None for a round it does not know or has finished."""
+        state = self.spool.state(round_id)
+        if state not in ("open", "output"):
+            self.ingests.pop(round_id, None)
+            return None
+        ingest = self.ingests.get(round_id)
+        if ingest is None:
+            ann = self.spool.announcement(round_id)
+            if ann is None:
+                return None
+            ingest = self.ingests[round_id] = RoundIngest(ann, self.key, self.credentials)
+        return ingest
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """Mix 0 spools reports only for a round it serves and has not closed: junk round ids
+        never fill its spool (dropped and counted as `unknown_round` / `round_closed`)."""
+        arrival = classify_hop_input(msg)
+        if self.index != 0 or arrival is None or arrival.kind != "data":
+            return arrival
+        state = self.spool.state(arrival.round_id)
+        if state == "open":  # after the close too: a resend may still want its receipt
+            resend = arrival.payload[:1] == bytes([ENVELOPE_VERSION_REPLY])
+            return dataclasses.replace(arrival, resend=resend)
+        self.dropped.reject("unknown_round" if state is None else "round_closed")
+        return None
+
+    async def after_spooled(self, arrivals: list[Arrival]) -> None:
+        """Mix 0: answer every spooled envelope that asks for a receipt (version 3) and that
+        the round counts, with mix 0's signed receipt, one batch per reply id."""
+        if self.index != 0 or self.signer is None:
+            return
+        due: dict[str, list[Receipt]] = {}
+        for a in arrivals:
+            if a.kind != "data" or (ingest := self._round_ingest(a.round_id)) is None:
                 continue
-            seen_digests.add(digest)
-            seen_clients.add(env.client_id)
-            items.append(inner)
-            counters.accept()
-        return items
+            try:
+                env = Envelope.decode(a.payload, ingest.size)
+            except InvalidReport:
+                continue
+            if env.reply is None:
+                continue
+            ingest.advance(self.spool, self.spool.close_seq(a.round_id))
+            digest = onion_digest(env.onion)
+            if ingest.counts(env.client_id, digest):
+                receipt = ingest.receipts.get(env.client_id)
+                if receipt is None:  # signed once per report, sent again on every resend
+                    receipt = self.signer.receipt(a.round_id, env.client_id, digest)
+                    ingest.receipts[env.client_id] = receipt
+                due.setdefault(env.reply, []).append(receipt)
+        for reply, receipts in due.items():
+            try:
+                topic = receipt_topic(self.deployment, reply)
+            except ConfigError:
+                self.dropped.reject("bad_reply")
+                continue
+            for i in range(0, len(receipts), MAX_RECEIPTS_PER_BATCH):
+                batch = ReceiptBatch(receipts=receipts[i : i + MAX_RECEIPTS_PER_BATCH])
+                try:
+                    await self.transport.publish(topic, batch.to_bytes())
+                except TransportError as exc:  # the client resends; it is answered again
+                    log.info("mix 0: receipts to %s not sent: %s", reply, exc)
 
     def _peel_batch(
         self, ann: Announcement, batch: list[bytes], counters: RejectionCounter

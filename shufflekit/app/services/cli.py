@@ -102,6 +102,27 @@ def keys_enroll(
             console.print(f"{cid} {cred}", highlight=False)
 
 
+@keys_app.command("receipt")
+def keys_receipt(
+    key: Annotated[Path, typer.Option("--key", help="Mix 0's private key file (mix0.key).")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Write mix 0's receipt public key next to its key: mix0.receipt.pub (derived from it).
+
+    `keys new --role mix --index 0` writes it too; this is for a mix 0 key made before
+    receipts. The coordinator announces it, and clients check mix 0's receipts with it.
+    """
+    from shufflekit.app.services.keys import load_private_key, write_receipt_public
+
+    files = KeyFiles(key, key.with_name(key.name.removesuffix(".key") + ".pub"))
+    path = write_receipt_public(files, load_private_key(key))
+    text = path.read_text().strip()
+    if json_out:
+        print_json({"receipt_key": text, "receipt_key_file": str(path)})
+    else:
+        console.print(f"mix 0's receipt key {text} written to {path}", highlight=False)
+
+
 def _setup(config: Path, log_level: str) -> ServiceConfig:
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -222,7 +243,8 @@ def clients(
     else:
         console.print(
             f"round {summary.round_id}: sent {summary.sent} reports ({out['good']} good, "
-            f"{summary.bad} malformed {summary.bad_by_kind}) in {summary.seconds:.1f}s; "
+            f"{summary.bad} malformed {summary.bad_by_kind}), {summary.receipted} receipted by "
+            f"mix 0, in {summary.seconds:.1f}s; "
             f"{summary.seconds_left_at_end:.0f}s left before the deadline",
             highlight=False,
         )

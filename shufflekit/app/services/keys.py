@@ -17,6 +17,8 @@ from typing import Protocol, TypeVar
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
+from shufflekit.core.keytext import raw_key_from_b64
+from shufflekit.core.receipts import receipt_public_key
 
 
 class _WritableKey(Protocol):
@@ -65,8 +67,41 @@ def _write_new(files: KeyFiles, key: K, force: bool) -> K:
 
 
 def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
-    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it."""
-    return _write_new(files, KeyPair.generate(), force)
+    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it; for mix 0
+    also its receipt public key (`receipt_file`)."""
+    pair = _write_new(files, KeyPair.generate(), force)
+    if files.public.name == "mix0.pub":
+        write_receipt_public(files, pair)
+    return pair
+
+
+def receipt_file(mix0_public: Path) -> Path:
+    """Mix 0's receipt public key file next to its public key: `mix0.pub` -> `mix0.receipt.pub`."""
+    return mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".receipt.pub")
+
+
+def write_receipt_public(files: KeyFiles, pair: KeyPair) -> Path:
+    """Write the receipt public key derived from mix 0's key pair (core/receipts.py)."""
+    path = receipt_file(files.public)
+    _write_atomic(path, receipt_public_key(pair.private_b64()) + "\n", 0o644)
+    return path
+
+
+def load_receipt_key(mix0_public: Path) -> str:
+    """Mix 0's receipt public key (base64, for the announcement); ConfigError if missing."""
+    path = receipt_file(mix0_public)
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read mix 0's receipt key {path}: {exc.strerror}; write it from mix 0's "
+            "key with `shufflekit keys receipt --key mix0.key`"
+        ) from None
+    try:
+        raw_key_from_b64(text, "a receipt key")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a receipt public key: {exc}") from None
+    return text
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:

@@ -29,6 +29,7 @@ from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
     load_public_key,
+    load_receipt_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
@@ -162,7 +163,7 @@ def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
         return (
             {"service": "mix", "hop": out.hop, "released": out.released}
             | base
-            | {"forwarded": out.forwarded}
+            | {"forwarded": out.forwarded, "resent": out.resent}
         )
     r = out.result
     return (
@@ -298,6 +299,7 @@ async def serve_coordinator(
     mix_files, analyzer_file = cfg.public_keys()
     mix_keys = [load_public_key(p) for p in mix_files]
     analyzer_key = load_public_key(analyzer_file)
+    receipt_key = load_receipt_key(mix_files[0])
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
     params = RoundParams(
@@ -314,7 +316,7 @@ async def serve_coordinator(
     async def body(transport: Transport) -> None:
         nonlocal done, coord
         if coord is None:
-            coord = wiring.coordinator(transport, mix_keys, analyzer_key)
+            coord = wiring.coordinator(transport, mix_keys, analyzer_key, receipt_key)
         # One Coordinator across reconnects: it remembers the round it was driving when the
         # broker went away, and `recover` resumes that round on the new connection.
         coord.transport = transport

@@ -247,6 +247,18 @@ class MqttTransport(Transport):
         self._dispatcher: asyncio.Task[None] | None = None
 
     @property
+    def connected(self) -> bool:
+        """Whether the connection is up (its dispatcher still runs)."""
+        return (
+            self._link is not None and self._dispatcher is not None and not self._dispatcher.done()
+        )
+
+    @property
+    def client_id(self) -> str:
+        """The MQTT client id of this connection (a receipt's reply id)."""
+        return self._client_id
+
+    @property
     def address(self) -> BrokerAddress:
         """The broker this transport connects to."""
         return self._address
