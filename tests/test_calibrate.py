@@ -170,7 +170,10 @@ def test_calibrate_with_the_default_tight_pld() -> None:
     # the composed attack (tight.attack_pld on one fixed dataset) sits below, close
     b1 = compose_rounds_bounds([mech])
     lo1, up1 = b1.epsilon(1e-6)
-    assert lo1 is not None and lo1 <= single.lower_epsilon + 1e-9 and up1 == one
+    # (tight's one-round attack epsilon is searched to rtol 1e-5; the composed attack's exact
+    # curve may land a hair above it, never above the upper bound)
+    assert lo1 is not None and lo1 <= single.lower_epsilon * (1 + 1e-5) and up1 == one
+    assert lo1 <= single.epsilon
     lo3, up3 = compose_rounds_bounds([mech] * 3).epsilon(1e-6)
     assert lo3 is not None and lo3 <= up3 < 3 * mech.eps0
     assert up3 - lo3 < 0.01

@@ -113,7 +113,9 @@ async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) 
         size = onion_size(REPORT_SIZE, ann.hops)  # what hop 1 receives: one layer peeled
         rid = ann.round_id
         if forgery == "manifest":  # count off by one: the batch does not match it
-            fake = Manifest(round_id=rid, hop=1, count=99, chunks=1, item_size=size, digest="0")
+            fake = Manifest(
+                round_id=rid, hop=1, count=99, chunks=1, item_size=size, digest="0" * 64
+            )
             await conn.publish(topics.manifest(rid, 1), fake.to_bytes())
         else:  # chunk 0 with junk items, first on the topic: the digest cannot match
             await conn.publish(topics.data(rid, 1), Chunk(1, 0, [b"\x00" * size]).encode(size))

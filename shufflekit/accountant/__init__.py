@@ -10,6 +10,7 @@ composition, calibration, and the budget ledger. A pure library (no I/O but the 
     tight_delta(mech, 0.5).delta                    # delta at an epsilon (log_delta: no underflow)
     compose_rounds([mech, Mechanism(50_000, 4, 2.0)]).epsilon(1e-6)  # R rounds, any mix
     calibrate_eps0(n=10_000, k=10, rounds=3, epsilon=1.0, delta=1e-6)  # largest eps0 that fits
+    leakage_report(n=10_000, k=10, eps0=2.0).outsider_vulnerability  # QIF: guess one's value
     ledger = Ledger("sqlite:///ledger.db")          # reserve / commit / refund against a Budget
 
 Every other bound (blanket, clones, closed forms, Biswas et al., LDP) is in
@@ -19,6 +20,12 @@ Every other bound (blanket, clones, closed forms, Biswas et al., LDP) is in
 from shufflekit.accountant.calibrate import calibrate_eps0
 from shufflekit.accountant.composition import compose_rounds
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
+from shufflekit.accountant.leakage import (
+    Leakage,
+    leakage_report,
+    min_cohort,
+    participant_statement,
+)
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.tight import tight_delta, tight_epsilon
 from shufflekit.base.errors import (
@@ -37,6 +44,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "InvalidParameters",
+    "Leakage",
     "Ledger",
     "LedgerError",
     "Mechanism",
@@ -47,6 +55,9 @@ __all__ = [
     "UnsoundResult",
     "calibrate_eps0",
     "compose_rounds",
+    "leakage_report",
+    "min_cohort",
+    "participant_statement",
     "tight_delta",
     "tight_epsilon",
 ]

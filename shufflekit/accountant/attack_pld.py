@@ -194,6 +194,43 @@ def dataset_pld(
     """
     check_query(mech)
     check_options(direction, log_tau, z_bins)
+    ls, ms, desc = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
+    loss_all = np.concatenate(ls) if ls else np.zeros(0)
+    lm_all = np.concatenate(ms) if ms else np.zeros(0)
+    sig = lm_all > (float(np.max(lm_all, initial=-math.inf)) - 80.0)
+    span = float(np.ptp(loss_all[sig])) if np.any(sig) else mech.eps0
+    step = loss_step if loss_step is not None else default_loss_step(max(span, 1e-12), n_atoms)
+    if not (step > 0 and math.isfinite(step)):
+        raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
+    binner = LossBinner(step, up=False)
+    binner.add(loss_all, lm_all)
+    return binner.build(
+        f"tight attack (lower bound): {desc}, n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
+        f"losses rounded down to step {step:.3g}, mass beyond e^{log_tau:g} windows dropped"
+    )
+
+
+def dataset_atoms(
+    mech: Mechanism,
+    *,
+    dataset: str,
+    direction: str = "x0|x1",
+    m: int | None = None,
+    log_tau: float = -36.0,
+    z_bins: int = 4,
+) -> list[tuple[FloatArray, FloatArray]]:
+    """The exact atoms (losses, log P-masses), in chunks, of the pair of `dataset_pld` (same
+    arguments), before any rounding: for curves computed exactly (`curve_pld`)."""
+    check_query(mech)
+    check_options(direction, log_tau, z_bins)
+    ls, ms, _ = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
+    return list(zip(ls, ms, strict=True))
+
+
+def _dataset_atoms(
+    mech: Mechanism, dataset: str, direction: str, m: int | None, log_tau: float, z_bins: int
+) -> tuple[list[FloatArray], list[FloatArray], str]:
+    """(losses, log masses, description) of a dataset's pair (see `dataset_pld`)."""
     reverse = direction == "x1|x0"
     if dataset == "all_at_x1":  # relabel x0 <-> x1: the reverse order of "all at x0"
         dataset, reverse = "all_at_x0", not reverse
@@ -214,16 +251,4 @@ def dataset_pld(
         desc = f"{m} others at x0, {mech.n - 1 - m} at x1 ({'x1|x0' if reverse else 'x0|x1'})"
     else:
         raise InvalidParameters(f"unknown dataset {dataset!r}")
-    loss_all = np.concatenate(ls) if ls else np.zeros(0)
-    lm_all = np.concatenate(ms) if ms else np.zeros(0)
-    sig = lm_all > (float(np.max(lm_all, initial=-math.inf)) - 80.0)
-    span = float(np.ptp(loss_all[sig])) if np.any(sig) else mech.eps0
-    step = loss_step if loss_step is not None else default_loss_step(max(span, 1e-12), n_atoms)
-    if not (step > 0 and math.isfinite(step)):
-        raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
-    binner = LossBinner(step, up=False)
-    binner.add(loss_all, lm_all)
-    return binner.build(
-        f"tight attack (lower bound): {desc}, n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
-        f"losses rounded down to step {step:.3g}, mass beyond e^{log_tau:g} windows dropped"
-    )
+    return ls, ms, desc

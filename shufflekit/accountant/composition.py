@@ -25,11 +25,11 @@ from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
-from shufflekit.accountant.attack_pld import dataset_pld
 from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.curve_pld import CurvePLD, attack_curve_pld, composition_pld
 from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
@@ -38,7 +38,6 @@ from shufflekit.accountant.numerics.grid import (
     discretise,
     pld_fingerprint,
 )
-from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
 ENGINES = ("dp_accounting", "fft")
@@ -211,18 +210,23 @@ def _compose_side(
     plds, cs, fps = _group(plds, cs, group_identical)
 
     def gridded(side: str, method: str | None) -> list[GridPLD]:
-        return [
-            discretise(
-                p,
-                step,
-                side=side,
-                method=method,
-                keep_inf=keep_inf,
-                tail_mass=tail_mass,
-                fingerprint=f,
+        out = []
+        for p, f in zip(plds, fps, strict=True):
+            if isinstance(p, CurvePLD) and p.upper == (side == "upper"):
+                out.append(p.on_grid(step, p.upper))  # its own exact-curve gridding
+                continue
+            out.append(
+                discretise(
+                    p,
+                    step,
+                    side=side,
+                    method=method,
+                    keep_inf=keep_inf,
+                    tail_mass=tail_mass,
+                    fingerprint=f,
+                )
             )
-            for p, f in zip(plds, fps, strict=True)
-        ]
+        return out
 
     side = "upper" if upper else "lower"
     grids = gridded(side, rounding if upper else None)
@@ -321,8 +325,9 @@ _PLD_LOCK = threading.Lock()
 
 
 def default_pld_fn() -> PldFn:
-    """`accountant.tight_upper.tight_pld`: the sound, tight default per-round pair."""
-    return tight_pld
+    """`accountant.curve_pld.composition_pld`: the sound, tight default per-round pair (the
+    certified k = 2 pair for k = 2, the blanket pair `tight_upper.tight_pld` otherwise)."""
+    return composition_pld
 
 
 def round_pld(mech: Mechanism, pld_fn: PldFn | None = None) -> PrivacyLossDistribution:
@@ -394,7 +399,8 @@ def compose_rounds(
 ) -> ComposedPLD:
     """Upper bound on the composition of rounds given as mechanisms (n, k, eps0).
 
-    Identical mechanisms are grouped; per-round PLDs come from `pld_fn` (default `tight_pld`)
+    Identical mechanisms are grouped; per-round PLDs come from `pld_fn` (default
+    `curve_pld.composition_pld`)
     and are cached by (pld_fn, n, k, eps0).
     """
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
@@ -405,19 +411,26 @@ _ATTACK_FNS: dict[str, PldFn] = {}
 
 
 def default_attack_fn(rounds: Sequence[Mechanism]) -> PldFn:
-    """`accountant.attack_pld.dataset_pld` with ONE dataset for all rounds.
+    """`accountant.curve_pld.attack_curve_pld`: exact pairs of explicit datasets, put on the
+    composition grid below their exact curves.
 
-    A composed attack is a lower bound only if every round is run on the same neighbouring pair
-    of datasets: "all other users hold z" (x0 vs x1 for the target) when every round has k >= 3,
-    else "all other users hold x0"; direction x0|x1 throughout. (The per-round "auto" choice could
-    pick different datasets in different rounds, which is not one attack.)
+    A composed attack is a lower bound when every round runs on one neighbouring pair of
+    collections: the target holds x0 (vs x1) in every round, order x0|x1 throughout, and the
+    others' values are fixed. All rounds k >= 3: "all others hold z"; all rounds k = 2: the
+    worst exact dataset of each round's certified k = 2 analysis ("m others at x0", the same m
+    for identical rounds); mixed: "all other users hold x0" in every round.
     """
-    dataset = "all_at_z" if all(int(m.k) >= 3 for m in rounds) else "all_at_x0"
+    if all(int(m.k) >= 3 for m in rounds):
+        dataset = "all_at_z"
+    elif all(int(m.k) == 2 for m in rounds):
+        dataset = "auto"
+    else:
+        dataset = "all_at_x0"
     fn = _ATTACK_FNS.get(dataset)
     if fn is None:
 
         def fn(mech: Mechanism, _ds: str = dataset) -> PrivacyLossDistribution:
-            return dataset_pld(mech, dataset=_ds, direction="x0|x1")
+            return attack_curve_pld(mech, _ds)
 
         _ATTACK_FNS[dataset] = fn
     return fn
@@ -433,7 +446,7 @@ def compose_rounds_bounds(
     engine: str = "dp_accounting",
     grid: float | None = None,
 ) -> ComposedBounds:
-    """Composed upper bound (dominating pairs, `pld_fn`, default `tight_pld`) and composed
+    """Composed upper bound (dominating pairs, `pld_fn`, default `composition_pld`) and composed
     attack (`attack_fn`, default `default_attack_fn(rounds)`: one fixed dataset's attack PLD),
     side by side. with_attack=False skips the lower side. Per-round PLDs are cached."""
     upper = compose_rounds(rounds, pld_fn=pld_fn, counts=counts, engine=engine, grid=grid)

@@ -148,7 +148,10 @@ def open_schema(engine: Engine, url: str, create: bool) -> None:
 
 def _sqlite_precheck(engine: Engine, url: str, create: bool) -> None:
     """Read the table names without a write transaction, then (ours or empty) enable WAL."""
-    raw = engine.raw_connection()
+    try:
+        raw = engine.raw_connection()
+    except (sqlite3.Error, sa.exc.DBAPIError) as exc:  # no such folder, no permission, ...
+        raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
     try:
         cur = raw.cursor()
         try:
@@ -192,6 +195,11 @@ def make_engine(url: str, create: bool) -> Engine:
         raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
+            if os.path.isdir(u.database):
+                raise LedgerError(
+                    f"{u.database} is a folder; a SQLite ledger is a file: "
+                    f"sqlite:///{os.path.join(u.database, 'ledger.db')}"
+                )
             if not create and not os.path.isfile(u.database):
                 raise LedgerNotFound(u.database)
             parent = os.path.dirname(os.path.abspath(u.database))

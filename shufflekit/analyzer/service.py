@@ -140,7 +140,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.result = await self._publish(stored)
             return outcome
         try:
-            batch = await self.receive_batch(ann, onion_size(REPORT_SIZE, 1), inbox, stop)
+            batch = await self.receive_batch(
+                ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
+            )
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
@@ -153,6 +155,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
                     f"the round's cost was not committed, nothing is released: {exc}"
                 ) from exc
         except RoundAborted as exc:
+            inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome

@@ -17,7 +17,7 @@ from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, Shuffle
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
-from shufflekit.app.render import console, err_console, print_json, progress_bar
+from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
@@ -146,7 +146,10 @@ def _print_demo(out: dict[str, Any]) -> None:
                 t.add_row(str(i), str(a), str(b), f"{c:.1f}", f"{s:.1f}")
             console.print(t)
             console.print(
-                f"total variation distance (truth vs estimate): [bold]{last['tv_distance']:.4f}[/]"
+                styled(
+                    "total variation distance (truth vs estimate): ",
+                    (f"{last['tv_distance']:.4f}", "bold"),
+                )
             )
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
@@ -160,11 +163,15 @@ def _print_demo(out: dict[str, Any]) -> None:
             console.print(f"rejected: {[r['rejected'] for r in out['rounds']]}")
     p = out["privacy_spent"]
     console.print(
-        f"privacy spent: epsilon = [bold]{p['epsilon']:.4g}[/] at delta = {p['delta']:.3g} "
-        f"over {p['rounds_committed']} committed round(s) (cost model: {p['cost_model']}); "
-        f"budget {p['epsilon_budget']:.4g}, remaining {p['epsilon_remaining']:.4g}"
+        styled(
+            "privacy spent: epsilon = ",
+            (f"{p['epsilon']:.4g}", "bold"),
+            f" at delta = {p['delta']:.3g} over {p['rounds_committed']} committed round(s) "
+            f"(cost model: {p['cost_model']}); budget {p['epsilon_budget']:.4g}, "
+            f"remaining {p['epsilon_remaining']:.4g}",
+        )
     )
-    console.print(f"ledger: {out['ledger']}", highlight=False)
+    console.print(f"ledger: {out['ledger']}")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import traceback
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from shufflekit.app.render import err_console
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
@@ -23,6 +23,16 @@ LedgerOpt = Annotated[
 ]
 DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+_value_type = TyperOption.display_type_rich
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """The value column of `--help`: nothing for a flag (typer 0.29 prints `<bool>` there)."""
+    return None if self.is_flag else _value_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 EXIT_USER = 2
 EXIT_INTERNAL = 70

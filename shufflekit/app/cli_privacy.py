@@ -13,13 +13,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from shufflekit.accountant import biswas, calibrate, composition, tight
 from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app.cli_common import refuse
-from shufflekit.app.render import console, print_json
+from shufflekit.app.render import console, print_json, styled
 from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
 
 app = typer.Typer(
@@ -184,24 +185,24 @@ def _exp(log_x: float) -> float:
     return math.exp(log_x) if log_x > -745 else 0.0
 
 
-def _label(soundness: str) -> str:
+def _label(soundness: str) -> Text:
     if soundness == Soundness.SOUND_UPPER.value:
-        return "[green]sound upper bound[/]"
+        return styled(("sound upper bound", "green"))
     if soundness == Soundness.LOWER_BOUND.value:
-        return "[yellow]lower bound[/]"
-    return "[red]NOT a DP guarantee[/]"
+        return styled(("lower bound", "yellow"))
+    return styled(("NOT a DP guarantee", "red"))
 
 
-def _show(row: dict[str, Any], json_out: bool, headline: str, lower: str | None) -> None:
+def _show(row: dict[str, Any], json_out: bool, headline: Text, lower: str | None) -> None:
     """One answer of `privacy epsilon|delta`: the JSON row, or lines for people."""
     if json_out:
         print_json(row)
         return
-    console.print(f"{row['method']} ({_label(row['soundness'])}): {headline}")
+    console.print(styled(f"{row['method']} (", _label(row["soundness"]), "): ", headline))
     if lower is not None:
         console.print(f"lower bound (explicit attack): {lower}")
     if row.get("note"):
-        console.print(f"note: {row['note']}", highlight=False, markup=False)
+        console.print(f"note: {row['note']}")
     console.print(f"({row['seconds']:.3g} s)")
 
 
@@ -229,8 +230,11 @@ def epsilon(
     _show(
         row,
         json_out,
-        f"epsilon = [bold]{row['epsilon']:.6g}[/] at delta = {delta:g} for {rounds} round(s) "
-        f"of n={n}, k={k}, eps0={eps0:g}",
+        styled(
+            "epsilon = ",
+            (f"{row['epsilon']:.6g}", "bold"),
+            f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}",
+        ),
         lower,
     )
 
@@ -253,8 +257,11 @@ def delta(
     _show(
         row,
         json_out,
-        f"delta = [bold]{row['delta']:.6g}[/] (log delta = {row['log_delta']:.6g}) at "
-        f"epsilon = {epsilon:g} for {rounds} round(s)",
+        styled(
+            "delta = ",
+            (f"{row['delta']:.6g}", "bold"),
+            f" (log delta = {row['log_delta']:.6g}) at epsilon = {epsilon:g} for {rounds} round(s)",
+        ),
         None if lower is None else f"log delta = {lower:.6g}",
     )
 
@@ -297,9 +304,12 @@ def calibrate_cmd(
         return
     what = "largest eps0" if cal.parameter == "eps0" else "smallest n"
     console.print(
-        f"{what}: [bold]{cal.value:.6g}[/] -> {rounds} round(s) spend epsilon "
-        f"{cal.achieved_epsilon:.6g} <= {epsilon:g} at delta {delta:g} "
-        f"(tight, composed; {cal.evaluations} evaluations)"
+        styled(
+            f"{what}: ",
+            (f"{cal.value:.6g}", "bold"),
+            f" -> {rounds} round(s) spend epsilon {cal.achieved_epsilon:.6g} <= {epsilon:g} "
+            f"at delta {delta:g} (tight, composed; {cal.evaluations} evaluations)",
+        )
     )
     if lower is not None:
         console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
@@ -367,7 +377,7 @@ def compare(
     console.print(compare_table(rows, f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, R={rounds}"))
     for r in rows:
         if r["note"]:
-            console.print(f"[bold]{r['method']}[/]: {r['note']}", highlight=False)
+            console.print(styled((r["method"], "bold"), f": {r['note']}"))
     if plot:
         console.print(f"plot: {plot} ({', '.join(plotted or [])})", highlight=False)
 
@@ -399,7 +409,7 @@ def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
     for col in ("method", "epsilon", "lower bound", "label", "seconds"):
         t.add_column(col, no_wrap=True)
     for r in rows:
-        eps = _fmt(r["epsilon"]) if r["status"] == "ok" else f"[dim]{r['status']}[/]"
+        eps = _fmt(r["epsilon"]) if r["status"] == "ok" else styled((r["status"], "dim"))
         t.add_row(
             r["method"],
             eps,

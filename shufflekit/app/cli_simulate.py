@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_common import JsonOpt, refuse
@@ -38,8 +39,8 @@ from shufflekit.app.experiment import (
 )
 from shufflekit.app.experiment_report import write_outputs
 from shufflekit.app.individual import individual_utility
-from shufflekit.app.render import console, err_console, print_json, progress_bar
-from shufflekit.app.simulate import run_simulation
+from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
+from shufflekit.app.simulate import check_size, run_simulation
 
 IbuMaxIterOpt = Annotated[
     int, typer.Option(min=1, help="EM (ibu) stops after this many steps; hitting it is reported.")
@@ -89,6 +90,8 @@ def simulate(
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if not (math.isfinite(ibu_tol) and ibu_tol > 0):
         refuse(f"--ibu-tol must be a finite number > 0, got {ibu_tol}")
+    if k is not None:
+        check_size(k, rounds)
     source: Dataset | CsvColumn
     labels: tuple[str, ...]
     if csv is not None or column is not None:
@@ -104,20 +107,23 @@ def simulate(
     else:
         name = dataset or "normal"
         k_eff = k if k is not None else (dataset_k(name) or 10)
+        check_size(k_eff, rounds)
         ds = make_dataset(name, k_eff)
         source, n_users, labels = ds, users if users is not None else 10_000, ds.labels
-    res = run_simulation(
-        n_users,
-        k_eff,
-        eps0,
-        rounds,
-        source,
-        estimator,
-        seed,
-        n_boot=n_boot,
-        ibu_tol=ibu_tol,
-        ibu_max_iter=ibu_max_iter,
-    )
+    with progress_bar("estimating rounds", rounds, "rounds", quiet=json_out) as update:
+        res = run_simulation(
+            n_users,
+            k_eff,
+            eps0,
+            rounds,
+            source,
+            estimator,
+            seed,
+            n_boot=n_boot,
+            ibu_tol=ibu_tol,
+            ibu_max_iter=ibu_max_iter,
+            progress=lambda i, _t: update(i),
+        )
     est = res.estimate
     out: dict[str, Any] = {
         "users": res.users,
@@ -193,16 +199,20 @@ def _print_simulation(out: dict[str, Any]) -> None:
         t.add_row(str(i), lab, f"{f:.4f}", str(h), f"{e:.4f}", se)
     console.print(t)
     what = "mean over rounds" if out["rounds"] > 1 else "truth vs estimate"
-    console.print(f"total variation distance ({what}): [bold]{out['tv_distance']:.5f}[/]")
+    console.print(
+        styled(f"total variation distance ({what}): ", (f"{out['tv_distance']:.5f}", "bold"))
+    )
     console.print(f"simulated and estimated in {out['seconds']:.3f} s")
     if not out["converged"]:
         err_console.print(
-            f"[yellow]warning:[/] EM ({out['estimator']}) did not converge in "
-            f"{out['nonconverged_rounds']} of {out['rounds']} round(s) within "
-            f"{out['ibu_max_iter']} steps (tol {out['ibu_tol']:g}); those estimates are the "
-            "last EM step, not the maximum-likelihood point. Raise --ibu-max-iter, or use "
-            "--estimator mle (the same maximum, computed exactly).",
-            highlight=False,
+            styled(
+                ("warning:", "yellow"),
+                f" EM ({out['estimator']}) did not converge in "
+                f"{out['nonconverged_rounds']} of {out['rounds']} round(s) within "
+                f"{out['ibu_max_iter']} steps (tol {out['ibu_tol']:g}); those estimates are the "
+                "last EM step, not the maximum-likelihood point. Raise --ibu-max-iter, or use "
+                "--estimator mle (the same maximum, computed exactly).",
+            )
         )
 
 
@@ -353,18 +363,20 @@ def utility(
             if where not in notes.setdefault(r["note"], []):
                 notes[r["note"]].append(where)
     for note, wheres in notes.items():
-        console.print(f"[yellow]{'; '.join(wheres)}:[/] {note}", highlight=False)
+        console.print(styled((f"{'; '.join(wheres)}:", "yellow"), f" {note}"))
     bad = [r for r in res.rows if r.get("nonconverged")]
     if bad:
         total = sum(int(r["nonconverged"]) for r in bad)
         err_console.print(
-            f"[yellow]warning:[/] EM (ibu) hit its cap of {cfg.ibu_max_iter} steps in {total} "
-            f"repetition(s) over {len(bad)} row(s) (column nonconverged); raise --ibu-max-iter "
-            "or compare with the exact MLE (mle).",
-            highlight=False,
+            styled(
+                ("warning:", "yellow"),
+                f" EM (ibu) hit its cap of {cfg.ibu_max_iter} steps in {total} repetition(s) "
+                f"over {len(bad)} row(s) (column nonconverged); raise --ibu-max-iter or compare "
+                "with the exact MLE (mle).",
+            )
         )
     if files:
-        console.print(f"wrote {files['csv']} and {files['png']}", highlight=False)
+        console.print(f"wrote {files['csv']} and {files['png']}")
     console.print(f"{len(cfg.points())} points in {res.seconds:.1f} s")
 
 
@@ -391,7 +403,7 @@ def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
         t.add_column(c, justify="right", no_wrap=True)
     for r in rows:
         ok = r["status"] == "ok"
-        errs = [_compact(r["tv_mean"]) if ok else f"[yellow]{r['status']}[/]"]
+        errs: list[str | Text] = [_compact(r["tv_mean"]) if ok else styled((r["status"], "yellow"))]
         errs += [_compact(r["tv_std"])]
         if one:
             errs += [_compact(r["l2_mean"]), _compact(r["max_mean"])]
@@ -475,7 +487,7 @@ def individual(
         )
     console.print(t)
     if res.note:
-        console.print(f"[yellow]{res.note}[/]", highlight=False)
+        console.print(res.note, style="yellow")
 
 
 __all__ = ["experiment_app", "individual", "simulate", "utility", "utility_table"]

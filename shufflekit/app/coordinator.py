@@ -46,6 +46,7 @@ from shufflekit.base.errors import AccountantError, InvalidReport, RoundAborted,
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import current_announcement
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Subscription, Transport
@@ -96,6 +97,7 @@ class Coordinator:
         self.clock = clock
         self.offload = offload
         self.rng = rng or SystemRandomness()
+        self.control = RejectionCounter()  # invalid ready/result/abort messages, by reason
         # The announcement of the round this coordinator is driving, from just before it is
         # announced until the round is settled. It outlives a lost connection: `recover` on
         # the next one resumes that round even if the broker lost the retained announcement.
@@ -106,14 +108,16 @@ class Coordinator:
         return ann.deadline - self.clock.time()
 
     def announcement(self, round_id: str, params: RoundParams) -> Announcement:
-        """The announcement clients encrypt against."""
+        """The round as the hops are prepared for it. Its deadline is provisional (the latest
+        the real one can be: after the readiness handshake); `_drive` announces the real one,
+        counted from the announcement, and closes mix 0's ingest at it."""
         return Announcement(
             deployment=self.deployment,
             round_id=round_id,
             k=params.k,
             eps0=params.eps0,
             n_min=params.n_min,
-            deadline=self.clock.time() + params.deadline_seconds,
+            deadline=self.clock.time() + self.ready_timeout + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
             receipt_key=self.receipt_key,
@@ -149,7 +153,7 @@ class Coordinator:
             params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
             ann = self.announcement(rid, params)
             try:
-                outcome = await self._drive(ann, report, answer, stop)
+                outcome = await self._drive(ann, params.deadline_seconds, report, answer, stop)
             except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
                 outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
                 # retained and out before the refund: a hop resuming the round later finds it
@@ -227,7 +231,7 @@ class Coordinator:
                 log.info("round %s: resuming it, outcome expected within %.0fs", rid, timeout)
                 if self._left(ann) > 0:  # a broker that restarted afresh lost it: clients
                     await coord.publish(t.announce, ann.to_bytes(), retain=True)
-                waiting = asyncio.create_task(first_outcome(rs, ab, rid, timeout))
+                waiting = asyncio.create_task(first_outcome(rs, ab, rid, timeout, self.control))
                 try:
                     if stop is not None:
                         stopper = asyncio.create_task(stop.wait())
@@ -275,12 +279,18 @@ class Coordinator:
 
     async def _drive(
         self,
-        ann: Announcement,
+        prepared: Announcement,
+        ingest_seconds: float,
         report: RoundReport,
         answer: Callable[[Announcement], Awaitable[int]] | None,
         stop: asyncio.Event | None,
     ) -> Result | Abort:
-        """Prepare, announce, let clients answer, close; the round's result or first abort."""
+        """Prepare, announce, let clients answer, close; the round's result or first abort.
+
+        The clients' time runs from the announcement, once every hop is ready (a slow hop does
+        not eat it): the announced deadline is `ingest_seconds` from then, and the coordinator
+        closes mix 0's ingest when it passes (mix 0's own fallback is the prepared deadline)."""
+        ann = prepared
         rid, t, coord = ann.round_id, self.topics, self.transport
         async with contextlib.AsyncExitStack() as stack:
             result_sub = await stack.enter_async_context(coord.subscribe(t.result(rid)))
@@ -294,6 +304,7 @@ class Coordinator:
                 stop,
                 lambda: coord.publish(t.prepare, prep),
                 self.clock,
+                self.control,
             )
             if missing or (stop is not None and stop.is_set()):
                 reason = (
@@ -306,7 +317,9 @@ class Coordinator:
                 )
                 await coord.publish(t.abort(rid), abort.to_bytes(), retain=True)
                 return abort
+            ann = ann.model_copy(update={"deadline": self.clock.time() + ingest_seconds})
             self.driving = ann  # from here on the hops may receive reports: resume, not abort
+            closer = asyncio.create_task(self._close_at_deadline(ann))
             try:
                 await coord.publish(t.announce, ann.to_bytes(), retain=True)
                 log.info(
@@ -323,6 +336,7 @@ class Coordinator:
                         abort_sub,
                         rid,
                         max(self._left(ann), 0.0) + 2 * self.batch_timeout,
+                        self.control,
                     )
                 )
                 try:
@@ -346,8 +360,19 @@ class Coordinator:
                     if not outcome_task.done():
                         outcome_task.cancel()
             finally:
+                closer.cancel()
                 with contextlib.suppress(TransportError):
                     await coord.publish(t.announce, b"", retain=True)
+
+    async def _close_at_deadline(self, ann: Announcement) -> None:
+        """Close mix 0's ingest when the announced deadline passes (a lost close is harmless:
+        mix 0 closes by itself at the prepared deadline)."""
+        left = self._left(ann)
+        if left > 0:
+            await self.clock.sleep(left)
+        close = Close(round_id=ann.round_id, reason="deadline")
+        with contextlib.suppress(TransportError):
+            await self.transport.publish(self.topics.close(ann.round_id), close.to_bytes())
 
 
 async def _await_ready(
@@ -357,9 +382,11 @@ async def _await_ready(
     stop: asyncio.Event | None,
     prepare: Callable[[], Awaitable[None]],
     clock: Clock,
+    control: RejectionCounter,
 ) -> list[int]:
     """Prepare (repeated each second, for a hop that was still starting or reconnecting) until
-    every hop said it is ready with the announced key; returns the hops still missing."""
+    every hop said it is ready with the announced key; returns the hops still missing. Invalid
+    ready messages are counted in `control`."""
     keys = [*ann.mix_keys, ann.analyzer_key]
     missing = set(range(len(keys)))
     deadline = clock.monotonic() + timeout
@@ -374,8 +401,11 @@ async def _await_ready(
         msg = await next_message(sub, stop, min(deadline, next_prepare) - now)
         if msg is None:
             continue
-        with contextlib.suppress(InvalidReport):
+        try:
             r = Ready.from_bytes(msg.payload)
+        except InvalidReport as exc:
+            control.reject(exc.reason)
+        else:
             if (
                 isinstance(r, Ready)
                 and r.round_id == ann.round_id

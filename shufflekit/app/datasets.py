@@ -280,15 +280,38 @@ def _sort_key(value: str) -> tuple[int, float, str]:
 
 
 def _read_column(path: Path, column: str) -> tuple[list[str], int]:
-    """The stripped non-blank cells of `column`, and how many blank cells were skipped."""
+    """The stripped non-blank cells of `column`, and how many blank cells were skipped.
+
+    A malformed file is refused with its line number, never read half-way: a row with more or
+    fewer fields than the header, an unterminated quote, bytes that are not UTF-8.
+    """
     if not path.is_file():
         raise DatasetError(f"CSV file not found: {path}")
+    cells: list[str] = []
     with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        if column not in header:
-            raise DatasetError(f"column {column!r} not in {path}; columns are {list(header)}")
-        cells = [(row.get(column) or "").strip() for row in reader]
+        reader = csv.reader(fh, strict=True)
+        start = 1
+        try:
+            header = next(reader, [])
+            if column not in header:
+                raise DatasetError(f"column {column!r} not in {path}; columns are {header}")
+            at = header.index(column)
+            start = reader.line_num + 1
+            for row in reader:
+                if not row:  # an empty line: no user
+                    continue
+                if len(row) != len(header):
+                    raise DatasetError(
+                        f"{path}, line {reader.line_num}: {len(row)} field(s) but the header "
+                        f"has {len(header)}; every row needs one value per column"
+                    )
+                cells.append(row[at].strip())
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            what = "a quote opened here is never closed" if "end of data" in str(exc) else exc
+            raise DatasetError(f"{path}, line {start}: malformed CSV ({what})") from None
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{path}: not UTF-8 text ({exc.reason})") from None
     kept = [c for c in cells if c]
     return kept, len(cells) - len(kept)
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
 from shufflekit.base.errors import ConfigError, InvalidReport, TransportError
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Announcement, Ready
 from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
@@ -36,6 +37,7 @@ class HopRunner:
         self.deployment = deployment
         self.topics = RoundTopics(deployment)
         self.inbox: Inbox | None = None  # the node's inbox while `serve` runs
+        self.control = RejectionCounter()  # invalid prepares, by reason
 
     @contextlib.asynccontextmanager
     async def _inbox_running(self) -> AsyncIterator[None]:
@@ -214,6 +216,7 @@ class HopRunner:
         try:
             ann = Announcement.from_bytes(msg.payload)
         except InvalidReport as exc:
+            self.control.reject(exc.reason)
             log.warning("%s: ignored an invalid prepare: %s", self.name, exc)
             return None
         assert isinstance(ann, Announcement)

@@ -1,4 +1,9 @@
-"""Output helpers shared by CLI commands: JSON for scripts, rich tables for people."""
+"""Output helpers shared by CLI commands: JSON for scripts, rich tables for people.
+
+Both consoles print text literally: Rich markup is off (a deployment `a[/b]`, a `[mix]` in a
+message or `mqtt[s]` in a URL is printed as given), and styling is explicit (`styled`). On a
+terminal tables fit its width; piped or redirected they are printed at full width, never cut.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,27 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 10_000
+"""Width of a console that is not a terminal: wide enough that no table or line is cut."""
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that never interprets markup; full width when not on a terminal."""
+    con = Console(stderr=stderr, markup=False, highlight=False)
+    if not con.is_terminal:
+        con.width = PIPE_WIDTH
+    return con
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+
+def styled(*parts: str | Text | tuple[str, str]) -> Text:
+    """Text from literal pieces: a str or Text as is, a (text, style) pair styled (e.g. bold)."""
+    return Text.assemble(*parts)
 
 
 def _clean(x: Any) -> Any:

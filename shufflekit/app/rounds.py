@@ -18,6 +18,7 @@ from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
@@ -139,17 +140,28 @@ async def next_message(
 
 
 async def first_outcome(
-    result_sub: Subscription, abort_sub: Subscription, round_id: str, timeout: float
+    result_sub: Subscription,
+    abort_sub: Subscription,
+    round_id: str,
+    timeout: float,
+    control: RejectionCounter | None = None,
 ) -> Result | Abort:
-    """The analyzer's result or the first abort of the round, whichever comes first."""
+    """The analyzer's result or the first abort of the round, whichever comes first; invalid
+    messages on those topics are counted by reason in `control` and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
             msg = await sub.get()
-            with contextlib.suppress(InvalidReport):
+            if not msg.payload:
+                continue  # a retained message being cleared
+            try:
                 m = kind.from_bytes(msg.payload)
-                if isinstance(m, Result | Abort) and m.round_id == round_id:
-                    return m
+            except InvalidReport as exc:
+                if control is not None:
+                    control.reject(exc.reason)
+                continue
+            if isinstance(m, Result | Abort) and m.round_id == round_id:
+                return m
 
     watchers = [
         asyncio.create_task(watch(result_sub, Result)),

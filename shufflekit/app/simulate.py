@@ -11,6 +11,7 @@ the sum of these k independent multinomials. This is exactly the law of counting
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,33 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _MAX_CELLS = 4_000_000  # rounds * k * k cells drawn per multinomial call, to bound memory
+
+MAX_K = 4096
+"""The largest k simulated: the law is a k x k matrix of multinomial cells (4096² = 128 MiB)."""
+
+MAX_MEMORY = 4 * 2**30
+"""Refuse a run whose results would need more memory than this (see `memory_needed`)."""
+
+
+def memory_needed(k: int, rounds: int) -> int:
+    """About how many bytes `run_simulation` keeps: per round an estimate and its metrics
+    (~3.5 kB measured) and ~70 bytes per category; plus the k x k law."""
+    return rounds * (3_500 + 70 * k) + 16 * k * k
+
+
+def check_size(k: int, rounds: int) -> None:
+    """Refuse, before allocating anything, a k or a number of rounds the simulator cannot hold."""
+    if k > MAX_K:
+        raise InvalidInput(
+            f"k = {k:,} is too large to simulate: the simulator draws from a k x k law and "
+            f"allows k <= {MAX_K:,}"
+        )
+    need = memory_needed(k, rounds)
+    if need > MAX_MEMORY:
+        raise InvalidInput(
+            f"{rounds:,} rounds with k = {k:,} would need about {need / 2**30:.1f} GiB of "
+            f"memory (limit {MAX_MEMORY / 2**30:.0f} GiB): ask for fewer rounds or categories"
+        )
 
 
 def _check_counts(true_counts: npt.ArrayLike, k: int) -> IntArray:
@@ -192,6 +220,7 @@ def run_simulation(
     n_boot: int = 200,
     ibu_tol: float = 1e-10,
     ibu_max_iter: int = 20_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimulationResult:
     """Simulate `rounds` rounds of `users` users and estimate the distribution in each.
 
@@ -200,9 +229,11 @@ def run_simulation(
     users. Everything derives from `seed`. `n_boot` is passed to the bootstrap of the non-INV
     estimators (0 skips it, which is much faster for many rounds); `ibu_tol` and `ibu_max_iter`
     are EM's stopping rule (see `nonconverged_rounds` for rounds that hit the cap).
+    `progress(done, rounds)` is called as rounds are estimated (the long part of many rounds).
     """
     if rounds < 1:
         raise InvalidInput(f"rounds must be >= 1, got {rounds}")
+    check_size(k, rounds)
     rng = np.random.default_rng(seed)
     true_hist, name = _true_histogram(users, k, dataset, rng, exact_histogram)
     n = int(true_hist.sum())
@@ -210,20 +241,24 @@ def run_simulation(
     noisy = simulate_rounds(true_hist, k, eps0, rng, rounds)
     t1 = time.perf_counter()
     boot_seeds = rng.integers(0, 2**63, size=rounds)
-    ests = [
-        estimate(
-            h,
-            k,
-            eps0,
-            estimator,
-            confidence,
-            n_boot=n_boot,
-            seed=int(s),
-            tol=ibu_tol,
-            max_iter=ibu_max_iter,
+    ests: list[Estimate] = []
+    every = max(1, rounds // 200)
+    for h, s in zip(noisy, boot_seeds, strict=True):
+        ests.append(
+            estimate(
+                h,
+                k,
+                eps0,
+                estimator,
+                confidence,
+                n_boot=n_boot,
+                seed=int(s),
+                tol=ibu_tol,
+                max_iter=ibu_max_iter,
+            )
         )
-        for h, s in zip(noisy, boot_seeds, strict=True)
-    ]
+        if progress is not None and (len(ests) % every == 0 or len(ests) == rounds):
+            progress(len(ests), rounds)
     t2 = time.perf_counter()
     truth = true_hist / n
     freqs = np.stack([e.frequencies for e in ests])
@@ -248,8 +283,12 @@ def run_simulation(
 
 
 __all__ = [
+    "MAX_K",
+    "MAX_MEMORY",
     "SimulationResult",
+    "check_size",
     "krr_rows",
+    "memory_needed",
     "per_user_round",
     "run_simulation",
     "simulate_round",

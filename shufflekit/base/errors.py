@@ -49,6 +49,10 @@ class TransportError(Unavailable):
     """The transport (in-memory bus or MQTT broker) could not deliver or connect."""
 
 
+class SpoolError(Unavailable):
+    """A hop's spool cannot be opened, read or written (disk full, unwritable, corrupted)."""
+
+
 class RoundAborted(UserError):
     """A round released nothing (too few reports, a broken batch); its reserved cost is refunded."""
 

@@ -13,20 +13,30 @@ import contextlib
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.client.bits import BitRR
 from shufflekit.client.krr import KRR
 from shufflekit.core.crypto import public_from_b64, seal_onion
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
-from shufflekit.core.wire import Envelope, Report
+from shufflekit.core.wire import BitsReport, Envelope, Report
+
+
+def randomized_report(value: int, ann: Announcement, rng: Randomness | None = None) -> bytes:
+    """The fixed-size report of the announced mechanism: k-RR(eps0) of a value in [0, k), or
+    each bit of an L-bit record flipped (bits rounds); drawn from `rng` (default OS CSPRNG)."""
+    if ann.mechanism == "bits" and ann.bits is not None:
+        record = BitRR(ann.bits, ann.eps0).randomize(value, rng)
+        return BitsReport(bits=ann.bits, record=record).encode()
+    return Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, rng)).encode()
 
 
 def build_onion(value: int, ann: Announcement, rng: Randomness | None = None) -> bytes:
-    """value -> k-RR(eps0) (drawn from `rng`, default the OS CSPRNG) -> fixed-size report ->
-    onion (analyzer innermost)."""
-    report = Report(k=ann.k, value=KRR(ann.k, ann.eps0).randomize(value, rng))
+    """value -> the announced randomizer (drawn from `rng`, default the OS CSPRNG) ->
+    fixed-size report -> onion (analyzer innermost)."""
+    report = randomized_report(value, ann, rng)
     keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
-    return seal_onion(report.encode(), keys, ann.deployment, ann.round_id, rng)
+    return seal_onion(report, keys, ann.deployment, ann.round_id, rng)
 
 
 def wrap_envelope(

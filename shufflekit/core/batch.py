@@ -8,10 +8,11 @@ them before acknowledging them.
 
 from __future__ import annotations
 
-import contextlib
+from collections import Counter
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Manifest
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.topics import Topics
@@ -55,24 +56,27 @@ async def await_batch(
     timeout: float,
     *,
     clock: Clock = system_clock,
+    counters: RejectionCounter | None = None,
 ) -> list[bytes]:
     """The complete, consistent batch for hop `hop` from the spool (chunks and manifest as the
     inbox spooled them); waits up to `timeout` seconds of `clock` for it, else RoundAborted.
 
     Chunks are de-duplicated by their bytes when spooled and by index here (the first copy
     wins), so a sender that forwards its stored batch again after a restart changes nothing.
+    Junk on the hop's topics (undecodable chunks, invalid or foreign manifests) is not part of
+    the batch; it is counted by reason in `counters` once, when the wait ends.
     """
     end = clock.monotonic() + timeout
     seen = -1
     while True:
-        manifest = _first_manifest(spool, round_id, hop)
-        chunks: dict[int, Chunk] = {}
-        for _, payload in spool.messages(round_id, "data"):
-            _add_chunk(chunks, payload, hop, item_size)
+        inbox.check(round_id)
+        manifest, chunks, junk = _scan(spool, round_id, hop, item_size)
         if manifest is not None and len(chunks) >= manifest.chunks:
+            _count(counters, junk)
             return _verify(chunks, manifest, hop, item_size)
         left = end - clock.monotonic()
         if left <= 0:
+            _count(counters, junk)
             raise RoundAborted(
                 f"hop {hop}: batch incomplete after {timeout:.0f}s "
                 f"({len(chunks)} chunks, manifest {'received' if manifest else 'missing'})"
@@ -80,21 +84,42 @@ async def await_batch(
         seen = await inbox.changed(seen, left)
 
 
-def _first_manifest(spool: Spool, round_id: str, hop: int) -> Manifest | None:
+def _scan(
+    spool: Spool, round_id: str, hop: int, item_size: int
+) -> tuple[Manifest | None, dict[int, Chunk], Counter[str]]:
+    """The first valid manifest, the chunks by index, and the junk seen, by reason."""
+    junk: Counter[str] = Counter()
+    manifest: Manifest | None = None
     for _, payload in spool.messages(round_id, "manifest"):
-        with contextlib.suppress(InvalidReport):
+        try:
             m = Manifest.from_bytes(payload)
-            if isinstance(m, Manifest) and m.round_id == round_id and m.hop == hop:
-                return m
-    return None
+        except InvalidReport:
+            junk["bad_manifest"] += 1
+            continue
+        if not (isinstance(m, Manifest) and m.round_id == round_id and m.hop == hop):
+            junk["foreign_manifest"] += 1
+        elif manifest is None:
+            manifest = m
+        else:
+            junk["extra_manifest"] += 1
+    chunks: dict[int, Chunk] = {}
+    for _, payload in spool.messages(round_id, "data"):
+        try:
+            chunk = Chunk.decode(payload, hop, item_size)
+        except InvalidReport:
+            junk["bad_chunk"] += 1  # not part of the batch; the digest check decides the rest
+            continue
+        if chunk.index in chunks:
+            junk["duplicate_chunk"] += 1  # at-least-once delivery: the first copy wins
+        else:
+            chunks[chunk.index] = chunk
+    return manifest, chunks, junk
 
 
-def _add_chunk(chunks: dict[int, Chunk], payload: bytes, hop: int, item_size: int) -> None:
-    try:
-        chunk = Chunk.decode(payload, hop, item_size)
-    except InvalidReport:
-        return  # junk on a hop topic is not part of the batch; the digest check decides
-    chunks.setdefault(chunk.index, chunk)  # at-least-once delivery: keep the first copy
+def _count(counters: RejectionCounter | None, junk: Counter[str]) -> None:
+    if counters is not None:
+        for reason, n in junk.items():
+            counters.rejected[reason] += n
 
 
 def _verify(chunks: dict[int, Chunk], manifest: Manifest, hop: int, item_size: int) -> list[bytes]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from typing import Any, Generic, TypeVar
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError
+from shufflekit.base.errors import ConfigError, SpoolError
 from shufflekit.core.batch import await_batch
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement
 from shufflekit.core.spool import (
@@ -23,6 +25,8 @@ from shufflekit.core.spool import (
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
+
+log = logging.getLogger("shufflekit.hop")
 
 OutcomeT = TypeVar("OutcomeT")
 
@@ -88,7 +92,12 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         async with running_inbox(inbox, lambda: self.hop_inbox(self.hop_of(ann))) as running:
             if ready is not None:
                 ready.set()
-            return await self._serve(ann, self.spool.begin(ann), running, stop)
+            try:
+                state = self.spool.begin(ann)
+            except SpoolError as exc:  # cannot even record the round: it fails like its input
+                running.failed.setdefault(ann.round_id, (str(exc), 0))
+                state = "open"
+            return await self._serve(ann, state, running, stop)
 
     def hop_inbox(self, hop: int) -> Inbox:
         """The durable inbox of hop `hop`'s input, every round, on this hop's transport:
@@ -112,13 +121,26 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         return classify_hop_input(msg)
 
     async def receive_batch(
-        self, ann: Announcement, item_size: int, inbox: Inbox, stop: asyncio.Event | None
+        self,
+        ann: Announcement,
+        item_size: int,
+        inbox: Inbox,
+        stop: asyncio.Event | None,
+        counters: RejectionCounter | None = None,
     ) -> list[bytes]:
         """The verified batch sent to this hop (see `await_batch`), awaited until the round's
-        deadline plus `batch_timeout`; RoundAborted if it does not come or `stop` is set."""
+        deadline plus `batch_timeout`; RoundAborted if it does not come or `stop` is set.
+        Junk on the hop's topics is counted by reason in `counters`."""
         timeout = max(ann.seconds_left(self.clock), 0.0) + self.batch_timeout
         batch = await_batch(
-            self.spool, inbox, ann.round_id, self.hop_of(ann), item_size, timeout, clock=self.clock
+            self.spool,
+            inbox,
+            ann.round_id,
+            self.hop_of(ann),
+            item_size,
+            timeout,
+            clock=self.clock,
+            counters=counters,
         )
         return await unless_stopped(batch, stop, self.name)
 
@@ -130,4 +152,7 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         msg = Abort(round_id=ann.round_id, hop=self.hop_of(ann), reason=reason, received=received)
         # retained: a hop that was away when the round ended learns it when it resumes
         await self.transport.publish(self.topics.abort(ann.round_id), msg.to_bytes(), retain=True)
-        self.spool.finish(ann.round_id, outcome)
+        try:
+            self.spool.finish(ann.round_id, outcome)
+        except SpoolError as exc:  # the abort is out (retained): a resumed round stops there
+            log.error("%s: round %s aborted, but %s", self.name, ann.round_id, exc)

@@ -1,17 +1,41 @@
-"""Control messages (JSON validated by pydantic): announce, close, manifest, abort, result."""
+"""Control messages (JSON validated by pydantic): announce, close, manifest, abort, result.
+
+Anyone who can publish on a topic can send a control message, so every field is checked before
+use: finite numbers only, names in the topic-safe character set, bounded sizes. A message that
+fails is refused whole with InvalidReport('bad_control'), which the reader counts.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
+from shufflekit.core.wire import MAX_RECORD_BITS
 
 PROTOCOL_VERSION = 1
+MAX_CONTROL_BYTES = 8 * 1024 * 1024  # the largest result (k = 2^16, three vectors) fits
+MAX_HOPS = 16  # mixes in one cascade
+MAX_REASON = 500  # characters of a free-text reason
+
+# Names travel in topics and in the HPKE info string: the same set as core.topics.check_name.
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+Key = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Text = Annotated[str, StringConstraints(max_length=MAX_REASON)]
+MECHANISMS = ("krr", "bits")
 
 
 class _Control(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     version: int = PROTOCOL_VERSION
 
     def to_bytes(self) -> bytes:
@@ -20,7 +44,11 @@ class _Control(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes) -> _Control:
-        """Parse and validate; InvalidReport('bad_control') on anything malformed."""
+        """Parse and validate; InvalidReport('bad_control') on anything malformed or oversize."""
+        if len(data) > MAX_CONTROL_BYTES:
+            raise InvalidReport(
+                "bad_control", f"{cls.__name__} of {len(data)} bytes (limit {MAX_CONTROL_BYTES})"
+            )
         try:
             msg = cls.model_validate_json(data)
         except ValidationError as exc:
@@ -31,19 +59,39 @@ class _Control(BaseModel):
 
 
 class Announcement(_Control):
-    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first)."""
+    """Round R is open: its parameters and the public keys to encrypt to (mix 0 first).
 
-    deployment: str
-    round_id: str
-    k: int = Field(ge=2, le=65535)
-    eps0: float = Field(gt=0)
+    `mechanism` is "krr" (k-RR over k values) or "bits" (each bit of an L-bit record flipped,
+    `bits` = L, and k = 2^L, the number of possible records); eps0 is per report either way.
+    """
+
+    deployment: Name
+    round_id: Name
+    k: int = Field(ge=2, le=1 << MAX_RECORD_BITS)
+    eps0: float = Field(gt=0, lt=710)  # exp(eps0) must be a finite float
     n_min: int = Field(ge=1)
-    deadline: float  # unix time after which mix 0 stops accepting
-    mix_keys: list[str] = Field(min_length=1)
-    analyzer_key: str
+    deadline: float  # unix time after which mix 0 stops accepting (finite, as every number)
+    mix_keys: list[Key] = Field(min_length=1, max_length=MAX_HOPS)
+    analyzer_key: Key
     # mix 0's receipt key (Ed25519, base64): clients verify its receipts (core/receipts.py);
     # None: an older deployment without receipts, where clients can only count PUBACKs
-    receipt_key: str | None = None
+    receipt_key: Key | None = None
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+
+    @model_validator(mode="after")
+    def _mechanism_matches(self) -> Self:
+        if self.mechanism == "bits":
+            if self.bits is None or self.k != 1 << self.bits:
+                raise ValueError("a bits round needs bits = L and k = 2^L")
+        elif self.bits is not None or self.k > 65535:
+            raise ValueError("a krr round has k <= 65535 and no bits")
+        return self
+
+    @property
+    def report_size(self) -> int:
+        """The size field of this round's reports: k for k-RR, L for bits."""
+        return self.bits if self.mechanism == "bits" and self.bits is not None else self.k
 
     @property
     def hops(self) -> int:
@@ -58,46 +106,52 @@ class Announcement(_Control):
 class Close(_Control):
     """The coordinator ends ingest early (all simulated clients have sent)."""
 
-    round_id: str
-    reason: str = "coordinator"
+    round_id: Name
+    reason: Text = "coordinator"
 
 
 class Manifest(_Control):
     """What hop `hop` must receive: count and digest of the whole permuted batch."""
 
-    round_id: str
-    hop: int = Field(ge=0)
-    count: int = Field(ge=0)
-    chunks: int = Field(ge=0)
-    item_size: int = Field(ge=1)
-    digest: str
+    round_id: Name
+    hop: int = Field(ge=0, le=MAX_HOPS)
+    count: int = Field(ge=0, le=100_000_000)
+    chunks: int = Field(ge=0, le=10_000_000)
+    item_size: int = Field(ge=1, le=1_000_000)
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
 class Abort(_Control):
     """Hop `hop` released nothing for this round; `reason` says why."""
 
-    round_id: str
-    hop: int
-    reason: str
-    received: int = 0
+    round_id: Name
+    hop: int = Field(ge=-1, le=MAX_HOPS)
+    reason: Text
+    received: int = Field(default=0, ge=0)
 
 
 class Result(_Control):
     """The analyzer's published result of one round."""
 
-    round_id: str
-    k: int
-    eps0: float
-    batch_size: int
-    histogram: list[int]
-    estimate: list[float]
-    stderr: list[float]
-    estimator: str
-    rejected: dict[str, int]
+    round_id: Name
+    k: int = Field(ge=2, le=1 << MAX_RECORD_BITS)
+    eps0: float = Field(gt=0, lt=710)
+    batch_size: int = Field(ge=0)
+    histogram: list[Annotated[int, Field(ge=0)]] = Field(max_length=1 << MAX_RECORD_BITS)
+    estimate: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
+    stderr: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
+    estimator: Name
+    rejected: dict[Name, Annotated[int, Field(ge=0)]] = Field(max_length=256)
     privacy: dict[str, float | str | None] = Field(default_factory=dict)
     # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
     converged: bool | None = None
     iterations: int | None = None
+    # bit-vector rounds: histogram/estimate/stderr are over the 2^L records (the estimate only
+    # for L <= 10, else empty); per-bit frequencies of ones and their standard errors here
+    mechanism: Literal["krr", "bits"] = "krr"
+    bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+    bit_frequency: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
+    bit_stderr: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
 
 
 class Ready(_Control):
@@ -108,6 +162,6 @@ class Ready(_Control):
     hop -1 in aborts it publishes itself.
     """
 
-    round_id: str
-    hop: int = Field(ge=0)
-    key: str
+    round_id: Name
+    hop: int = Field(ge=0, le=MAX_HOPS)
+    key: Key

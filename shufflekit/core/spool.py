@@ -7,6 +7,11 @@ considers delivered and counts nothing twice. The round logic reads its input fr
 and records there where it is (the round's announcement, its frozen input, the permuted output
 it is about to forward, its end), so a restarted service resumes each unfinished round from
 exactly where the spool says it was. See "Durability" in deploy/README.md.
+
+The spool is private (0600 in a 0700 folder it creates); a corrupted one is moved aside and a
+fresh one started (one error line names the quarantined file); a spool that cannot be written
+(disk full, `max_bytes` reached, read-only) fails the rounds whose input it could not keep,
+which their hop then aborts: never a partial release.
 """
 
 from __future__ import annotations
@@ -15,20 +20,32 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
+import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InternalError, InvalidReport, TransportError
+from shufflekit.base.errors import (
+    InternalError,
+    InvalidReport,
+    RoundAborted,
+    SpoolError,
+    TransportError,
+)
+from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Announcement, Close
 from shufflekit.core.transport.base import Message, Subscription, Transport, drain
 from shufflekit.core.waiting import within
 
 CLOSE_KEY = "close"  # the key of a round's close marker: the first one freezes mix 0's input
 UNKNOWN_ROUND_TTL = 86_400.0  # seconds: input for rounds this hop never served is dropped then
+FINISHED_TTL = 7 * 86_400.0  # seconds a finished round is remembered (a repeated prepare)
+
+log = logging.getLogger("shufflekit.spool")
 
 _SCHEMA = """
 create table if not exists inbox (
@@ -72,29 +89,75 @@ class Spool:
     `clock` stamps arrivals and rounds, and expires input of rounds this hop never served.
     """
 
-    def __init__(self, path: Path | None = None, *, clock: Clock = system_clock) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        clock: Clock = system_clock,
+        max_bytes: int | None = None,
+    ) -> None:
         self.clock = clock
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(str(path) if path is not None else ":memory:")
-        if path is not None:
-            self._db.execute("pragma journal_mode=wal")
-            self._db.execute("pragma synchronous=normal")  # a commit survives a killed process
-        self._db.executescript(_SCHEMA)
-        self._db.commit()
+        self.quarantined: Path | None = None  # where a corrupted spool was moved
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:  # corrupt, truncated, or not SQLite at all
+            if path is None or isinstance(exc, sqlite3.OperationalError):
+                raise SpoolError(f"cannot open the spool {path}: {exc}") from None
+            self.quarantined = _quarantine(path, self.clock.time())
+            log.error(
+                "spool %s cannot be read (%s); moved it to %s and started an empty spool "
+                "(its unfinished rounds are aborted)",
+                path,
+                exc,
+                self.quarantined,
+            )
+            self._db = self._open()
+        if max_bytes is not None:  # a bound on the whole spool: beyond it, writes fail (full)
+            page = int(self._db.execute("pragma page_size").fetchone()[0])
+            self._db.execute(f"pragma max_page_count = {max(2, max_bytes // page)}")
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, make the file private, check it is a sound SQLite file, create the tables."""
+        if self.path is None:
+            db = sqlite3.connect(":memory:")
+        else:
+            _private_file(self.path)
+            db = sqlite3.connect(str(self.path))
+        try:
+            if self.path is not None:
+                db.execute("pragma journal_mode=wal")
+                db.execute("pragma synchronous=normal")  # a commit survives a killed process
+                row = db.execute("pragma quick_check").fetchone()
+                if row is None or row[0] != "ok":
+                    raise sqlite3.DatabaseError(f"integrity check: {row[0] if row else '?'}")
+            db.executescript(_SCHEMA)
+            db.commit()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         """Close the database."""
         self._db.close()
 
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction; SpoolError (one line) if the spool cannot be written."""
+        try:
+            with self._db:
+                yield self._db
+        except sqlite3.OperationalError as exc:
+            raise SpoolError(f"spool {self.path or ':memory:'}: cannot {what}: {exc}") from None
+
     # ---------------------------------------------------------------- the inbox
     def add(self, arrivals: Sequence[Arrival]) -> int:
         """Spool `arrivals` in one transaction; those already spooled are counted as
-        duplicates instead. Returns how many were new."""
+        duplicates instead. Returns how many were new; SpoolError if it cannot (none kept)."""
         new = 0
         now = self.clock.time()
-        with self._db:
+        with self._writing("store input"):
             for a in arrivals:
                 cur = self._db.execute(
                     "insert or ignore into inbox (round_id, kind, key, payload, at) "
@@ -156,7 +219,7 @@ class Spool:
     # ---------------------------------------------------------------- rounds
     def begin(self, ann: Announcement) -> str:
         """Record that this hop serves the round (once); returns its state: open, output, done."""
-        with self._db:
+        with self._writing("start the round"):
             self._db.execute(
                 "insert or ignore into rounds values (?, ?, 'open', null, ?)",
                 (ann.round_id, ann.model_dump_json(), self.clock.time()),
@@ -186,9 +249,12 @@ class Spool:
 
     def save_output(self, round_id: str, items: Sequence[bytes], outcome: dict[str, Any]) -> None:
         """Store the permuted output (and what the round did) before any of it is forwarded,
-        so a restart forwards the very same batch again instead of a new permutation."""
-        with self._db:
+        so a restart forwards the very same batch again instead of a new permutation. The
+        round's input (client credentials included) is dropped in the same transaction: the
+        output is all a resumed round needs."""
+        with self._writing("store the output"):
             self._db.execute("delete from output where round_id = ?", (round_id,))
+            self._db.execute("delete from inbox where round_id = ?", (round_id,))
             self._db.executemany(
                 "insert into output values (?, ?, ?)",
                 [(round_id, i, it) for i, it in enumerate(items)],
@@ -213,9 +279,9 @@ class Spool:
         return json.loads(row[0]) if row and row[0] else None
 
     def finish(self, round_id: str, outcome: dict[str, Any] | None) -> None:
-        """The round is over here: keep its outcome, drop its input and output, and drop input
-        of rounds this hop never served that is older than a day."""
-        with self._db:
+        """The round is over here: keep its outcome (for a week), drop its input and output,
+        and drop input of rounds this hop never served that is older than a day."""
+        with self._writing("finish the round"):
             self._db.execute(
                 "update rounds set state = 'done', outcome = ? where round_id = ?",
                 (json.dumps(outcome) if outcome is not None else None, round_id),
@@ -226,6 +292,36 @@ class Spool:
                 "delete from inbox where at < ? and round_id not in (select round_id from rounds)",
                 (self.clock.time() - UNKNOWN_ROUND_TTL,),
             )
+            self._db.execute(
+                "delete from rounds where state = 'done' and at < ?",
+                (self.clock.time() - FINISHED_TTL,),
+            )
+
+
+def _private_file(path: Path) -> None:
+    """Create `path`'s folder (0700) and the file itself (0600) unless they exist; tighten the
+    file (and SQLite's WAL and shared-memory files, which take its mode) if they do."""
+    try:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+        elif path.parent.stat().st_mode & 0o077:
+            log.warning("spool folder %s is open to other users; chmod 700 it", path.parent)
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if p.exists():
+                p.chmod(0o600)
+    except OSError as exc:
+        raise SpoolError(f"cannot open the spool {path}: {exc.strerror}") from None
+
+
+def _quarantine(path: Path, now: float) -> Path:
+    """Move a corrupted spool (and its WAL and shared-memory files) aside; the new name."""
+    dest = path.with_name(f"{path.name}.corrupt-{int(now)}")
+    for suffix in ("", "-wal", "-shm"):
+        src = path.with_name(path.name + suffix)
+        if src.exists():
+            src.rename(dest.with_name(dest.name + suffix))
+    return dest
 
 
 Classify = Callable[[Message], Arrival | None]
@@ -258,6 +354,8 @@ class Inbox:
         self.classify = classify
         self.version = 0
         self.lost: str | None = None
+        # rounds whose input the spool could not keep (disk full, unwritable): why, how many
+        self.failed: dict[str, tuple[str, int]] = {}
         self._cond = asyncio.Condition()
 
     async def run(self, subscribed: asyncio.Event | None = None) -> None:
@@ -286,13 +384,39 @@ class Inbox:
                 msgs += [first, *drain(s)] if s is sub else drain(s)
             arrivals = [a for m in msgs if (a := self.classify(m)) is not None]
             if arrivals:
-                self.spool.add(arrivals)  # committed before any of them is acked
+                self._store(arrivals)  # committed before any of them is acked
             if ack is not None:
                 for m in msgs:
                     ack(m)
             if arrivals and self.after is not None:
                 await self.after(arrivals)
             await self._notify(None)
+
+    def _store(self, arrivals: list[Arrival]) -> None:
+        """Spool `arrivals`; if the spool cannot keep them, their rounds fail (see `check`):
+        what was lost cannot be counted, so those rounds must not be released."""
+        try:
+            self.spool.add(arrivals)
+        except SpoolError as exc:
+            for a in arrivals:
+                self.fail(a.round_id, str(exc), 1)
+            log.error("%s; the rounds concerned are aborted", exc)
+
+    def fail(self, round_id: str, reason: str, lost: int = 0) -> None:
+        """Record that `lost` input messages of `round_id` could not be kept, and why."""
+        first, n = self.failed.get(round_id, (reason, 0))
+        self.failed[round_id] = (first, n + lost)
+
+    def check(self, round_id: str) -> None:
+        """RoundAborted if input of `round_id` could not be spooled (it is not complete)."""
+        if round_id in self.failed:
+            reason, n = self.failed[round_id]
+            raise RoundAborted(f"the spool could not keep {n} input message(s): {reason}")
+
+    def count_lost(self, round_id: str, counters: RejectionCounter) -> None:
+        """Count the round's input messages the spool could not keep as `spool_unwritable`."""
+        if self.failed.get(round_id, ("", 0))[1]:
+            counters.rejected["spool_unwritable"] += self.failed[round_id][1]
 
     async def _notify(self, lost: str | None) -> None:
         async with self._cond:

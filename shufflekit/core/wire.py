@@ -15,8 +15,10 @@ from shufflekit.base.errors import InternalError, InvalidInput, InvalidReport
 
 REPORT_VERSION = 1
 RANDOMIZER_KRR = 1
-_REPORT = struct.Struct(">BBHH")  # version, randomizer, k, value
+RANDOMIZER_BITS = 2  # bit-vector records: the k field holds L, the value field the L bits
+_REPORT = struct.Struct(">BBHH")  # version, randomizer, k (or L), value (or record)
 REPORT_SIZE = _REPORT.size
+MAX_RECORD_BITS = 16  # an L-bit record fits the 2-byte value field: same 6 bytes as k-RR
 
 ENVELOPE_VERSION = 1
 ENVELOPE_VERSION_CREDENTIAL = 2  # adds the round id and the client's credential
@@ -63,6 +65,59 @@ class Report:
         if value >= k:
             raise InvalidReport("bad_value", f"report value {value} outside [0, {k})")
         return cls(k=k, value=value)
+
+
+@dataclass(frozen=True)
+class BitsReport:
+    """The innermost plaintext of a bit-vector round: one randomized L-bit record (bit j of
+    the record is bit j of `record`, least significant first).
+
+    It has the k-RR report's layout and size (6 bytes), so onions, mixes and batches are
+    unchanged and every report of any round has the same length on the wire.
+    """
+
+    bits: int
+    record: int
+
+    def encode(self) -> bytes:
+        """Fixed-size encoding: version, RANDOMIZER_BITS, L, record."""
+        if not 1 <= self.bits <= MAX_RECORD_BITS or not 0 <= self.record < (1 << self.bits):
+            raise InvalidInput(f"record {self.record} is not a {self.bits}-bit record")
+        return _REPORT.pack(REPORT_VERSION, RANDOMIZER_BITS, self.bits, self.record)
+
+    @classmethod
+    def decode(cls, data: bytes, expected_bits: int) -> BitsReport:
+        """Parse and validate one report against the round's L."""
+        if len(data) != REPORT_SIZE:
+            raise InvalidReport(
+                "bad_length", f"report is {len(data)} bytes, expected {REPORT_SIZE}"
+            )
+        version, randomizer, bits, record = _REPORT.unpack(data)
+        if version != REPORT_VERSION:
+            raise InvalidReport(
+                "bad_version", f"report version {version}, expected {REPORT_VERSION}"
+            )
+        if randomizer != RANDOMIZER_BITS:
+            raise InvalidReport("bad_randomizer", f"randomizer id {randomizer} in a bits round")
+        if bits != expected_bits:
+            raise InvalidReport("bad_bits", f"report has L={bits}, round has L={expected_bits}")
+        if record >= (1 << bits):
+            raise InvalidReport("bad_value", f"record {record} has more than {bits} bits")
+        return cls(bits=bits, record=record)
+
+
+def encode_report(mechanism: str, size: int, value: int) -> bytes:
+    """A round's report: k-RR value (`size` = k) or bit record (`size` = L), 6 bytes either way."""
+    if mechanism == "bits":
+        return BitsReport(bits=size, record=value).encode()
+    return Report(k=size, value=value).encode()
+
+
+def decode_report(data: bytes, mechanism: str, size: int) -> int:
+    """The value (k-RR) or record (bits) of one report, validated against the round."""
+    if mechanism == "bits":
+        return BitsReport.decode(data, size).record
+    return Report.decode(data, size).value
 
 
 @dataclass(frozen=True)

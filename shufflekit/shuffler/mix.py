@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, InvalidReport, RoundAborted, TransportError
+from shufflekit.base.errors import (
+    ConfigError,
+    InvalidReport,
+    RoundAborted,
+    SpoolError,
+    TransportError,
+)
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
@@ -142,22 +148,29 @@ class MixNode(Hop[MixOutcome]):
         try:
             if self.index == 0:
                 close = await self._closed(ann, inbox, stop)
+                inbox.check(ann.round_id)  # every input up to the close was stored
                 items = self._ingest(ann, close, outcome.counters)
                 outcome.resent = self.spool.duplicates(ann.round_id, "resend")
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
-                batch = await self.receive_batch(ann, size, inbox, stop)
+                batch = await self.receive_batch(ann, size, inbox, stop, outcome.counters)
                 items = self._peel_batch(ann, batch, outcome.counters)
             if len(items) < ann.n_min:
                 raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
         except RoundAborted as exc:
+            inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
             return outcome
         self.rng.shuffle(items)
         outcome.released = True
         outcome.forwarded = len(items)
-        self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        try:  # nothing is forwarded unless the permuted output is stored first
+            self.spool.save_output(ann.round_id, items, outcome.to_dict())
+        except SpoolError as exc:
+            outcome.released, outcome.forwarded, outcome.abort_reason = False, 0, str(exc)
+            await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            return outcome
         return await self._forward(ann, items, outcome)
 
     async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
@@ -188,9 +201,14 @@ class MixNode(Hop[MixOutcome]):
         round's input is frozen at its close marker, whose seq this returns."""
         seen = -1
         while (close := self.spool.close_seq(ann.round_id)) is None:
+            inbox.check(ann.round_id)  # input was lost: the round is aborted now
             left = ann.seconds_left(self.clock)
             if left <= 0:
-                return self.spool.close_round(ann.round_id)  # the deadline: the normal end
+                try:
+                    return self.spool.close_round(ann.round_id)  # the deadline: the normal end
+                except SpoolError as exc:
+                    inbox.fail(ann.round_id, str(exc))
+                    inbox.check(ann.round_id)
             seen = await inbox.changed(seen, left)
         return close
 

@@ -237,7 +237,7 @@ def bracket_boundary(
             u_root = ux - gx * (ux - up_) / (gx - prev[1])
             dist = (u_root - ux) if up else (ux - u_root)
             if dist > 0:
-                f = min(16.0, max(1.25, math.exp(1.1 * dist)))
+                f = max(1.25, math.exp(min(1.1 * dist, math.log(16.0))))  # no overflow
         nxt = x * f if up else x / f
         if integer:
             nxt = float(max(round(nxt), x + 1) if up else min(round(nxt), x - 1))

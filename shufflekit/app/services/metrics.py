@@ -71,6 +71,12 @@ class ServiceMetrics:
         self.rejected = Counter(
             "shufflekit_reports_rejected", "Inputs rejected, by reason.", ["reason"], registry=r
         )
+        self.control_rejected = Counter(
+            "shufflekit_control_rejected",
+            "Control messages (prepare, ready, result, abort) refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.rounds = Counter(
             "shufflekit_rounds", "Rounds finished, by outcome.", ["outcome"], registry=r
         )
@@ -123,6 +129,10 @@ class ServiceMetrics:
         self.round_duration.observe(rep.seconds)
         if rep.result is not None:
             self.batch_size.observe(rep.result.batch_size)
+
+    def control_rejection(self, reason: str) -> None:
+        """Count one refused control message (a `RejectionCounter` listener)."""
+        self.control_rejected.labels(reason).inc()
 
     def serve(self, host: str, port: int) -> None:
         """Serve `/metrics` on host:port in a daemon thread; ConfigError if it cannot listen."""
@@ -178,4 +188,6 @@ def hop_runner(
             m.observe_hop(out, time.monotonic() - started)
             return out
 
-    return MeteredHopRunner(node, transport, deployment)
+    runner = MeteredHopRunner(node, transport, deployment)
+    runner.control.on_reject = m.control_rejection
+    return runner

@@ -317,6 +317,8 @@ async def serve_coordinator(
         nonlocal done, coord
         if coord is None:
             coord = wiring.coordinator(transport, mix_keys, analyzer_key, receipt_key)
+            if metrics is not None:
+                coord.control.on_reject = metrics.control_rejection
         # One Coordinator across reconnects: it remembers the round it was driving when the
         # broker went away, and `recover` resumes that round on the new connection.
         coord.transport = transport

@@ -1,0 +1,266 @@
+"""A pair's exact hockey-stick curve on a loss grid, and the grid PLDs that bound it from above
+(pessimistic: composing them is sound) or from below (optimistic: a post-processing of the pair,
+so composing them gives a lower bound) with only a second-order discretisation error.
+
+Write t = e^eps. A pair's curve h(t) = H_t(P || Q) = sum_l w_l (1 - t e^-l)^+ (atoms of the
+privacy loss l with P-mass w_l, plus P(l = +inf)) is convex and non-increasing in t, h(0) = 1
+for a proper pair, and a PLD on the grid {j * step} is exactly a convex piecewise-linear curve
+with kinks at the grid points t_j = e^(j step): the P-mass at loss j step is t_j times the
+slope change there (Doroshenko et al. 2022, "connect the dots"). Two facts make both bounds:
+
+- Upper: if U_j >= h(t_j) at every grid point, the lower convex hull of (0, 1) and the points
+  (t_j, U_j), constant after the last one, is >= h (between hull vertices it is a chord of
+  values >= h, and a convex h lies below its chords). Its pair dominates the true one at every
+  order (Blackwell), so composing it is sound, also at epsilon < 0.
+- Lower: on a cell [t_j, t_j+1] a convex h is at most (t_j+1 - t_j)(slope change)/4 below its
+  chord; lowering both ends of every cell by that `gap` gives points whose chords are <= h, so
+  their lower convex hull (with (0, W), W = the kept mass, and max(., 0)) is <= h: a
+  post-processing of the pair, whose composition is a lower bound. Its one off-grid kink (where
+  it reaches 0) is rounded down, which only lowers delta. Unlike rounding every loss down (an
+  error of about step per round, R * step over R rounds), both errors are second order.
+
+`CurveCells` accumulates the atoms by cell of a fine base step (sums of w, of w e^-(l - eps_i)
+and of w (1 - e^-(l - eps_i))); from these the curve at every multiple of the base step is
+exact up to float round-off, by two first-order recursions of non-negative terms (no
+cancellation). Float allowances: `rel_error` of the curve (relative error of the masses given)
+plus 1e-12 of the mass at and above each point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import scipy.signal as ssignal
+
+from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
+
+#: Largest number of base cells a curve may span.
+MAX_CELLS = 1 << 23
+_ROUND = 1e-12  # relative float allowance of the recursions
+
+
+@dataclass
+class CurveCells:
+    """Atoms of a pair summed by cell [j s, (j+1) s) of the base step s (see module docstring).
+
+    `w`: P-mass per cell; `v`: sum of w e^-(l - j s) (Q-mass scaled by e^(j s)); `d`: sum of
+    w (1 - e^-(l - j s)). `inf_mass`: P(l = +inf). `rel_error`: relative error of the masses.
+    """
+
+    step: float
+    first: int
+    w: FloatArray
+    v: FloatArray
+    d: FloatArray
+    inf_mass: float = 0.0
+    rel_error: float = 0.0
+
+    @classmethod
+    def empty(cls, step: float, lo: float, hi: float, rel_error: float = 0.0) -> CurveCells:
+        """Cells covering losses [lo, hi] (with one spare cell above), all zero."""
+        if not (step > 0 and math.isfinite(step)):
+            raise InvalidParameters(f"base step must be > 0, got {step!r}")
+        first = math.floor(lo / step) - 1
+        size = math.floor(hi / step) + 3 - first
+        if size > MAX_CELLS:
+            raise AccuracyError(
+                f"a curve over losses [{lo:.4g}, {hi:.4g}] needs {size} cells of {step:g} "
+                f"(limit {MAX_CELLS}); use a coarser grid"
+            )
+        z = np.zeros(size)
+        return cls(step, first, z, z.copy(), z.copy(), 0.0, rel_error)
+
+    def add(self, losses: npt.ArrayLike, log_mass: npt.ArrayLike, scale: float = 1.0) -> None:
+        """Add atoms (finite losses inside the cells, log P-masses), each mass times `scale`."""
+        loss = np.asarray(losses, dtype=np.float64).ravel()
+        lm = np.asarray(log_mass, dtype=np.float64).ravel()
+        keep = np.isfinite(lm) & (lm > -745.0)
+        loss, lm = loss[keep], lm[keep]
+        if loss.size == 0:
+            return
+        if not np.all(np.isfinite(loss)):
+            raise InvalidParameters("curve atoms must have finite losses (use inf_mass)")
+        cell = np.floor(loss / self.step).astype(np.int64)
+        idx = cell - self.first
+        if idx.min() < 0 or idx.max() >= self.w.size - 1:
+            raise UnsoundResult("curve atom outside the cells it was sized for")
+        frac = loss - cell * self.step  # in [0, step) up to round-off
+        mass = np.exp(lm) * scale
+        n = self.w.size
+        self.w += np.bincount(idx, weights=mass, minlength=n)
+        self.v += np.bincount(idx, weights=mass * np.exp(-frac), minlength=n)
+        self.d += np.bincount(idx, weights=mass * -np.expm1(-frac), minlength=n)
+
+    def losses(self) -> FloatArray:
+        """Loss at the start of every cell (the grid points)."""
+        return (self.first + np.arange(self.w.size, dtype=np.float64)) * self.step
+
+    def curve(self) -> tuple[FloatArray, FloatArray]:
+        """(h, allowance) at every grid point: h(e^(j s)) without `inf_mass`, and a bound on its
+        float error. h_j = d_j + X_j + Y_j with X_j = sum_{i>j} w_i (1 - e^-(i-j)s) and
+        Y_j = sum_{i>j} e^-(i-j)s d_i, both by recursions of non-negative terms."""
+        a = math.exp(-self.step)
+        one_minus_a = -math.expm1(-self.step)
+        w, d = self.w, self.d
+        suffix = np.concatenate([np.cumsum(w[::-1])[::-1][1:], [0.0]])  # S_j = sum_{i>j} w_i
+        # X_j = a X_{j+1} + (1 - a) S_j ;  Y_j = a (d_{j+1} + Y_{j+1})
+        x = ssignal.lfilter([1.0], [1.0, -a], (one_minus_a * suffix)[::-1])[::-1]
+        d_next = np.concatenate([d[1:], [0.0]])
+        y = ssignal.lfilter([a], [1.0, -a], d_next[::-1])[::-1]
+        h = np.maximum(d + np.asarray(x) + np.asarray(y), 0.0)
+        near = w + suffix + np.concatenate([[0.0], w[:-1]])  # mass at and above (one cell back)
+        allow = (2.0 * self.rel_error + _ROUND) * near + 1e-300
+        return h, allow
+
+    def gaps(self) -> FloatArray:
+        """Per cell j: (t_j+1 - t_j)(slope change of h inside the cell)/4, the most a convex
+        curve falls below its chord on the cell."""
+        return math.expm1(self.step) / 4.0 * self.v
+
+
+def merge_max(curves: list[tuple[FloatArray, FloatArray]]) -> FloatArray:
+    """Pointwise max of (h + allowance) over curves on the same cells: an upper bound of each."""
+    return np.asarray(np.max(np.stack([h + a for h, a in curves]), axis=0), dtype=np.float64)
+
+
+def coarse(cells_step: float, step: float) -> int:
+    """How many base cells one cell of `step` spans; AccuracyError unless an integer."""
+    r = step / cells_step
+    k = round(r)
+    if k < 1 or abs(r - k) > 1e-9 * r:
+        raise AccuracyError(
+            f"grid step {step:g} is not a multiple of the curve's base step {cells_step:g}"
+        )
+    return int(k)
+
+
+def _lower_hull(x: FloatArray, y: FloatArray) -> npt.NDArray[np.int64]:
+    """Indices of the vertices of the lower convex hull of points with increasing x."""
+    idx = np.arange(x.size)
+    for _ in range(64):  # vectorised passes: drop every point above its neighbours' chord
+        if idx.size < 3:
+            return idx
+        xs, ys = x[idx], y[idx]
+        dx1, dx2 = xs[1:-1] - xs[:-2], xs[2:] - xs[1:-1]
+        dy1, dy2 = ys[1:-1] - ys[:-2], ys[2:] - ys[1:-1]
+        above = dy1 * dx2 > dy2 * dx1  # slope decreases at the middle point
+        if not np.any(above):
+            return idx
+        keep = np.concatenate([[True], ~above, [True]])
+        idx = idx[keep]
+    out: list[int] = []  # monotone chain for the rare stubborn case
+    for i in idx.tolist():
+        while len(out) >= 2:
+            o, a = out[-2], out[-1]
+            if (y[a] - y[o]) * (x[i] - x[a]) > (y[i] - y[a]) * (x[a] - x[o]):
+                out.pop()
+            else:
+                break
+        out.append(i)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _masses(t: FloatArray, vals: FloatArray, h0: float) -> tuple[FloatArray, FloatArray]:
+    """P-masses at the kinks of the convex piecewise-linear curve through (0, h0) and
+    (t_i, vals_i) (hull vertices, increasing t), constant after the last: t_i * slope change."""
+    xs = np.concatenate([[0.0], t])
+    ys = np.concatenate([[h0], vals])
+    slopes = np.diff(ys) / np.diff(xs)
+    right = np.concatenate([slopes[1:], [0.0]])
+    return t, np.maximum(t * (right - slopes), 0.0)
+
+
+def upper_grid(
+    step: float, first: int, upper_vals: FloatArray, inf_mass: float, key: str
+) -> GridPLD:
+    """A dominating grid PLD from upper bounds `upper_vals[i]` >= h(e^((first+i) step)) (inf
+    mass included) of a proper pair: the lower convex hull of (0, 1) and those points."""
+    u = np.maximum.accumulate(np.asarray(upper_vals, dtype=np.float64)[::-1])[::-1]
+    u = np.minimum(u, 1.0)
+    if u[-1] < inf_mass:
+        raise UnsoundResult("upper curve below its own infinite mass")
+    t = np.exp((first + np.arange(u.size)) * step)
+    x = np.concatenate([[0.0], t])
+    y = np.concatenate([[1.0], u])
+    hv = _lower_hull(x, y)[1:] - 1  # vertices among the grid points
+    _tv, mv = _masses(t[hv], u[hv], 1.0)
+    probs = np.zeros(u.size)
+    probs[hv] = mv
+    last = float(u[-1])
+    return GridPLD(
+        step=step,
+        offset=first,
+        probs=probs,
+        inf_mass=last,
+        log_inf_mass=math.log(last) if last > 0 else -math.inf,
+        upper=True,
+        truncated_mass=last,
+        method="hull",
+        key=key,
+    )
+
+
+def lower_grid(cells: CurveCells, step: float, key: str) -> GridPLD:
+    """A grid PLD (step a multiple of the base step) whose curve is <= the pair's: composing it
+    gives a lower bound (see the module docstring; the pair's infinite mass is dropped)."""
+    r = coarse(cells.step, step)
+    pad_lo = cells.first % r  # base cells prepended so that the first is a coarse point
+    n_base = pad_lo + cells.w.size
+    pad_hi = (-n_base) % r + r  # and a whole empty coarse cell at the end
+    z_lo, z_hi = np.zeros(pad_lo), np.zeros(pad_hi)
+    al = CurveCells(
+        cells.step,
+        cells.first - pad_lo,
+        np.concatenate([z_lo, cells.w, z_hi]),
+        np.concatenate([z_lo, cells.v, z_hi]),
+        np.concatenate([z_lo, cells.d, z_hi]),
+        0.0,
+        cells.rel_error,
+    )
+    j0 = al.first // r
+    h, allow = al.curve()
+    pts = np.arange(0, h.size, r)
+    hc = h[pts] * (1.0 - 2.0 * al.rel_error) - allow[pts]
+    # Q-mass of coarse cell J scaled by e^(J step): base cells J r .. J r + r - 1
+    scaled = al.v * np.exp(-(np.arange(al.v.size) % r) * al.step)
+    v_coarse = np.add.reduceat(scaled, pts)
+    gap = math.expm1(step) / 4.0 * v_coarse * (1.0 + 1e-9)
+    lowered = hc - np.maximum(gap, np.concatenate([[0.0], gap[:-1]]))
+    total = float(np.sum(al.w)) * (1.0 - 2.0 * al.rel_error - _ROUND)
+    t = np.exp((j0 + np.arange(pts.size)) * step)
+    x = np.concatenate([[0.0], t])
+    y = np.concatenate([[total], lowered])
+    hv = _lower_hull(x, y)
+    vx, vy = x[hv], y[hv]
+    probs = np.zeros(pts.size)
+    if total > 0:
+        c = int(np.argmax(vy <= 0.0))  # first vertex at or below 0 (the last one is)
+        if c < 1 or vy[c] > 0.0:
+            raise UnsoundResult("lower hull does not reach 0 at its last point")
+        seg = np.diff(vy[: c + 1]) / np.diff(vx[: c + 1])  # seg[k]: vertex k -> k+1
+        inner = np.arange(1, c)  # kinks at vertices 1 .. c-1
+        idx = hv[inner] - 1
+        probs[idx] = np.maximum(vx[inner] * (seg[inner] - seg[inner - 1]), 0.0)
+        s = float(seg[c - 1])
+        x_star = float(vx[c - 1] - vy[c - 1] / s)  # where the hull reaches 0: rounded down
+        j_star = math.floor(math.log(x_star) / step) - j0
+        if c > 1:  # vertex c-1 is a grid point below x_star (max: float rounding of the log)
+            j_star = max(j_star, int(hv[c - 1]) - 1)
+        if j_star >= 0:  # else below the grid: dropped (a lower bound may drop mass)
+            probs[min(j_star, probs.size - 1)] += x_star * -s
+    return GridPLD(
+        step=step,
+        offset=j0,
+        probs=probs,
+        inf_mass=0.0,
+        log_inf_mass=-math.inf,
+        upper=False,
+        truncated_mass=0.0,
+        method="hull-lower",
+        key=key,
+    )

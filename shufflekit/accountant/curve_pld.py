@@ -1,0 +1,175 @@
+"""PLDs that put themselves on a composition grid from an exact curve, instead of rounding
+their atoms: the k = 2 dominating pair (upper side) and the attacks' exact pairs (lower side).
+
+`composition.compose` / `compose_lower` call `CurvePLD.on_grid(step, upper)` for such a round
+(plain `PrivacyLossDistribution`s are gridded by `numerics.grid.discretise`). The inherited
+`losses` / `log_probs` hold the same pair on a fixed fine grid (upper: the hull at 1e-3; lower:
+the exact atoms' cells at the base step, rounded down), so every other use of a PLD still
+gets a bound of the right side.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shufflekit.accountant.attack_pld import dataset_atoms
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
+from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
+from shufflekit.accountant.k2_compose import CHECK_STEP, MAX_N, K2Pair
+from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.accountant.tight_upper import tight_pld
+from shufflekit.base.errors import InvalidParameters
+
+#: Base step of an attack's curve cells: every default composition step is a multiple of it.
+BASE_STEP = 1e-5
+_MAX_BASE_CELLS = 4_000_000
+
+
+@dataclass(frozen=True)
+class CurvePLD(PrivacyLossDistribution):
+    """A PLD with its own gridding: `make_grid(step)` gives the GridPLD of the side `upper`."""
+
+    make_grid: Callable[[float], GridPLD] | None = None
+    upper: bool = True
+    _grids: dict[float, GridPLD] = field(default_factory=dict, repr=False, compare=False)
+
+    def on_grid(self, step: float, upper: bool) -> GridPLD:
+        """This pair on the grid {j step}, as a bound of side `upper` (cached per step)."""
+        if upper != self.upper or self.make_grid is None:
+            side = "an upper" if self.upper else "a lower"
+            raise InvalidParameters(f"this PLD is {side} bound only: {self.description}")
+        hit = self._grids.get(step)
+        if hit is None:
+            hit = self.make_grid(step)
+            self._grids[step] = hit
+        return hit
+
+
+def _as_pld(g: GridPLD) -> tuple[np.ndarray, np.ndarray, float]:
+    nz = g.probs > 0
+    return g.losses[nz], np.log(g.probs[nz]), g.log_inf_mass
+
+
+# ----------------------------------------------------------------------------- k = 2
+
+_K2: OrderedDict[tuple[int, float], K2Pair] = OrderedDict()
+_K2_LOCK = threading.Lock()
+
+
+def k2_pair(mech: Mechanism) -> K2Pair:
+    """The refined k = 2 leaves of `mech` (cached for the 16 most recent mechanisms)."""
+    key = (int(mech.n), float(mech.eps0))
+    with _K2_LOCK:
+        hit = _K2.get(key)
+        if hit is not None:
+            _K2.move_to_end(key)
+            return hit
+    pair = K2Pair(mech)
+    with _K2_LOCK:
+        _K2[key] = pair
+        while len(_K2) > 16:
+            _K2.popitem(last=False)
+    return pair
+
+
+def k2_upper_pld(mech: Mechanism) -> CurvePLD:
+    """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`)."""
+    check_query(mech)
+    pair = k2_pair(mech)
+
+    def make(step: float) -> GridPLD:
+        first, vals = pair.upper_values(step)
+        tail = max(pair.tail_mass(step), float(vals[-1]))
+        vals[-1] = tail
+        return upper_grid(step, first, vals, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+
+    fallback = make(CHECK_STEP)
+    losses, lps, lim = _as_pld(fallback)
+    return CurvePLD(
+        losses,
+        lps,
+        lim,
+        f"k = 2 dominating pair: max over {len(pair.leaves)} certified dataset intervals "
+        f"({'converged' if pair.converged else 'not converged: looser'} to "
+        f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
+        make,
+        True,
+        {CHECK_STEP: fallback},
+    )
+
+
+def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
+    """The per-round dominating pair composed by default: the k = 2 pair for k = 2 and
+    n <= MAX_N (tight), else the blanket pair `tight_upper.tight_pld`."""
+    if mech.k == 2 and mech.n <= MAX_N:
+        return k2_upper_pld(mech)
+    return tight_pld(mech)
+
+
+# ----------------------------------------------------------------------------- attacks
+
+
+def _cells(atoms: list[tuple[np.ndarray, np.ndarray]], step: float) -> CurveCells:
+    lo = min((float(a.min()) for a, _ in atoms if a.size), default=0.0)
+    hi = max((float(a.max()) for a, _ in atoms if a.size), default=0.0)
+    cells = CurveCells.empty(step, lo, hi, rel_error=1e-7)
+    for loss, lm in atoms:
+        cells.add(loss, lm)
+    return cells
+
+
+def _atoms(mech: Mechanism, dataset: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Exact atoms (losses, log P-masses) of a dataset; "k2_m=M": the k = 2 leaf of m = M."""
+    if dataset.startswith("k2_m="):
+        m = int(dataset.split("=")[1])
+        lf = k2_pair(mech).exact_leaf(m)
+        return [(lf.losses, lf.log_mass)]
+    return dataset_atoms(mech, dataset=dataset)
+
+
+def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
+    """The exact pair of one explicit dataset, put on a composition grid optimistically
+    (`curve_cells.lower_grid`): composing it gives a lower bound.
+
+    dataset: "auto" (k = 2: the worst exact dataset of the k = 2 leaves; k >= 3: "all_at_z"),
+    or any dataset of `attack_pld.dataset_pld` ("all_at_z", "all_at_x0", "all_at_x1"), order
+    x0|x1. Masses carry a relative allowance of 1e-7 (as `tight`'s attack).
+    """
+    check_query(mech)
+    if dataset == "auto" and mech.k == 2 and mech.n <= MAX_N:
+        m = k2_pair(mech).worst_atoms().m1
+        dataset = f"k2_m={m}"
+        desc = f"{m} others at x0, {mech.n - 1 - m} at x1 (x0|x1)"
+    else:
+        if dataset == "auto":
+            dataset = "all_at_z" if mech.k >= 3 else "all_at_x0"
+        desc = dataset
+    atoms = _atoms(mech, dataset)
+    span = max((float(np.ptp(a)) for a, _ in atoms if a.size), default=0.0)
+    base = BASE_STEP if span / BASE_STEP <= _MAX_BASE_CELLS else 1e-4
+    cells = _cells(atoms, base)
+    del atoms  # possibly large: rebuilt only for a step that is not a multiple of the base
+
+    def make(step: float) -> GridPLD:
+        ratio = step / base
+        if abs(ratio - round(ratio)) <= 1e-9 * ratio:
+            return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}")
+        return lower_grid(_cells(_atoms(mech, dataset), step), step, f"attack:{mech}:{step!r}")
+
+    fine = make(1e-4 if base <= 1e-4 else base)
+    losses, lps, _ = _as_pld(fine)
+    return CurvePLD(
+        losses,
+        lps,
+        -math.inf,
+        f"attack (lower bound): exact pair of {desc}, n={mech.n}, k={mech.k}, "
+        f"eps0={mech.eps0}; put on the composition grid below its exact curve",
+        make,
+        False,
+    )

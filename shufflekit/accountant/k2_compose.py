@@ -1,0 +1,244 @@
+"""k = 2 across rounds: a dominating pair built from the certified k = 2 analysis (tight_k2), so
+that composing binary rounds is as tight as one round is, instead of composing the looser
+blanket pair.
+
+For k = 2 every neighbouring pair is "m others at x0, the rest at x1, target x0 vs x1" for some
+m in 0..n-1 (the reverse order at m is the order x0|x1 at n-1-m). As in `tight_k2`, the m axis
+is cut into intervals ("leaves"); a leaf [m1, m2] with w = m2 - m1 > 0 is covered by ONE
+explicit pair: reveal which of its w middle users took k-RR's uniform branch (b of them), which
+leaves A1 + B1 + Bin(b, 1/2) + target, A1 ~ Bin(m1, p), B1 ~ Bin(n-1-m2, q). Every m of the leaf
+is a post-processing of that view, at every order (epsilon of either sign). Larger b is a
+post-processing of smaller b, so the pair at b_min (with P(b >= b_min)) plus the target's own
+randomized response (with P(b < b_min), it dominates everything) dominates the leaf. A leaf
+with w = 0 is the exact pair of that dataset.
+
+So sup over datasets of H_t <= max over leaves of the leaves' curves, at every t, exactly. The
+leaves are refined (split) until, on a check grid, no wide leaf exceeds (1 + rtol) times the
+best exact dataset (plus a floor of 1e-22). `K2Pair.upper_values(step)` gives the max curve on a
+composition grid (with float allowances) and `curve_cells.upper_grid` turns it into a
+dominating PLD on that grid. `K2Pair.worst_atoms()` is the exact PLD of the best single dataset
+(for the composed lower bound).
+
+Numerics as in `tight_k2`: pmfs from log-space binomials scaled by their maxima, convolved
+directly (non-negative sums, relative error <= 1e-9 allowed per mass); windows cut at e^-60
+per binomial, the mass left out added at +inf loss (upper side only).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.curve_cells import CurveCells
+from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, tail_window_int
+from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.accountant.tight_k2 import default_cuts
+from shufflekit.base.errors import InvalidParameters
+
+_REL = 1e-9  # relative error allowed for each mass (log-space pmfs + direct convolution)
+_LOG_TAU = -60.0  # binomial windows
+_LOG_B_TAU = -55.0  # lower tail of the number of revealed uniform reports in a leaf
+FLOOR = 1e-22  # curve values below this do not drive the refinement
+CHECK_STEP = 1e-3  # loss grid of the refinement checks
+MAX_N = 2_000_000  # beyond this the k = 2 pair is not built (the blanket pair is used)
+
+
+@dataclass
+class Leaf:
+    """One interval [m1, m2] of m and its pair: finite atoms, +inf mass, RR weight."""
+
+    m1: int
+    m2: int
+    losses: FloatArray
+    log_mass: FloatArray
+    inf_mass: float
+    rr_weight: float  # P(b < b_min): weight of the target's randomized response pair
+
+    @property
+    def exact(self) -> bool:
+        """A single dataset (not an interval): its pair is exact."""
+        return self.m1 == self.m2
+
+
+@functools.lru_cache(maxsize=2048)
+def _piece(n: int, r: float) -> tuple[int, FloatArray, float, float]:
+    """Bin(n, r) on its window: (start, pmf scaled by its max, log scale, log mass outside)."""
+    if n <= 0 or r <= 0.0:
+        return 0, np.ones(1), 0.0, -math.inf
+    lo, hi = tail_window_int(n, r, _LOG_TAU)
+    lp = log_pmf(np.arange(lo, hi + 1, dtype=np.float64), n, r)
+    mx = float(np.max(lp))
+    out_lo = float(log_cdf(lo - 1, n, r, "upper")) if lo > 0 else -math.inf
+    out_hi = float(log_sf(hi + 1, n, r, "upper")) if hi < n else -math.inf
+    return lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi))
+
+
+def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
+    """The dominating pair of the datasets m in [m1, m2] (see the module docstring)."""
+    rr = krr(2, mech.eps0)
+    p, q, gamma = rr.p, rr.q, rr.gamma
+    n1 = mech.n - 1
+    w = m2 - m1
+    specs = [(m1, p), (n1 - m2, q)]
+    rr_weight = 0.0
+    if w > 0:
+        b_min = tail_window_int(w, gamma, _LOG_B_TAU)[0]
+        if b_min > 0:
+            rr_weight = math.exp(float(log_cdf(b_min - 1, w, gamma, "upper")))
+            specs.append((b_min, 0.5))
+    pieces = sorted((_piece(int(nn), float(r)) for nn, r in specs), key=lambda pc: pc[1].size)
+    c = pieces[0][1]
+    for pc in pieces[1:]:
+        c = np.convolve(c, pc[1]) if pc[1].size > 1 else c * pc[1][0]
+    log_scale = sum(pc[2] for pc in pieces)
+    dropped = math.exp(float(np.logaddexp.reduce([pc[3] for pc in pieces])))
+    cm1 = np.concatenate(([0.0], c))  # C(s-1)
+    c0 = np.concatenate((c, [0.0]))  # C(s)
+    px0 = p * cm1 + q * c0
+    px1 = q * cm1 + p * c0
+    ok = (px0 > 0) & (px1 > 0)
+    with np.errstate(divide="ignore"):
+        losses = np.log(px0[ok]) - np.log(px1[ok])
+        log_mass = np.log(px0[ok]) + log_scale + math.log1p(-rr_weight)
+    # underflowed entries (scaled values below ~1e-300) and P-only entries: at +inf loss
+    under = 1e-280 * c.size * math.exp(min(log_scale, 700.0))
+    only_p = float(np.sum(px0[(px0 > 0) & ~(px1 > 0)])) * math.exp(min(log_scale, 700.0))
+    inf_mass = (dropped + under + only_p) * (1.0 + _REL)
+    return Leaf(m1, m2, losses, log_mass, inf_mass, rr_weight)
+
+
+def _rr_curve(mech: Mechanism, eps: FloatArray) -> FloatArray:
+    """Hockey-stick curve of the target's randomized response alone (binary, eps0)."""
+    rr = krr(2, mech.eps0)
+    t = np.exp(eps)
+    return np.asarray(
+        np.maximum(rr.p - t * rr.q, 0.0) + np.maximum(rr.q - t * rr.p, 0.0), dtype=np.float64
+    )
+
+
+@dataclass
+class K2Pair:
+    """The leaves of one k = 2 mechanism and the curves they give (see module docstring)."""
+
+    mech: Mechanism
+    rtol: float = 1e-2
+    max_leaves: int = 600
+    leaves: list[Leaf] = field(default_factory=list)
+    converged: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mech.k != 2:
+            raise InvalidParameters(f"the k = 2 pair needs k = 2, got k = {self.mech.k}")
+        if self.mech.n > MAX_N:
+            raise InvalidParameters(f"the k = 2 pair is built for n <= {MAX_N:,}")
+        cuts = default_cuts(self.mech.n)
+        self.leaves = [leaf(self.mech, a, b - 1) for a, b in itertools.pairwise(cuts)]
+        self._refine()
+
+    def _range(self) -> tuple[float, float]:
+        lo = min((float(lf.losses.min()) for lf in self.leaves if lf.losses.size), default=0.0)
+        hi = max((float(lf.losses.max()) for lf in self.leaves if lf.losses.size), default=0.0)
+        return lo, hi
+
+    def _curve(
+        self, lf: Leaf, step: float, lo: float, hi: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(h + allowance, h - allowance, allowance) of a leaf at the grid points of `step` over
+        [lo, hi] (+inf mass and RR part included; the lower value is for exact leaves)."""
+        cells = CurveCells.empty(step, lo, hi, rel_error=_REL)
+        cells.add(lf.losses, lf.log_mass)
+        h, allow = cells.curve()
+        rr = lf.rr_weight * _rr_curve(self.mech, cells.losses())
+        up = h + allow + lf.inf_mass + rr * (1.0 + _REL)
+        return up, h - allow, allow
+
+    def _refine(self) -> None:
+        """Split wide leaves that exceed (1 + rtol) x the best exact dataset on the check grid
+        (differences within the float allowances do not count)."""
+        lo, hi = -self.mech.eps0, self.mech.eps0
+        t = np.exp(CommonGrid(CHECK_STEP, lo, hi).losses())
+        base = np.maximum(1.0 - t, 0.0)  # every pair has h >= (1 - t)^+: compare the rest
+        cache: dict[tuple[int, int], tuple[FloatArray, FloatArray, FloatArray]] = {}
+        while True:
+            for lf in self.leaves:
+                if (lf.m1, lf.m2) not in cache:
+                    cache[(lf.m1, lf.m2)] = self._curve(lf, CHECK_STEP, lo, hi)
+            curves = [cache[(lf.m1, lf.m2)] for lf in self.leaves]
+            exact = [c[1] - base for lf, c in zip(self.leaves, curves, strict=True) if lf.exact]
+            best = np.max(np.stack(exact), axis=0) if exact else np.zeros_like(t)
+            limit = (1.0 + self.rtol) * np.maximum(best, 0.0) + FLOOR
+            bad = [
+                i
+                for i, (lf, c) in enumerate(zip(self.leaves, curves, strict=True))
+                if not lf.exact and bool(np.any(c[0] - base > limit + 4.0 * c[2]))
+            ]
+            if not bad:
+                self.converged = True
+                return
+            if len(self.leaves) + len(bad) > self.max_leaves:
+                return  # still sound, only looser
+            new: list[Leaf] = []
+            for i, lf in enumerate(self.leaves):
+                if i in bad:
+                    mid = (lf.m1 + lf.m2) // 2
+                    new += [leaf(self.mech, lf.m1, mid), leaf(self.mech, mid + 1, lf.m2)]
+                else:
+                    new.append(lf)
+            self.leaves = new
+
+    def upper_values(self, step: float) -> tuple[int, FloatArray]:
+        """(first grid index, upper bound of sup over datasets of H at e^(j step)) on the grid
+        of `step` covering every leaf's losses (above them: the +inf and RR parts only)."""
+        lo, hi = self._range()
+        lo, hi = max(lo, -self.mech.eps0), min(hi, self.mech.eps0)
+        up = np.max(np.stack([self._curve(lf, step, lo, hi)[0] for lf in self.leaves]), axis=0)
+        grid = CommonGrid(step, lo, hi)
+        return grid.first, np.minimum(up, 1.0)
+
+    def tail_mass(self, step: float) -> float:
+        """An upper bound on every leaf's curve beyond the top grid point (+inf and RR parts)."""
+        lo, hi = self._range()
+        top = np.array([CommonGrid(step, lo, hi).losses()[-1]])
+        return max(
+            lf.inf_mass + lf.rr_weight * float(_rr_curve(self.mech, top)[0]) for lf in self.leaves
+        )
+
+    def exact_leaf(self, m: int) -> Leaf:
+        """The exact pair of the dataset m (from the leaves if there, else computed)."""
+        for lf in self.leaves:
+            if lf.m1 == lf.m2 == m:
+                return lf
+        return leaf(self.mech, m, m)
+
+    def worst_atoms(self) -> Leaf:
+        """The exact dataset whose curve has the largest area on the check grid (the attack)."""
+        lo, hi = self._range()
+        exact = [lf for lf in self.leaves if lf.exact]
+        areas = [float(np.sum(self._curve(lf, CHECK_STEP, lo, hi)[1])) for lf in exact]
+        # (the largest area under the curve: a proxy for the worst dataset over all epsilons)
+        return exact[int(np.argmax(areas))]
+
+
+@dataclass(frozen=True)
+class CommonGrid:
+    """The grid points of `CurveCells.empty(step, lo, hi)` (first index and losses)."""
+
+    step: float
+    lo: float
+    hi: float
+
+    @property
+    def first(self) -> int:
+        """Grid index of the first point."""
+        return math.floor(self.lo / self.step) - 1
+
+    def losses(self) -> FloatArray:
+        """Loss of every grid point."""
+        size = math.floor(self.hi / self.step) + 3 - self.first
+        return (self.first + np.arange(size, dtype=np.float64)) * self.step

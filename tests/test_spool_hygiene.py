@@ -1,0 +1,147 @@
+"""The spool keeps its promises (issue 14): private files, credentials dropped once the output is
+stored, finished rounds purged, a corrupted spool quarantined with one error line, and a full or
+unwritable spool aborting (and refunding) the round whose input it could not keep."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
+from shufflekit.base.clock import VirtualClock
+from shufflekit.base.errors import SpoolError
+from shufflekit.core import hop as hop_module
+from shufflekit.core.messages import Announcement
+from shufflekit.core.spool import FINISHED_TTL, Arrival, Spool
+from shufflekit.core.transport import MemoryBroker
+from tests.pipeline_helpers import population
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def _ann(rid: str) -> Announcement:
+    return Announcement(
+        deployment="t",
+        round_id=rid,
+        k=2,
+        eps0=1.0,
+        n_min=1,
+        deadline=1.0,
+        mix_keys=["a2V5"],
+        analyzer_key="a2V5",
+    )
+
+
+def test_a_new_spool_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "spool-mix0.db"
+    spool = Spool(path)
+    spool.add([Arrival("r1", "data", "k", b"x" * 100)])
+    assert _mode(path.parent) == 0o700
+    assert _mode(path) == 0o600
+    assert _mode(path.with_name(path.name + "-wal")) == 0o600
+    spool.close()
+
+
+def test_an_existing_spool_is_tightened(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    Spool(path).close()
+    path.chmod(0o644)
+    Spool(path).close()
+    assert _mode(path) == 0o600
+
+
+def test_a_corrupted_spool_is_quarantined_with_one_error_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "spool-mix0.db"
+    junk = b"this is not a database, it was overwritten by mistake " * 100
+    path.write_bytes(junk)
+    with caplog.at_level(logging.ERROR, logger="shufflekit.spool"):
+        spool = Spool(path, clock=VirtualClock(1_800_000_000.0))
+    assert spool.quarantined == tmp_path / "spool-mix0.db.corrupt-1800000000"
+    assert spool.quarantined.read_bytes() == junk  # kept for the operator, not deleted
+    (rec,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    line = rec.getMessage()
+    assert str(path) in line and str(spool.quarantined) in line and "\n" not in line
+    assert spool.add([Arrival("r1", "data", "k", b"x")]) == 1  # a fresh, working spool
+    spool.close()
+
+
+def test_a_spool_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(SpoolError) as err:
+        Spool(folder)
+    assert str(folder) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_input_and_credentials_are_dropped_once_the_output_is_stored(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db")
+    spool.begin(_ann("r1"))
+    spool.add([Arrival("r1", "data", f"k{i}", b"envelope with credential") for i in range(5)])
+    spool.save_output("r1", [b"peeled"], {})
+    assert spool.messages("r1", "data") == []
+    assert spool.output("r1")[0] == [b"peeled"]
+    spool.close()
+
+
+def test_finished_rounds_are_forgotten_after_a_week() -> None:
+    clock = VirtualClock(1_800_000_000.0)
+    spool = Spool(clock=clock)
+    spool.begin(_ann("old"))
+    spool.finish("old", None)
+    assert spool.state("old") == "done"
+    clock.advance(FINISHED_TTL + 1)
+    spool.begin(_ann("new"))
+    spool.finish("new", None)
+    assert spool.state("old") is None and spool.state("new") == "done"
+
+
+def test_a_full_spool_refuses_input_and_frees_it_when_the_round_ends(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", max_bytes=128 * 1024)
+    spool.begin(_ann("r1"))
+    with pytest.raises(SpoolError, match="full"):
+        spool.add([Arrival("r1", "data", f"k{i}", b"x" * 1000) for i in range(200)])
+    assert spool.messages("r1", "data") == []  # nothing half-stored
+    spool.add([Arrival("r1", "data", f"k{i}", b"x" * 1000) for i in range(20)])
+    with pytest.raises(SpoolError):
+        spool.add([Arrival("r1", "data", f"m{i}", b"x" * 1000) for i in range(100)])
+    spool.finish("r1", None)  # the round's input goes: room for the next round
+    spool.begin(_ann("r2"))
+    assert spool.add([Arrival("r2", "data", f"k{i}", b"x" * 1000) for i in range(20)]) == 20
+    spool.close()
+
+
+async def test_a_full_spool_aborts_and_refunds_the_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mix 0 cannot keep every report of the round (its spool is full): the round is aborted
+    at mix 0, nothing is forwarded, the lost reports are counted, the cost is refunded."""
+    made: list[Spool] = []
+
+    def small_spool(*, clock: Any) -> Spool:
+        made.append(Spool(tmp_path / f"spool{len(made)}.db", clock=clock, max_bytes=96 * 1024))
+        return made[-1]
+
+    monkeypatch.setattr(hop_module, "Spool", small_spool)
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 2)
+    pop, _ = population(1500, k=4)
+    rep = await dep.run_round(RoundParams(k=4, eps0=1.0, n_min=10), pop)
+    assert not rep.released and rep.abort is not None and rep.abort.hop == 0, rep.abort
+    assert "could not keep" in rep.abort.reason and "full" in rep.abort.reason
+    assert rep.mixes[0].counters.rejected["spool_unwritable"] > 0
+    assert rep.mixes[0].forwarded == 0
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+    for s in made:
+        s.close()
