@@ -79,11 +79,16 @@ class ReceiptBox:
 
     async def _read(self) -> None:
         """Subscribe to the reply topic (again after a lost connection) and file receipts."""
+        subscriptions = 0
         while True:
             try:
                 conn = await self.connect()
                 async with conn.subscribe(self.topic) as sub:
                     self._subscribed.set()
+                    subscriptions += 1
+                    if subscriptions > 1:  # receipts sent while away are lost: resend now
+                        for event in self._waiting.values():
+                            event.set()
                     async for msg in sub:
                         self.accept(msg.payload)
             except TransportError as exc:
@@ -138,12 +143,16 @@ class ReceiptBox:
                     return self.receipts[digest]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._subscribed.wait(), min(left, resend))
+                event.clear()  # set by its receipt, or by a new subscription (resend at once)
                 with contextlib.suppress(TransportError):
                     conn = await self.connect()
                     await conn.publish(self.data_topic, envelope)
-                with contextlib.suppress(TimeoutError):
+                try:
+                    left = self.ann.seconds_left(self.clock)
                     await asyncio.wait_for(event.wait(), min(pause, max(left, 0.0)))
-                pause = min(2 * pause, 8 * resend)
+                    pause = resend
+                except TimeoutError:
+                    pause = min(2 * pause, 8 * resend)
             return self.receipts.get(digest)
         finally:
             self._waiting.pop(digest, None)

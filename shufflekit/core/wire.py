@@ -30,7 +30,10 @@ MAX_REPLY = 64
 
 CHUNK_VERSION = 1
 _CHUNK = struct.Struct(">BBIII")  # version, hop, chunk index, item size, item count
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the largest payload a hop sends (a forwarded chunk)
+# the largest MQTT packet a service accepts (declared to the broker) and the shipped broker's
+# max_packet_size: a chunk of MAX_MESSAGE_BYTES plus room for its topic and properties
+MAX_PACKET_BYTES = MAX_MESSAGE_BYTES + 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,10 @@ class Chunk:
 
 
 def split_chunks(items: Sequence[bytes], hop: int, per_chunk: int) -> list[Chunk]:
-    """Cut a permuted batch into chunks, keeping its order."""
+    """Cut a permuted batch into chunks of at most `per_chunk` items, keeping its order; fewer
+    if that many would make a chunk larger than MAX_MESSAGE_BYTES (the broker's limit)."""
+    if items:
+        per_chunk = max(1, min(per_chunk, (MAX_MESSAGE_BYTES - _CHUNK.size) // len(items[0])))
     return [
         Chunk(hop=hop, index=i, items=tuple(items[s : s + per_chunk]))
         for i, s in enumerate(range(0, len(items), per_chunk))

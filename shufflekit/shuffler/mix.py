@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -120,7 +121,8 @@ class MixNode(Hop[MixOutcome]):
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.ingests: dict[str, RoundIngest] = {}  # mix 0: rounds it collects, by id
-        self.dropped = RejectionCounter()  # mix 0: input dropped before spooling, by reason
+        self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
+        self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
 
     def inbox(self) -> Inbox:
@@ -219,6 +221,7 @@ class MixNode(Hop[MixOutcome]):
         ingest.advance(self.spool, close)
         counters.accepted = ingest.counters.accepted
         counters.rejected.update(ingest.counters.rejected)
+        counters.rejected.update(self.early.pop(ann.round_id, RejectionCounter()).rejected)
         for _ in range(self.spool.duplicates(ann.round_id, "data")):  # the same bytes again
             counters.reject("replayed")
         return list(ingest.items)
@@ -245,6 +248,11 @@ class MixNode(Hop[MixOutcome]):
         if self.index != 0 or arrival is None or arrival.kind != "data":
             return arrival
         state = self.spool.state(arrival.round_id)
+        ingest = self._round_ingest(arrival.round_id) if state == "open" else None
+        if ingest is not None and len(arrival.payload) > Envelope.max_size(ingest.size):
+            # larger than any envelope of the round: counted, never stored nor parsed
+            self.early.setdefault(arrival.round_id, RejectionCounter()).reject("oversized")
+            return None
         if state == "open":  # after the close too: a resend may still want its receipt
             resend = arrival.payload[:1] == bytes([ENVELOPE_VERSION_REPLY])
             return dataclasses.replace(arrival, resend=resend)
@@ -256,7 +264,19 @@ class MixNode(Hop[MixOutcome]):
         the round counts, with mix 0's signed receipt, one batch per reply id."""
         if self.index != 0 or self.signer is None:
             return
+        try:
+            due = self._receipts_due(arrivals)
+        except (SpoolError, sqlite3.Error) as exc:  # no receipt: the client resends
+            log.warning("mix 0: no receipts for this input: %s", exc)
+            return
+        await self._send_receipts(due)
+
+    def _receipts_due(self, arrivals: list[Arrival]) -> dict[str, list[Receipt]]:
+        """The signed receipts owed for `arrivals`, by reply id: each envelope that asks for
+        one and is the report its round counts (stored before the close)."""
         due: dict[str, list[Receipt]] = {}
+        if self.signer is None:
+            return due
         for a in arrivals:
             if a.kind != "data" or (ingest := self._round_ingest(a.round_id)) is None:
                 continue
@@ -274,6 +294,10 @@ class MixNode(Hop[MixOutcome]):
                     receipt = self.signer.receipt(a.round_id, env.client_id, digest)
                     ingest.receipts[env.client_id] = receipt
                 due.setdefault(env.reply, []).append(receipt)
+        return due
+
+    async def _send_receipts(self, due: dict[str, list[Receipt]]) -> None:
+        """Publish the receipts owed to each reply id, in batches."""
         for reply, receipts in due.items():
             try:
                 topic = receipt_topic(self.deployment, reply)

@@ -40,6 +40,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.core.wire import MAX_PACKET_BYTES
 from shufflekit.shuffler.mix import MixNode, MixOutcome
 
 log = logging.getLogger("shufflekit.services")
@@ -116,7 +117,11 @@ def _connector(
     addr = BrokerAddress.parse(cfg.broker)
     expiry = cfg.session_expiry if durable else None
     return lambda: MqttTransport(
-        addr, client_id=cfg.client_id(name), session_expiry=expiry, durable_filters=durable
+        addr,
+        client_id=cfg.client_id(name),
+        session_expiry=expiry,
+        durable_filters=durable,
+        max_packet_size=MAX_PACKET_BYTES,  # larger input is dropped by the broker, unparsed
     )
 
 
