@@ -77,8 +77,7 @@ def clients_summary(procs: Procs, name: str) -> dict[str, Any]:
 def test_broker_restart_mid_round_counts_every_accepted_report_once(
     broker: Broker, procs: Procs, tmp_path: Path
 ) -> None:
-    # the first clients hold until mix 0 receipted each report: leave the late ones time too
-    cfg, ledger_url = write_deployment(tmp_path, broker.url, MIXES, n_min=100, deadline=30)
+    cfg, ledger_url = write_deployment(tmp_path, broker.url, MIXES, n_min=100, deadline=20)
     hops = start_hops(procs, cfg, MIXES)
     procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "2")
     start_clients(procs, "clients", broker.url, USERS, "c")

@@ -65,7 +65,7 @@ def test_metrics_endpoints_count_the_round(mosquitto: str, procs: Procs, tmp_pat
     cfg.write_text(
         cfg.read_text()
         .replace("interval = 0.5", "interval = 600")
-        .replace("deadline = 120", "deadline = 15")  # clients wait for receipts
+        .replace("deadline = 120", "deadline = 8")
     )
     hops = start_hops(procs, cfg, 1)
     procs.start("coordinator", "serve", "coordinator", "--config", str(cfg))

@@ -218,6 +218,14 @@ def clients(
             "(needed when mix 0 checks credentials).",
         ),
     ] = None,
+    receipts: Annotated[
+        bool,
+        typer.Option(
+            "--receipts",
+            help="Resend each report until mix 0's signed receipt arrives (else: until the "
+            "broker's PUBACK); reports how many are receipted.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
@@ -235,6 +243,7 @@ def clients(
             wait=wait,
             id_prefix=id_prefix,
             enrollment=authority,
+            receipts=receipts,
         )
     )
     out = summary.as_dict()

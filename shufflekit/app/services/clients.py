@@ -6,11 +6,12 @@ ciphertext, a truncated one, or random bytes), which mix 0 must reject and count
 enrollment key, each simulated client is enrolled first and sends its credential.
 
 Each connection gets a fresh client id (two runs never take over each other's connections).
-A well-formed report counts as delivered only once mix 0's signed receipt for it arrives on the
-connection's receipt topic (`send_until_receipted`, shufflekit/client/receipts.py): until then,
-and until the round's deadline, the same bytes are resent, over a new connection with the same
-client id if the broker went away. Malformed reports get no receipt: they are sent until the
-broker acknowledges them (`send_until_acked`).
+With `receipts`, a well-formed report counts as delivered only once mix 0's signed receipt for
+it arrives on the connection's receipt topic (`send_until_receipted`,
+shufflekit/client/receipts.py): until then, and until the round's deadline, the same bytes are
+resent, over a new connection with the same client id if the broker went away. Without it (and
+always for malformed reports, which get no receipt) a report is sent until the broker
+acknowledges it (`send_until_acked`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ async def run_clients(
     wait: float = 60.0,
     id_prefix: str = "sim",
     enrollment: EnrollmentKey | None = None,
+    receipts: bool = False,
 ) -> ClientsSummary:
     """`users` simulated clients answer the current round; returns what was sent. With
     `enrollment`, each client is enrolled (given its credential) and sends it with its report."""
@@ -115,7 +117,7 @@ async def run_clients(
     bad = set(rng.choice(users, size=n_bad, replace=False).tolist())
     summary = ClientsSummary(deployment, ann.round_id, users, enrolled=enrollment is not None)
     topic = Topics(deployment).data(ann.round_id, 0)
-    receipts = ann.receipt_key is not None  # an older coordinator announces no receipt key
+    receipts = receipts and ann.receipt_key is not None  # an older coordinator has none
     replies = [f"sk-{uuid.uuid4().hex[:12]}" for _ in range(connections)]
     good: list[list[bytes]] = [[] for _ in range(connections)]
     junk: list[bytes] = []
