@@ -15,7 +15,12 @@ the same gridded rounds with dp_accounting's `.compose`.
 Accuracy: the same composition on a 5x finer grid (the default split rounding converges in the
 square of the step) and the rounded-down bracket.
 
-Run: .venv/bin/python benchmarks/bench_composition.py
+Scenario C (the issue's speed targets): 1,000 identical rounds of n = 1e6 and n = 1e7 (k = 10,
+eps0 = 4), upper bound AND composed attack (`compose_rounds_bounds`, cold caches: building the
+per-round PLDs included), as a ratio to a reference measured in the same run: ten binomial
+log-pmf vectors of length n (`numerics.binomial.log_pmf`). Targets: 2.5x at 1e6, 6x at 1e7.
+
+Run: .venv/bin/python benchmarks/bench_composition.py [--only-c] [--sizes 1e6,1e7]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.fft as sfft
+from _timing import load_line
 from scipy.stats import binom
 
 from shufflekit.accountant.compose_dpa import to_dp_accounting
@@ -181,7 +187,46 @@ def scenario_b(lines: list[str]) -> None:
         )
 
 
+def scenario_c(lines: list[str], sizes: list[int]) -> None:
+    from shufflekit.accountant.composition import compose_rounds_bounds
+    from shufflekit.accountant.numerics.binomial import log_pmf
+
+    lines.append(
+        "C. 1,000 identical rounds, k = 10, eps0 = 4, delta = 1e-6: upper bound and composed "
+        "attack, cold (per-round PLDs built), vs ten binomial log-pmf vectors of length n"
+    )
+    targets = {1_000_000: 2.5, 10_000_000: 6.0}
+    for n in sizes:
+        x = np.arange(n, dtype=np.float64)
+        start = time.perf_counter()
+        for i in range(10):
+            log_pmf(x, n, 0.1 + 0.05 * i)
+        ref = time.perf_counter() - start
+        clear_caches()
+        start = time.perf_counter()
+        b = compose_rounds_bounds([Mechanism(n, 10, 4.0)], counts=[ROUNDS])
+        secs = time.perf_counter() - start
+        lo, up = b.epsilon(DELTA)
+        target = targets.get(n)
+        lines.append(
+            f"   n = {n:.0e}: {secs:.1f} s = {secs / ref:.1f} x the reference ({ref:.2f} s)"
+            + (f" [target {target:g} x]" if target else "")
+            + f"; epsilon {up:.4f}, composed attack {lo:.4f} (gap {100 * (up / lo - 1):.2f}%)"
+        )
+        lines.append(f"   {load_line()}")
+
+
 def main() -> str:
+    if "--only-c" in sys.argv or "--sizes" in sys.argv:
+        sizes = [10_000_000, 1_000_000]
+        if "--sizes" in sys.argv:
+            raw = sys.argv[sys.argv.index("--sizes") + 1]
+            sizes = [int(float(v)) for v in raw.split(",")]
+        lines = ["Composition speed (accountant.composition)", ""]
+        scenario_c(lines, sorted(sizes))
+        report = "\n".join(lines) + "\n"
+        (RESULTS.parent / "composition_speed.txt").write_text(report)
+        return report
     lines = [
         "Composition of 1,000 heterogeneous rounds (accountant.composition)",
         f"machine: {platform.machine()}, python {platform.python_version()}, "
@@ -194,6 +239,8 @@ def main() -> str:
         scenario_b(lines)
     except ImportError:
         lines.append("B. skipped: accountant.tight not available")
+    lines.append("")
+    scenario_c(lines, [1_000_000])
     report = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(report)

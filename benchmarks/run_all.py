@@ -25,9 +25,13 @@ RESULTS = HERE / "results"
 BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tight": ("bench_tight.py", ["--repeats", "3"]),
     "gap": ("bench_gap.py", ["--quick"]),
+    "soundness": ("bench_soundness.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
+    "loadtest": ("bench_loadtest.py", ["--quick"]),
+    "leakage": ("bench_leakage.py", ["--quick"]),
+    "ledger_status": ("bench_ledger_status.py", ["--rounds", "200"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

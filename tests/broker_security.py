@@ -199,26 +199,33 @@ def write_password_file(path: Path, accounts: dict[str, str]) -> None:
     subprocess.run([binary, "-U", str(path)], check=True, capture_output=True, timeout=30)
 
 
-def render_config(template: str, *, port: int, files: dict[str, Path], state: Path) -> str:
-    """deploy/mosquitto/mosquitto.conf for a test: its own port on loopback and file paths.
+def render_config(
+    template: str, *, port: int, service_port: int, files: dict[str, Path], state: Path
+) -> str:
+    """deploy/mosquitto/mosquitto.conf for a test: its own ports on loopback and file paths.
 
-    Every setting it replaces must be present in the template (a renamed or removed setting
-    fails here rather than silently testing another configuration).
+    Every setting it replaces must be present in the template as often as expected: once, or
+    once per listener (a renamed or removed setting fails here rather than silently testing
+    another configuration).
     """
+    per_listener = 2
     replacements = {
-        r"listener 8883": f"listener {port} 127.0.0.1",
-        r"password_file \S+": f"password_file {files['passwd']}",
-        r"acl_file \S+": f"acl_file {files['acl']}",
-        r"certfile \S+": f"certfile {files['certfile']}",
-        r"keyfile \S+": f"keyfile {files['keyfile']}",
-        r"cafile \S+": f"cafile {files['cafile']}",
-        r"persistence_location \S+": f"persistence_location {state}/",
+        r"listener 8883": (f"listener {port} 127.0.0.1", 1),
+        r"listener 8884": (f"listener {service_port} 127.0.0.1", 1),
+        r"password_file \S+": (f"password_file {files['passwd']}", per_listener),
+        r"acl_file \S+": (f"acl_file {files['acl']}", per_listener),
+        r"certfile \S+": (f"certfile {files['certfile']}", per_listener),
+        r"keyfile \S+": (f"keyfile {files['keyfile']}", per_listener),
+        r"cafile \S+": (f"cafile {files['cafile']}", per_listener),
+        r"persistence_location \S+": (f"persistence_location {state}/", 1),
     }
     out = template
-    for pattern, value in replacements.items():
+    for pattern, (value, times) in replacements.items():
         out, n = re.subn(rf"(?m)^{pattern}$", value, out)
-        if n != 1:
-            raise AssertionError(f"deploy/mosquitto/mosquitto.conf: expected one `{pattern}`")
+        if n != times:
+            raise AssertionError(
+                f"deploy/mosquitto/mosquitto.conf: expected `{pattern}` {times} time(s), not {n}"
+            )
     if os.geteuid() == 0:
         # as root, mosquitto switches to the `mosquitto` user, who cannot read pytest's tmp dirs
         out += "\nuser root\n"
@@ -227,16 +234,24 @@ def render_config(template: str, *, port: int, files: dict[str, Path], state: Pa
 
 @dataclass(frozen=True)
 class SecureBroker:
-    """A running Mosquitto with the deploy/ config: its TLS URL, PKI and role passwords."""
+    """A running Mosquitto with the deploy/ config: its TLS URLs, PKI and role passwords.
+
+    `port` is the clients' listener, `service_port` the services' (where the broker names each
+    connection after its account)."""
 
     port: int
     pki: Pki
     passwords: dict[str, str]
     log: Path
+    service_port: int = 0
 
     def url(self, user: str | None = None, host: str = "127.0.0.1") -> str:
-        """`mqtts://` URL of the broker, with `user`'s name (not password) if given."""
+        """`mqtts://` URL of the clients' listener, with `user`'s name (not password) if given."""
         return f"mqtts://{user + '@' if user else ''}{host}:{self.port}"
+
+    def service_url(self, user: str, host: str = "127.0.0.1") -> str:
+        """`mqtts://` URL of the services' listener for account `user`."""
+        return f"mqtts://{user}@{host}:{self.service_port}"
 
 
 def _wait_running(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -266,12 +281,15 @@ def secure_broker(folder: Path) -> Iterator[SecureBroker]:
     write_password_file(folder / "passwd", passwords)
     state = folder / "state"
     state.mkdir()
-    port = free_port()
+    port, service_port = free_port(), free_port()
+    while service_port == port:
+        service_port = free_port()
     conf = folder / "mosquitto.conf"
     conf.write_text(
         render_config(
             DEPLOY_CONF.read_text(),
             port=port,
+            service_port=service_port,
             files={
                 "passwd": folder / "passwd",
                 "acl": DEPLOY_ACL,
@@ -287,7 +305,9 @@ def secure_broker(folder: Path) -> Iterator[SecureBroker]:
         proc = subprocess.Popen([binary, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_running(proc, log, timeout=10.0)
-        yield SecureBroker(port=port, pki=pki, passwords=passwords, log=log)
+        yield SecureBroker(
+            port=port, pki=pki, passwords=passwords, log=log, service_port=service_port
+        )
     finally:
         proc.terminate()
         try:

@@ -136,10 +136,18 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def ledger(ledger_url: str) -> Ledger:
-    """A fresh ledger (each backend) with a budget for deployment `test` (n_min 10, epsilon 10)."""
+    """A fresh ledger (each backend) with a budget for deployment `test` (n_min 10, epsilon 10;
+    the eps0 sum, adaptive: any round type in any order)."""
     led = Ledger(ledger_url)
     led.init_budget(
-        Budget("test", epsilon_total=10.0, delta_total=1e-6, n_min=10, cost_model="ldp")
+        Budget(
+            "test",
+            epsilon_total=10.0,
+            delta_total=1e-6,
+            n_min=10,
+            cost_model="ldp",
+            mode="adaptive",
+        )
     )
     return led
 

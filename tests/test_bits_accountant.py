@@ -163,8 +163,8 @@ def test_tags_and_dispatch() -> None:
 def test_heterogeneous_composition() -> None:
     """Composition of k-RR and bit rounds: one round equals its own epsilon; several lie
     between the largest single round and the sum of eps0."""
-    b = BitsMechanism(n=20_000, bits=3, eps0=1.5)
-    k = Mechanism(n=20_000, k=10, eps0=1.5)
+    b = BitsMechanism(n=2_000, bits=3, eps0=1.5)
+    k = Mechanism(n=2_000, k=10, eps0=1.5)
     one = rounds_epsilon([b], 1e-6)
     assert one == pytest.approx(round_epsilon(b, 1e-6).epsilon)
     both = rounds_epsilon([b, k, b], 1e-6)

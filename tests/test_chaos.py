@@ -201,3 +201,13 @@ def test_refunded_round_is_never_forwarded_after_a_restart() -> None:
     outs = [run_seed(SimSpec(seed=s, faults=frozenset({"crash"}))) for s in range(40)]
     assert sum(o.faults.get("crash", 0) for o in outs) > 20
     assert [(o.seed, v) for o in outs for v in o.violations] == []
+
+
+def test_a_seed_without_faults_runs_and_releases_every_round() -> None:
+    """The sweeps above are only as good as the rounds they run: a set-up that keeps the
+    services from starting (a key file they refuse, say) must not pass as 'every invariant
+    held' with nothing run."""
+    out = run_seed(SimSpec(seed=3, faults=frozenset()))
+    assert out.violations == []
+    assert out.rounds_run == out.rounds_released == 2
+    assert out.reports_counted == out.reports_receipted > 0

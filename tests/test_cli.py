@@ -62,7 +62,11 @@ def test_demo_table_and_budget_refusal(tmp_path: Path) -> None:
     assert "round refused" in r.stderr and "'pilot'" in r.stderr and "1 is left" in r.stderr
     r = run(["budget", "status", "--ledger", led, "--deployment", "pilot", "--json"], tmp_path)
     st = json.loads(r.stdout)
-    assert (st["epsilon_spent"], st["epsilon_reserved"], st["epsilon_total"]) == (4.0, 4.0, 5.0)
+    assert (st["epsilon_committed"], st["epsilon_spent_or_reserved"], st["epsilon_total"]) == (
+        4.0,
+        4.0,
+        5.0,
+    )
     assert [x["status"] for x in st["rounds"]] == ["committed", "committed"]
     r = run(["budget", "history", "--ledger", led, "--deployment", "pilot", "--json"], tmp_path)
     assert [h["decision"] for h in json.loads(r.stdout)][-1] == "refused"

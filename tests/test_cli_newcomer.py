@@ -4,21 +4,43 @@ terminal. Every test drives the command as a user does: a process on a pipe or a
 
 from __future__ import annotations
 
+import base64
+import csv
+import json
 import math
 import re
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.roots import bracket_boundary
 from shufflekit.app.cli import app
 from shufflekit.app.datasets import DatasetError, from_csv
+from shufflekit.app.experiment_report import utility_figure
+from shufflekit.app.plots import privacy_figure
+from shufflekit.app.services.keys import (
+    load_credential_verifier,
+    load_private_key,
+    load_public_key,
+)
+from shufflekit.base.errors import ConfigError
 from shufflekit.core.spool import Spool
 from tests.cli_run import run_cli, run_cli_tty
 
 APP = Path(__file__).resolve().parent.parent / "shufflekit" / "app"
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command in this process (CliRunner: fast), on a pipe, with its own state folder;
+    shaped like `run_cli`'s result. Terminals and real processes are `run_cli` and `run_cli_tty`."""
+    env = {"SHUFFLEKIT_STATE": str(cwd / "state"), "COLUMNS": "120"}
+    r = CliRunner().invoke(app, args, env=env)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("command", [[], ["demo"], ["privacy", "compare"], ["simulate"]])
@@ -64,7 +86,7 @@ def test_values_and_names_print_literally_and_tables_are_not_cut_on_a_pipe(
 
 def test_error_messages_keep_every_character(tmp_path: Path) -> None:
     path = _csv(tmp_path, "x\n1\n2\n")
-    out = run_cli(["simulate", "--csv", str(path), "--column", "[mix] a[/b]"], tmp_path)
+    out = cli(["simulate", "--csv", str(path), "--column", "[mix] a[/b]"], tmp_path)
     assert out.returncode == 2
     assert "'[mix] a[/b]' not in" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -85,7 +107,7 @@ def test_malformed_csv_is_refused_with_its_line(
     path = _csv(tmp_path, text)
     with pytest.raises(DatasetError, match=f"line {line}: .*{re.escape(what)}"):
         from_csv(path, "a")
-    out = run_cli(["simulate", "--csv", str(path), "--column", "a"], tmp_path)
+    out = cli(["simulate", "--csv", str(path), "--column", "a"], tmp_path)
     assert out.returncode == 2 and f"line {line}" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -106,17 +128,17 @@ def test_simulate_refuses_sizes_before_allocating(
     tmp_path: Path, args: list[str], limit: str
 ) -> None:
     t0 = time.monotonic()
-    out = run_cli(["simulate", *args], tmp_path)
+    out = cli(["simulate", *args], tmp_path)
     assert out.returncode == 2 and limit in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert time.monotonic() - t0 < 60  # refused at once (was 100 s, or a MemoryError)
 
 
 def test_long_simulation_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
-    tty = run_cli_tty(["simulate", "--rounds", "3000", "--n-boot", "0"], tmp_path)
+    tty = run_cli_tty(["simulate", "--rounds", "1000", "--n-boot", "0"], tmp_path)
     assert tty.returncode == 0, tty.stdout
-    assert "estimating rounds" in tty.stdout and "/3000 rounds" in tty.stdout
-    piped = run_cli(["simulate", "--rounds", "3000", "--n-boot", "0"], tmp_path)
+    assert "estimating rounds" in tty.stdout and "/1000 rounds" in tty.stdout
+    piped = cli(["simulate", "--rounds", "1000", "--n-boot", "0"], tmp_path)
     assert piped.returncode == 0 and piped.stderr == ""
     assert "estimating rounds" not in piped.stdout
 
@@ -159,7 +181,164 @@ def test_a_corrupted_spool_is_quarantined_not_a_traceback(tmp_path: Path) -> Non
 
 
 def test_a_sqlite_ledger_url_naming_a_folder_is_refused(tmp_path: Path) -> None:
-    out = run_cli(["demo", "--users", "50", "--ledger", f"sqlite:///{tmp_path}"], tmp_path)
+    out = cli(["demo", "--users", "50", "--ledger", f"sqlite:///{tmp_path}"], tmp_path)
     assert out.returncode == 2, out.stderr
     assert "is a folder" in out.stderr and "internal error" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_key_files_are_checked_for_type_and_role(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    for role in (["enrollment"], ["mix", "--index", "0"], ["mix", "--index", "1"], ["analyzer"]):
+        assert cli(["keys", "new", "--role", *role, "--out", str(keys)], tmp_path).returncode == 0
+    enroll = ["keys", "enroll", "--deployment", "pilot", "--client-id", "alice"]
+    wrong = cli([*enroll, "--key", str(keys / "mix0.key")], tmp_path)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert "mix0's HPKE private key, but the enrollment private key belongs here" in wrong.stderr
+    with pytest.raises(ConfigError, match="mix1's HPKE private key, but mix0's"):
+        load_private_key(keys / "mix1.key", "mix0")
+    with pytest.raises(ConfigError, match="enrollment public key, but analyzer's HPKE public"):
+        load_public_key(keys / "enrollment.pub", "analyzer")
+    with pytest.raises(ConfigError, match="analyzer's HPKE public key, but the enrollment"):
+        load_credential_verifier(keys / "analyzer.pub", "pilot")
+    with pytest.raises(ConfigError, match=r"private key, but .* public key belongs here"):
+        load_public_key(keys / "mix0.key")
+    assert (
+        load_public_key(keys / "mix1.pub", "mix1")
+        == load_private_key(keys / "mix1.key", "mix1").public_b64()
+    )
+
+
+def test_enrolled_credentials_survive_redirection_and_narrow_terminals(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    cli(["keys", "new", "--role", "enrollment", "--out", str(keys)], tmp_path)
+    args = ["keys", "enroll", "--key", str(keys / "enrollment.key"), "--deployment", "pilot"]
+    args += ["--client-id", "alice", "--client-id", "b[o]b"]
+    piped = cli(args, tmp_path)
+    narrow = run_cli_tty(args, tmp_path, columns=20)
+    verifier = load_credential_verifier(keys / "enrollment.pub", "pilot")
+    for out in (piped.stdout, narrow.stdout):
+        lines = [ln.split() for ln in out.splitlines() if ln.strip()]
+        assert [ln[0] for ln in lines] == ["alice", "b[o]b"]
+        for cid, cred in lines:
+            verifier.verify(cid, base64.b64decode(cred))
+
+
+REPRODUCED = ("true_histogram", "noisy_histogram", "estimate", "stderr", "tv_distance")
+
+
+def _demo(tmp_path: Path, name: str, *extra: str) -> dict[str, object]:
+    folder = tmp_path / name
+    folder.mkdir()
+    env = {"SHUFFLEKIT_STATE": str(folder / "state")}
+    out = CliRunner().invoke(app, ["demo", "--users", "400", "--json", *extra], env=env)
+    assert out.exit_code == 0, out.output
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_seed_makes_the_demo_result_reproducible(tmp_path: Path) -> None:
+    seeded = ["--seed", "11", "--estimator", "ibu"]
+    a, b = _demo(tmp_path, "a", *seeded), _demo(tmp_path, "b", *seeded)
+    assert {k: a[k] for k in REPRODUCED} == {k: b[k] for k in REPRODUCED}
+    assert a["round_id"] != b["round_id"]  # round ids (and permutations) stay on the OS CSPRNG
+    unseeded = [_demo(tmp_path, f"u{i}")["noisy_histogram"] for i in range(2)]
+    assert unseeded[0] != unseeded[1]  # no seed: responses from the OS CSPRNG
+
+
+def test_demo_points_at_its_own_ledger(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/make-demo.db"
+    out = cli(["demo", "--users", "300", "--ledger", url, "--deployment", "a-b"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    command = f"shufflekit budget status --ledger {url} --deployment a-b"
+    assert f"`{command}` shows it" in out.stderr  # the notice of the created budget
+    assert f"see it with `{command}`" in out.stdout  # the closing line
+    status = cli([*command.split()[1:], "--json"], tmp_path)
+    assert status.returncode == 0 and json.loads(status.stdout)["deployment"] == "a-b"
+
+
+def _utility_rows() -> list[dict[str, Any]]:
+    """Rows of docs/utility.csv (the committed experiment) as the experiment returns them."""
+    rows = []
+    with (APP.parent.parent / "docs" / "utility.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            d: dict[str, Any] = {k: (None if v == "" else v) for k, v in r.items()}
+            for f in ("epsilon", "eps0", "delta", "tv_mean", "tv_std"):
+                d[f] = None if d[f] is None else float(d[f])
+            for f in ("n", "k", "repetitions"):
+                d[f] = int(d[f])
+            rows.append(d)
+    return rows
+
+
+def test_utility_plot_separates_models_and_shows_estimators_relative_to_inv() -> None:
+    import matplotlib.pyplot as plt
+
+    rows = _utility_rows()
+    fig = utility_figure(rows)
+    errors, relative = fig.axes[:2]
+    labels = [t.get_text() for t in errors.get_legend().get_texts()]
+    assert labels == [
+        "shuffle model, INV (unbiased inversion)",
+        "central model: Gaussian noise, raw counts",
+        "central model: Gaussian noise, projected onto the simplex",
+        "local model: k-RR alone, no shuffle (INV)",
+    ]
+    lines = relative.get_lines()[:5]
+    assert len({(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in lines}) == 5
+    # each estimator's curve is its error divided by INV's at the same epsilon (from the CSV)
+    inv = {
+        r["epsilon"]: r["tv_mean"]
+        for r in rows
+        if (r["model"], r["estimator"]) == ("shuffle", "inv")
+    }
+    mle = sorted(
+        (r["epsilon"], r["tv_mean"] / inv[r["epsilon"]])
+        for r in rows
+        if r["model"] == "shuffle" and r["estimator"] == "mle"
+    )
+    drawn = next(ln for ln in lines if ln.get_label().startswith("MLE"))
+    assert list(drawn.get_xdata()) == [e for e, _ in mle]
+    assert list(drawn.get_ydata()) == pytest.approx([q for _, q in mle], rel=1e-12)
+    assert "n = 100,000 users, k = 10 categories" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_privacy_plot_names_methods_and_styles_every_curve_apart() -> None:
+    import matplotlib.pyplot as plt
+
+    mech = Mechanism(n=300, k=3, eps0=1.0)
+    fig, drawn = privacy_figure(mech, 1, ["ldp", "clones", "biswas", "tight"])
+    assert drawn == ["ldp", "clones", "biswas", "tight"]
+    ax = fig.axes[0]
+    styles = {(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in ax.get_lines()}
+    assert len(styles) == len(ax.get_lines()) == 5  # 4 methods and tight's attack
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert labels[0] == "local DP of one report (no shuffle) [ldp]: upper bound"
+    assert labels[2].startswith("Biswas et al. as printed [biswas]: NOT a guarantee")
+    assert "n = 300 users" in ax.get_title() and ax.get_xlabel() == "epsilon (one round)"
+    plt.close(fig)
+
+
+def test_compare_with_a_plot_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    args = ["privacy", "compare", "--n", "200", "--k", "3", "--eps0", "1", "--delta", "1e-6"]
+    tty = run_cli_tty([*args, "--plot", str(tmp_path / "c.png")], tmp_path)
+    assert tty.returncode == 0, tty.stdout
+    assert "epsilon of each method" in tty.stdout and "delta(epsilon) curves" in tty.stdout
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    piped = cli([*args, "--json"], tmp_path)
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert json.loads(piped.stdout)["rows"]
+
+
+def test_eps0_beyond_float_range_is_one_line(tmp_path: Path) -> None:
+    args = ["privacy", "epsilon", "--n", "1000", "--k", "10", "--eps0", "800", "--delta", "1e-6"]
+    out = cli(args, tmp_path)
+    assert out.returncode == 2 and "800" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_demo_refuses_a_k_its_estimator_cannot_hold(tmp_path: Path) -> None:
+    out = cli(["demo", "--users", "10", "--k", "65535", "--estimator", "mle"], tmp_path)
+    assert out.returncode == 2 and "k <= 4,096" in out.stderr, out.stderr
+    assert not (tmp_path / "state").exists()  # refused before the ledger is even opened

@@ -123,7 +123,7 @@ def test_enrollment_key_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="keys new --role enrollment"):
         load_credential_verifier(tmp_path / "missing.pub", "pilot")
     (tmp_path / "bad.pub").write_text("abc\n")
-    with pytest.raises(ConfigError, match="not a shufflekit enrollment public key"):
+    with pytest.raises(ConfigError, match="not a shufflekit key file"):
         load_credential_verifier(tmp_path / "bad.pub", "pilot")
 
 

@@ -123,11 +123,12 @@ def test_example_configs_load() -> None:
             mp.delenv(k)
         configs = {f.name: load_config(f) for f in files}
     shared = configs["shufflekit.toml"]
-    assert shared.broker == "mqtts://127.0.0.1:8883"  # the walkthrough's `sed` replaces the port
+    assert shared.broker == "mqtts://127.0.0.1:8884"  # the walkthrough's `sed` replaces the port
+    assert shared.client_id("mix0").startswith("sk-")  # the shipped broker's clientid_prefixes
     assert shared.deployment == DEPLOYMENT and shared.mixes == 2
     assert shared.mix.enrollment_key == EXAMPLES / "keys" / "enrollment.pub"
     assert shared.coordinator is not None
-    assert "s|127.0.0.1:8883|127.0.0.1:$PORT|" in walkthrough()
+    assert "s|127.0.0.1:8884|127.0.0.1:$SERVICE_PORT|" in walkthrough()
 
 
 # ---------------------------------------------------------------------- the deployment, run
@@ -194,9 +195,9 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
     for _, argv in keys:
         run_in_process(argv, pilot, monkeypatch)
     config = (EXAMPLES / "shufflekit.toml").read_text()
-    assert config.count("127.0.0.1:8883") == 1, "the walkthrough's sed expects one broker port"
+    assert config.count("127.0.0.1:8884") == 1, "the walkthrough's sed expects one broker port"
     (pilot / "shufflekit.toml").write_text(
-        config.replace("127.0.0.1:8883", f"127.0.0.1:{broker.port}")
+        config.replace("127.0.0.1:8884", f"127.0.0.1:{broker.service_port}")
     )
 
     # step 3: the budget

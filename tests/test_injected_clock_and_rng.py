@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 from typing import Any, TypeVar
 
 import pytest
@@ -15,7 +15,7 @@ from shufflekit.client.agent import current_announcement
 from shufflekit.client.krr import KRR
 from shufflekit.client.population import Population
 from shufflekit.core.crypto import KeyPair
-from shufflekit.core.messages import Announcement
+from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.spool import UNKNOWN_ROUND_TTL, Arrival, Spool
 from shufflekit.core.transport import MemoryBroker
 from shufflekit.core.waiting import within
@@ -97,9 +97,9 @@ async def test_a_round_with_an_hour_deadline_runs_on_a_virtual_clock() -> None:
     )
     committed: list[int] = []
 
-    async def on_release(round_id: str, n: int) -> dict[str, Any]:
-        committed.append(n)
-        return {}
+    async def on_release(result: Result, seal: Callable[[Result], Result]) -> Result:
+        committed.append(result.batch_size)
+        return seal(result)
 
     permutation = CountingShuffles(1)
     async with broker.connect() as m, broker.connect() as a, broker.connect() as c:

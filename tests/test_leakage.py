@@ -347,9 +347,21 @@ def test_min_cohort_large_and_refusals() -> None:
 def test_statement_wording_keeps_delta_and_the_eps0_cap() -> None:
     r = lk.leakage_report(1000, 2, 1.0)
     text = lk.participant_statement(r, epsilon=0.3, delta=1e-6)
-    assert "guesses your answer with probability 0.5058 (chance: 1/2 = 0.5)" in text
+    assert "guesses your answer with probability 0.5058 (chance: 1/2 = 0.5000)" in text
     assert f"with at most {r.insider_vulnerability:.4g}" in text
     assert "at most e^0.3 = 1.35 times as likely (plus 1e-06)" in text
     assert text.endswith("never more than e^1 = 2.718 times as likely")
     bare = lk.participant_statement(r)
     assert "plus" not in bare and "never more than e^1 = 2.718 times as likely" in bare
+
+
+def test_large_eps0_insider_tends_to_the_truth_probability() -> None:
+    """Almost no noise: the insider (who knows the others) learns nearly everything, and the
+    bound must say so rather than collapse (E[1/(L+1)] with a vanishing blanket)."""
+    for n, k, eps0 in ((100, 3, 50.0), (100, 2, 30.0), (10**5, 5, 40.0), (50, 4, 700.0)):
+        r = lk.leakage_report(n, k, eps0)
+        assert r.insider_vulnerability >= r.outsider_vulnerability
+        assert r.insider_vulnerability == pytest.approx(1.0, abs=1e-9)
+        assert 0 < r.outsider_vulnerability < 1
+    with pytest.raises(InvalidParameters):
+        lk.leakage_report(10, 2, 701.0)

@@ -16,19 +16,25 @@ import sqlalchemy as sa
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_schema import budgets
-from shufflekit.base.errors import BudgetExceeded, InvalidParameters, LedgerError, LedgerNotFound
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    InvalidParameters,
+    LedgerError,
+    LedgerNotFound,
+    ScheduleViolation,
+)
 
 
 def test_reserve_commit_refund_lifecycle(ledger: Ledger) -> None:
     ledger.reserve("test", "r1", k=4, eps0=2.0)
     ledger.reserve("test", "r2", k=4, eps0=3.0)
     st = ledger.status("test")
-    assert (st.epsilon_spent, st.epsilon_reserved) == (0.0, 5.0)
+    assert (st.epsilon_spent, st.epsilon_spent_or_reserved) == (0.0, 5.0)
     ledger.commit("test", "r1", batch_size=100)
     ledger.commit("test", "r1", batch_size=100)  # idempotent
     ledger.refund("test", "r2", reason="aborted")
     st = ledger.status("test")
-    assert (st.epsilon_spent, st.epsilon_reserved, st.epsilon_remaining) == (2.0, 2.0, 8.0)
+    assert (st.epsilon_spent, st.epsilon_spent_or_reserved, st.epsilon_remaining) == (2.0, 2.0, 8.0)
     assert [(r.round_id, r.status, r.batch_size) for r in st.rounds] == [
         ("r1", "committed", 100),
         ("r2", "refunded", None),
@@ -177,9 +183,14 @@ def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
         )
     led = Ledger(f"sqlite:///{db}")
     assert led.status("old").epsilon_spent == 1.5
-    led.reserve("old", "r2", 4, 1.0)  # the new columns work
+    # migrated to a planned budget with the types of the rounds it holds, the last one open
+    b = led.budget("old")
+    assert (b.mode, b.migrated_from, [str(e) for e in b.schedule]) == ("planned", 3, ["4,1.5"])
+    with pytest.raises(ScheduleViolation, match=r"slot 2 of its schedule is 4,1\.5, not 4,1:"):
+        led.reserve("old", "r2", 4, 1.0)
+    led.reserve("old", "r2", 4, 1.5)  # the new columns work
     with sqlite3.connect(db) as c:
-        assert c.execute("select version from sk_schema_version").fetchall() == [(3,)]
+        assert c.execute("select version from sk_schema_version").fetchall() == [(4,)]
     with sqlite3.connect(db) as c:
         c.execute("update sk_schema_version set version = 99")
     with pytest.raises(LedgerError, match="newer than this shufflekit"):
@@ -283,7 +294,7 @@ def test_schema_2_ledger_is_migrated_forward_and_keeps_its_rows(ledger_url: str)
     engine.dispose()
     led = Ledger(ledger_url)
     with led.engine.connect() as c:
-        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(3,)]
+        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(4,)]
     assert led.status("old").epsilon_spent == 1.5
     old = [(h["at"], h["who"], h["action"], h["principal"]) for h in led.history("old")]
     assert old == [
@@ -291,7 +302,7 @@ def test_schema_2_ledger_is_migrated_forward_and_keeps_its_rows(ledger_url: str)
         (2.0, "coordinator", "reserve", None),
         (3.0, "analyzer", "commit", None),
     ]
-    led.reserve("old", "r2", 4, 1.0)
+    led.reserve("old", "r2", 4, 1.5)  # the migrated schedule: the type it held
     assert led.history("old")[-1]["principal"] == _me()
     assert len(led.history("old")) == 4
 
@@ -359,7 +370,7 @@ def test_expired_reservation_stops_counting_and_cannot_be_committed(ledger_url: 
     import time
 
     time.sleep(0.3)
-    assert led.status("ttl").epsilon_reserved == 0.0
+    assert led.status("ttl").epsilon_spent_or_reserved == 0.0
     with pytest.raises(LedgerError, match="expired, it cannot be committed"):
         led.commit("ttl", "r1", 100)
     led.reserve("ttl", "r2", 4, 1.0)
@@ -391,8 +402,9 @@ def test_the_ledger_stamps_and_expires_by_its_clock(ledger_url: str) -> None:
     with pytest.raises(BudgetExceeded):
         led.reserve("clk", "r2", 4, 1.0)
     clock.now += 2.0
-    assert led.status("clk").epsilon_reserved == 0.0
+    assert led.status("clk").epsilon_spent_or_reserved == 0.0  # status reads, writes nothing
+    led.reserve("clk", "r2", 4, 1.0)  # the next write records the expiry
     history = led.history("clk")
-    assert [h["at"] for h in history] == [1_000.0, 1_000.0, 1_059.0, 1_061.0]
-    assert [h["action"] for h in history] == ["init", "reserve", "reserve", "expire"]
-    assert history[-1]["detail"] == {"at": 1_061.0}
+    assert [h["at"] for h in history] == [1_000.0, 1_000.0, 1_059.0, 1_061.0, 1_061.0]
+    assert [h["action"] for h in history] == ["init", "reserve", "reserve", "expire", "reserve"]
+    assert history[-2]["detail"] == {"at": 1_061.0}

@@ -14,8 +14,8 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from shufflekit.app.services.keys import KeyFiles, write_key_pair
-from shufflekit.base.errors import InvalidReport
+from shufflekit.app.services.keys import KeyFiles, load_receipt_key, write_key_pair
+from shufflekit.base.errors import ConfigError, InvalidReport
 from shufflekit.client.agent import ClientAgent
 from shufflekit.client.receipts import ReceiptBox
 from shufflekit.core.crypto import KeyPair, onion_size
@@ -184,13 +184,18 @@ async def test_a_restarted_mix0_answers_a_resent_report_from_its_spool(tmp_path:
 def test_keys_write_the_receipt_key_that_mix0_signs_with(tmp_path: Path) -> None:
     """`keys new --role mix --index 0` writes mix0.receipt.pub; `keys receipt` writes it again
     for an older key; both are the public half of the key mix 0 derives and signs with."""
-    pair = write_key_pair(KeyFiles.of(tmp_path, "mix0"))  # what `keys new` calls
-    written = (tmp_path / "mix0.receipt.pub").read_text().strip()
+    files = KeyFiles.of(tmp_path, "mix0")
+    pair = write_key_pair(files)  # what `keys new` calls
+    text = (tmp_path / "mix0.receipt.pub").read_text()
+    assert text.splitlines()[0] == "# shufflekit ed25519 public key: mix0.receipt"
+    written = load_receipt_key(files.public)
     signer = ReceiptSigner(pair.private_b64(), DEP)
     assert written == signer.public_b64()
     signer.receipt("r1", "alice", "a" * 64).verify(DEP, written)
     (tmp_path / "mix0.receipt.pub").unlink()
+    with pytest.raises(ConfigError, match="keys receipt"):
+        load_receipt_key(files.public)
     again = run_cli(["keys", "receipt", "--key", str(tmp_path / "mix0.key"), "--json"])
     assert again.returncode == 0, again.stderr
-    assert (tmp_path / "mix0.receipt.pub").read_text().strip() == written
+    assert (tmp_path / "mix0.receipt.pub").read_text() == text
     assert json.loads(again.stdout)["receipt_key"] == written

@@ -52,7 +52,7 @@ async def test_below_n_min_releases_nothing_and_is_refunded(tmp_path: Any) -> No
     assert "below the release threshold" in rep.abort.reason
     assert released == []  # mix 0 forwarded nothing
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
-    assert led.status("test").epsilon_reserved == 0.0
+    assert led.status("test").epsilon_spent_or_reserved == 0.0
 
 
 async def test_attacks_are_rejected_counted_and_never_counted_in(ledger: Ledger) -> None:
@@ -174,4 +174,4 @@ async def test_a_round_without_outcome_is_aborted_and_refunded(tmp_path: Any) ->
     assert "no result or abort" in rep.abort.reason
     assert [a.round_id for a in aborts] == [rep.round_id]  # published, so hops stop too
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
-    assert led.status("test").epsilon_reserved == 0.0
+    assert led.status("test").epsilon_spent_or_reserved == 0.0

@@ -95,6 +95,9 @@ def test_a_round_across_processes_counts_each_accepted_client_once(
     assert line["released"], line
     result = line["result"]
     assert result["round_id"] == sent["round_id"]
+    # the participant-facing statement travels with (epsilon, delta) in the published result
+    assert result["privacy"]["statement"].startswith("someone who sees the published counts")
+    assert isinstance(result["privacy"]["insider_exact"], bool)
     for n in hops:
         assert procs.stop(n) == 0, procs.stderr(n)
 

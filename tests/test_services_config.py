@@ -78,7 +78,7 @@ def test_a_private_key_readable_by_others_is_refused(tmp_path: Path) -> None:
         load_private_key(key)
     os.chmod(key, 0o600)
     key.write_text("not base64!\n")
-    with pytest.raises(ConfigError, match="not a shufflekit private key"):
+    with pytest.raises(ConfigError, match="not a shufflekit key file"):
         load_private_key(key)
 
 

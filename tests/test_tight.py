@@ -121,11 +121,13 @@ def test_ldp_cap_and_no_amplification() -> None:
         res = tight.tight_delta(mech, eps)
         assert res.log_delta == -math.inf
         assert res.delta == 0.0
-    # p^(n-1) (p - e^eps q) > delta for every eps < eps0: epsilon stays at eps0
-    res = tight.tight_epsilon(Mechanism(5, 3, 4.0), 1e-9)
-    assert res.epsilon == 4.0
+    # no amplification at n = 5, delta = 1e-9: epsilon is k-RR's own, eps0 + log(1 - delta/p)
+    mech = Mechanism(5, 3, 4.0)
+    res = tight.tight_epsilon(mech, 1e-9)
+    ldp = 4.0 + math.log1p(-1e-9 / mech.p_keep)
+    assert ldp <= res.epsilon <= ldp + 1e-12
     # the attack delta p^(n-1) (p - e^eps q) reaches 1e-9 only within 1e-4 of eps0
-    assert res.lower_epsilon is not None and 3.9999 < res.lower_epsilon <= 4.0
+    assert res.lower_epsilon is not None and 3.9999 < res.lower_epsilon <= res.epsilon
 
 
 def test_monotone_in_epsilon() -> None:

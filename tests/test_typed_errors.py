@@ -3,6 +3,7 @@ ValueError; the input errors stay ValueErrors, so callers that catch those keep 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from shufflekit.base import errors
 from shufflekit.client.krr import KRR
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey, credential_message
 from shufflekit.core.crypto import KeyPair, public_from_b64
-from shufflekit.core.messages import Announcement
+from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.transport import MemoryBroker, mqtt
 from shufflekit.core.wire import Chunk, Envelope, Report
 from shufflekit.shuffler.mix import MixNode
@@ -72,8 +73,8 @@ def test_a_chunk_of_mixed_item_sizes_is_a_bug_of_its_sender() -> None:
 async def test_a_hop_refuses_an_announcement_naming_another_key() -> None:
     mine, other = KeyPair.generate(), KeyPair.generate()
 
-    async def on_release(round_id: str, n: int) -> dict[str, Any]:
-        return {}
+    async def on_release(result: Result, seal: Callable[[Result], Result]) -> Result:
+        return seal(result)
 
     ann = Announcement(
         deployment="d",

@@ -33,41 +33,64 @@ from shufflekit.accountant.numerics.binomial import (
     log_sf,
     tail_window,
 )
-from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.numerics.krr import krr, log_ldp_delta
 from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
 from shufflekit.accountant.tight_k2 import k2_log_delta_m
 from shufflekit.accountant.tight_upper import SAFETY
 
 DENSE_N = 24  # exact enumeration of the m-family up to this n
+X0_BLOCKS = 8192
+"""Largest number of h0 values summed one by one in "all others at x0" (see there)."""
+Z_MAX_PIECES = 60_000
+""""all others at z" costs ~40 us per closed-form piece (a window of T times the runs of h_z):
+beyond this many pieces (n = 10^9 needs millions: minutes) it is skipped, and the lower bound
+is the best of the other datasets (still valid, possibly weaker)."""
 
 
-def _attack_all_at_z(mech: Mechanism, eps: float, log_tau: float) -> float:
-    """Exact log delta of the dataset "all other users hold a third value z" (k >= 3)."""
+class _TooCostly(Exception):
+    """An attack would exceed its evaluation budget (Z_MAX_PIECES)."""
+
+
+_TAU_REL = 64 * 2.0**-53  # relative rounding allowance of a computed threshold (positive terms)
+
+
+def _attack_all_at_z(
+    mech: Mechanism, eps: float, log_tau: float, budget: int | None = None
+) -> float:
+    """Exact log delta of the dataset "all other users hold a third value z" (k >= 3);
+    _TooCostly if it needs more than `budget` closed-form pieces."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
     e = math.exp(eps)
-    a_coef = (1.0 - g) * (1.0 + e)
-    c = (e - 1.0) * g / k
-    kappa = 1.0 - math.exp(-eps0)
+    a_coef = rr.one_minus_gamma * (1.0 + e)
+    c = math.expm1(eps) * g / k
+    kappa = -math.expm1(-eps0)
+    omg = rr.one_minus_gamma
     tlo, thi = tail_window(n, 2 * q, log_tau)
     t = np.arange(tlo[0], thi[0] + 1)
     lpt = log_pmf(t, n, 2 * q)
     base = lpt + math.log(a_coef) - math.log(n * q)
+    if budget is not None and t.size > budget:
+        raise _TooCostly
     if k == 3:
         hz = n - t
-        tau = ((1.0 - g) * e * t + c * (n - hz * kappa)) / a_coef
+        tau = (omg * e * t + c * (n - hz * kappa)) / a_coef
+        tau = tau * (1.0 + _TAU_REL)  # rounded up: each term rounded down (a lower bound)
         return logsumexp(base + log_pos_part(tau, t, 0.5, "lower"))
     pz = p / (1.0 - 2 * q)
     big_n = n - t
     zlo, zhi = tail_window(big_n, pz, log_tau)
     s = c * kappa / a_coef  # tau(hz) = tau0 - s hz
-    tau0 = ((1.0 - g) * e * t + c * n) / a_coef
+    tau0 = (omg * e * t + c * n) / a_coef
+    tau0 = tau0 + _TAU_REL * (tau0 + s * n)  # thresholds rounded up (a lower bound)
     if s <= 0.0:  # eps = 0: the threshold does not depend on h_z
         return logsumexp(base + log_pos_part(tau0, t, 0.5, "lower"))
     j_first = np.floor(tau0 - s * zlo) + 1  # threshold of h0 at the lowest hz (largest)
     j_last = np.floor(tau0 - s * zhi) + 1
     nruns = (j_first - j_last + 1).astype(np.int64)
+    if budget is not None and int(nruns.sum()) > budget:
+        raise _TooCostly
     ti = np.repeat(np.arange(t.size), nruns)
     r = np.arange(ti.size) - np.repeat(np.cumsum(nruns) - nruns, nruns)
     j = j_first[ti] - r
@@ -125,37 +148,53 @@ def _run_moments(
 
 
 def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool) -> float:
-    """Exact log delta of "all other users hold x0"; reverse=True is H(P_x1 || P_x0)."""
+    """Exact log delta of "all other users hold x0"; reverse=True is H(P_x1 || P_x0).
+
+    The sum over h0 (count of x0) is exact up to X0_BLOCKS values; a wider window is cut into
+    X0_BLOCKS blocks, each term taken where it is smallest in its block: at the start in the
+    order x0|x1 (the term grows with h0), at the end in the reverse order: a lower bound.
+    """
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
     e = math.exp(eps)
     r = math.exp(-eps0)
-    c = (e - 1.0) * g / k
+    c = math.expm1(eps) * g / k
     lo, hi = tail_window(n, p, log_tau)
-    h0 = np.arange(lo[0], hi[0] + 1)
+    if hi[0] - lo[0] + 1 <= X0_BLOCKS:
+        h0 = np.arange(lo[0], hi[0] + 1)
+        lp = log_pmf(h0, n, p)
+    else:
+        starts = np.unique(np.floor(np.linspace(lo[0], hi[0] + 1, X0_BLOCKS + 1)))
+        ends = starts[1:] - 1
+        starts = starts[:-1]
+        h0 = ends if reverse else starts
+        lp = log_interval(starts, ends, n, p)
     big_n = n - h0
-    lp = log_pmf(h0, n, p)
     blanket = c * (n - h0 * (1.0 - r))
     with np.errstate(divide="ignore", invalid="ignore"):
         if not reverse:
-            # l = (1-g)(h0 r - e h1) - blanket;  h1 | h0 ~ Bin(N, 1/(k-1))
-            cst = (1.0 - g) * h0 * r - blanket
-            a1 = (1.0 - g) * e
+            # P_x1/P_x0 = (h0 r + h1 e^eps0 + m - h1)/n with m = n - h0, so n (1 - e P_x1/P_x0)
+            # = n (1 - e r) - e (m (1 - r) + h1 (e^eps0 - 1)): no cancellation near eps0
+            n_top = n * -math.expm1(eps - eps0)
+            cst = n_top - e * big_n * -math.expm1(-eps0)
+            a1 = e * math.expm1(eps0)
             if k == 2:
                 v = np.log(np.maximum(cst - a1 * big_n, 0.0))
             else:
-                # E[(cst - a1 h1)^+] = a1 E[(h1' - (N - cst/a1))^+], h1' = N - h1
-                v = math.log(a1) + log_pos_part(
-                    big_n - cst / a1, big_n, 1.0 - 1.0 / (k - 1), "lower"
-                )
+                # E[(cst - a1 h1)^+] = a1 E[(h1' - (N - cst/a1))^+] with h1' = N - h1 ~
+                # Bin(N, 1 - 1/(k-1)); the threshold rounded up (a lower bound stays one)
+                thr = big_n - cst / a1
+                thr = thr + 32 * 2.0**-53 * (big_n + np.abs(cst / a1))
+                v = math.log(a1) + log_pos_part(thr, big_n, 1.0 - 1.0 / (k - 1), "lower")
+            return logsumexp(lp + v) - math.log(n)
+        # reverse: l = (1-g)(h1 - e h0 r) - blanket
+        omg = rr.one_minus_gamma
+        d = omg * e * r * h0 + blanket
+        if k == 2:
+            v = np.log(np.maximum(omg * big_n - d, 0.0))
         else:
-            # l = (1-g)(h1 - e h0 r) - blanket
-            d = (1.0 - g) * e * r * h0 + blanket
-            if k == 2:
-                v = np.log(np.maximum((1.0 - g) * big_n - d, 0.0))
-            else:
-                v = math.log(1.0 - g) + log_pos_part(d / (1.0 - g), big_n, 1.0 / (k - 1), "lower")
+            v = math.log(omg) + log_pos_part(d / omg, big_n, 1.0 / (k - 1), "lower")
     return logsumexp(lp + v) - math.log(n * q)
 
 
@@ -203,8 +242,11 @@ def _dense_family(mech: Mechanism, eps: float) -> list[tuple[float, str]]:
     """Exact log delta of every dataset of `_dense_laws`, both orders."""
     names, p0, p1 = _dense_laws(mech.n, mech.k, float(mech.eps0))
     e = math.exp(eps)
-    fwd = np.sum(np.maximum(0.0, p0 - e * p1), axis=1)
-    bwd = np.sum(np.maximum(0.0, p1 - e * p0), axis=1)
+    # each law entry carries a relative rounding error <= ~(n + 4) u (sums of positive
+    # products): take it off every term, so that the sums stay lower bounds near eps0
+    slack = (2 * mech.n + 8) * 2.0**-53
+    fwd = np.sum(np.maximum(0.0, p0 - e * p1 - slack * (p0 + e * p1)), axis=1)
+    bwd = np.sum(np.maximum(0.0, p1 - e * p0 - slack * (p1 + e * p0)), axis=1)
     res: list[tuple[float, str]] = []
     for name, f, b_ in zip(names, fwd, bwd, strict=True):
         for val, tag in ((float(f), "x0|x1"), (float(b_), "x1|x0")):
@@ -214,12 +256,19 @@ def _dense_family(mech: Mechanism, eps: float) -> list[tuple[float, str]]:
 
 
 def attack_log_delta(
-    mech: Mechanism, epsilon: float, log_tau: float = -60.0, *, cheap: bool = False
+    mech: Mechanism,
+    epsilon: float,
+    log_tau: float = -60.0,
+    *,
+    cheap: bool = False,
+    every: bool = False,
 ) -> tuple[float, str, dict[str, float]]:
     """Best exact attack: (log delta, worst dataset description, log delta of each dataset).
 
     cheap: skip "all others at z", whose windows grow with depth (tens of seconds at n = 1e5
-    for delta below 1e-300, where only its log could be reported anyway).
+    for delta below 1e-300, where only its log could be reported anyway); it is also skipped
+    beyond Z_MAX_PIECES (n = 10^9 took minutes) unless `every` (one evaluation that must see
+    every dataset, e.g. to pick the dataset whose PLD is composed).
     """
     check_query(mech, epsilon)
     eps = float(epsilon)
@@ -228,15 +277,17 @@ def attack_log_delta(
     log_tau = max(log_tau, -500.0)  # windows beyond e^-500 only cost time for a lower bound
     cands: dict[str, float] = {}
     rr = mech.krr
-    p, q = rr.p, rr.q
-    e = math.exp(eps)
     # the single histogram "all n reports are x0" under "all others at x0": exact event bound
     # P(S) - e^eps Q(S) = p^(n-1) (p - e^eps q), useful where delta is far below 1e-300
-    cands["all others at x0, event 'all n reports x0'"] = (mech.n - 1) * math.log(p) + math.log(
-        p - e * q
-    )
+    cands["all others at x0, event 'all n reports x0'"] = (mech.n - 1) * math.log(
+        rr.p
+    ) + log_ldp_delta(rr, eps)
     if mech.k >= 3 and not cheap:
-        cands["all others at z"] = _attack_all_at_z(mech, eps, log_tau)
+        try:
+            budget = None if every else Z_MAX_PIECES
+            cands["all others at z"] = _attack_all_at_z(mech, eps, log_tau, budget)
+        except _TooCostly:
+            pass
     cands["all others at x0 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=False)
     cands["all others at x1 (x0|x1)"] = _attack_all_at_x0(mech, eps, log_tau, reverse=True)
     if mech.k == 2 and 1 < mech.n <= DENSE_N:

@@ -5,6 +5,7 @@ dataset's PLD over rounds gives a LOWER bound on the composed privacy loss.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TypedDict
 
 import numpy as np
@@ -20,14 +21,31 @@ def _pld_all_at_x0(
     mech: Mechanism, reverse: bool, log_tau: float
 ) -> tuple[list[FloatArray], list[FloatArray]]:
     """Atoms (loss, log mass under the first law) of "all others at x0"; reverse: x1|x0."""
+    return _collect(_iter_all_at_x0(mech, reverse, log_tau))
+
+
+def _collect(
+    chunks: Iterator[tuple[FloatArray, FloatArray]],
+) -> tuple[list[FloatArray], list[FloatArray]]:
+    """The chunks of atoms as two lists (losses, log masses)."""
+    ls: list[FloatArray] = []
+    ms: list[FloatArray] = []
+    for loss, lm in chunks:
+        ls.append(loss)
+        ms.append(lm)
+    return ls, ms
+
+
+def _iter_all_at_x0(
+    mech: Mechanism, reverse: bool, log_tau: float
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """`_pld_all_at_x0`'s atoms, chunk by chunk (memory stays small at large n)."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
     r = math.exp(-eps0)
     lo, hi = tail_window(n, p, log_tau)
     h0_all = np.arange(lo[0], hi[0] + 1)
-    losses: list[FloatArray] = []
-    masses: list[FloatArray] = []
     lnq = math.log(n * q)
     for s0 in range(0, h0_all.size, 512):
         h0 = h0_all[s0 : s0 + 512]
@@ -52,9 +70,7 @@ def _pld_all_at_x0(
                 loss = np.log(a1v) - np.log(a0v)
                 lm = lp0[:, None] + lp1 + np.log(a1v) - lnq
         ok = np.isfinite(lm) & np.isfinite(loss)
-        losses.append(loss[ok])
-        masses.append(lm[ok])
-    return losses, masses
+        yield loss[ok], lm[ok]
 
 
 def _pld_all_at_z(
@@ -62,6 +78,13 @@ def _pld_all_at_z(
 ) -> tuple[list[FloatArray], list[FloatArray]]:
     """Atoms of "all others at z" (k >= 3); for k >= 4 the adversary sees h_z in z_bins bins
     per T (a post-processing of the histogram, so still a lower bound)."""
+    return _collect(_iter_all_at_z(mech, log_tau, z_bins))
+
+
+def _iter_all_at_z(
+    mech: Mechanism, log_tau: float, z_bins: int
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """`_pld_all_at_z`'s atoms, chunk by chunk."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
@@ -69,8 +92,6 @@ def _pld_all_at_z(
     lnq = math.log(n * q)
     tlo, thi = tail_window(n, 2 * q, log_tau)
     t_all = np.arange(tlo[0], thi[0] + 1)
-    losses: list[FloatArray] = []
-    masses: list[FloatArray] = []
     # per T: list of (log weight of the h_z bin, V = blanket term)
     if k == 3:
         bin_lw = np.zeros((t_all.size, 1))
@@ -112,9 +133,7 @@ def _pld_all_at_z(
                 loss = np.log(a0) - np.log(a1)
                 lm = lp + lw + np.log(a0) - lnq
             ok = valid & np.isfinite(lm)
-            losses.append(loss[ok])
-            masses.append(lm[ok])
-    return losses, masses
+            yield loss[ok], lm[ok]
 
 
 def _pld_k2_m(
@@ -218,13 +237,20 @@ def dataset_atoms(
     m: int | None = None,
     log_tau: float = -36.0,
     z_bins: int = 4,
-) -> list[tuple[FloatArray, FloatArray]]:
-    """The exact atoms (losses, log P-masses), in chunks, of the pair of `dataset_pld` (same
-    arguments), before any rounding: for curves computed exactly (`curve_pld`)."""
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """The exact atoms (losses, log P-masses) of the pair of `dataset_pld` (same arguments),
+    chunk by chunk and before any rounding: for curves computed exactly (`curve_pld`)."""
     check_query(mech)
     check_options(direction, log_tau, z_bins)
+    reverse = direction == "x1|x0"
+    if dataset == "all_at_x1":
+        dataset, reverse = "all_at_x0", not reverse
+    if dataset == "all_at_z" and mech.k >= 3:
+        return _iter_all_at_z(mech, log_tau, z_bins)
+    if dataset == "all_at_x0":
+        return _iter_all_at_x0(mech, reverse, log_tau)
     ls, ms, _ = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
-    return list(zip(ls, ms, strict=True))
+    return iter(list(zip(ls, ms, strict=True)))
 
 
 def _dataset_atoms(

@@ -220,18 +220,22 @@ def corrected_log_delta(
 def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArray, FloatArray]:
     """Exact x0-count laws for n_x0 = 0 (others elsewhere) or n-1 (others at x0): 1-D sums."""
     rr = krr(k, eps0)
-    p = rr.p  # keep
+    p = rr.p  # keep (1 - p = (k - 1) q, computed as such: p rounds to 1 above eps0 ~ 37)
     pb = rr.q  # report one given other value
     s = np.arange(n + 1, dtype=np.int64)
     if nx0 == 0:  # others each report x0 w.p. pb
         base_m1 = log_pmf(s - 1, n - 1, pb)
         base_0 = log_pmf(s, n - 1, pb)
-        lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
+        lp0 = np.logaddexp(
+            math.log(p) + base_m1, math.log((k - 1) * pb) + base_0
+        )  # 1 - p = (k-1) q
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     else:  # others each report x0 w.p. p
         base_m1 = log_pmf(s - 1, n - 1, p)
         base_0 = log_pmf(s, n - 1, p)
-        lp0 = np.logaddexp(math.log(p) + base_m1, math.log1p(-p) + base_0)
+        lp0 = np.logaddexp(
+            math.log(p) + base_m1, math.log((k - 1) * pb) + base_0
+        )  # 1 - p = (k-1) q
         lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     return lp0, lp1
 

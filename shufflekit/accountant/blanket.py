@@ -178,7 +178,7 @@ def _weak_s_terms(mech: Mechanism, b: IntArray, s: IntArray) -> tuple[FloatArray
         return ls, np.full(s.shape, q1)
     p2 = 2.0 / k
     la = math.log(pi) + log_pmf(s - 1, b, p2)
-    lb = math.log1p(-pi) + log_pmf(s, b, p2)
+    lb = math.log(gamma * (k - 2) / k) + log_pmf(s, b, p2)  # 1 - pi, without cancellation
     ls = np.logaddexp(la, lb)
     with np.errstate(invalid="ignore"):
         rho = np.where(ls > NEG_INF, np.exp(la - ls), 0.0)

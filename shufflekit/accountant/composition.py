@@ -358,7 +358,8 @@ def round_pld(mech: Mechanism, pld_fn: PldFn | None = None) -> PrivacyLossDistri
 
 
 def _nbytes(p: PrivacyLossDistribution) -> int:
-    return int(np.asarray(p.losses).nbytes + np.asarray(p.log_probs).nbytes)
+    extra = p.payload_bytes if isinstance(p, CurvePLD) else 0
+    return int(np.asarray(p.losses).nbytes + np.asarray(p.log_probs).nbytes) + extra
 
 
 def clear_caches() -> None:
@@ -411,28 +412,24 @@ _ATTACK_FNS: dict[str, PldFn] = {}
 
 
 def default_attack_fn(rounds: Sequence[Mechanism]) -> PldFn:
-    """`accountant.curve_pld.attack_curve_pld`: exact pairs of explicit datasets, put on the
-    composition grid below their exact curves.
+    """`accountant.curve_pld.attack_curve_pld` (dataset "auto"): exact pairs of explicit
+    datasets, put on the composition grid below their exact curves.
 
-    A composed attack is a lower bound when every round runs on one neighbouring pair of
-    collections: the target holds x0 (vs x1) in every round, order x0|x1 throughout, and the
-    others' values are fixed. All rounds k >= 3: "all others hold z"; all rounds k = 2: the
-    worst exact dataset of each round's certified k = 2 analysis ("m others at x0", the same m
-    for identical rounds); mixed: "all other users hold x0" in every round.
+    A composed attack is a lower bound when each round runs on a fixed neighbouring pair with
+    one orientation: the target's record gives x0 (vs x1) in every round, order x0|x1
+    throughout. Rounds with k >= 3 use "all others hold z"; k = 2 rounds the worst exact
+    dataset of their certified k = 2 analysis ("m others at x0"; the same m for identical
+    rounds; "all others at x0" beyond n = 2e6). Rounds of one k thus use one dataset family;
+    rounds of different k ask different questions, whose values need not agree.
     """
-    if all(int(m.k) >= 3 for m in rounds):
-        dataset = "all_at_z"
-    elif all(int(m.k) == 2 for m in rounds):
-        dataset = "auto"
-    else:
-        dataset = "all_at_x0"
-    fn = _ATTACK_FNS.get(dataset)
+    del rounds  # the choice is per round (see above)
+    fn = _ATTACK_FNS.get("auto")
     if fn is None:
 
-        def fn(mech: Mechanism, _ds: str = dataset) -> PrivacyLossDistribution:
-            return attack_curve_pld(mech, _ds)
+        def fn(mech: Mechanism) -> PrivacyLossDistribution:
+            return attack_curve_pld(mech, "auto")
 
-        _ATTACK_FNS[dataset] = fn
+        _ATTACK_FNS["auto"] = fn
     return fn
 
 

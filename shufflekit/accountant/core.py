@@ -20,6 +20,10 @@ from shufflekit.accountant.numerics.krr import KRR, krr
 from shufflekit.accountant.numerics.logspace import log1mexp, logsumexp
 from shufflekit.base.errors import InvalidParameters
 
+EPS0_MAX = 700.0
+"""Largest eps0 a Mechanism accepts: e^eps0 (and e^eps for eps < eps0) must be a finite double
+(they overflow at ~709.78); such a k-RR reports its true value with probability 1 - 1e-304."""
+
 
 @dataclass(frozen=True)
 class Mechanism:
@@ -36,8 +40,15 @@ class Mechanism:
             raise InvalidParameters(
                 f"k (number of categories) must be an integer >= 2, got {self.k!r}"
             )
-        if not (isinstance(self.eps0, float | int) and math.isfinite(self.eps0) and self.eps0 > 0):
-            raise InvalidParameters(f"eps0 must be a finite number > 0, got {self.eps0!r}")
+        if isinstance(self.eps0, bool) or not (
+            isinstance(self.eps0, float | int | np.floating)
+            and math.isfinite(self.eps0)
+            and 0 < self.eps0 <= EPS0_MAX
+        ):
+            raise InvalidParameters(
+                f"eps0 must be a finite number in (0, {EPS0_MAX:g}] (e^eps0 must fit a float), "
+                f"got {self.eps0!r}"
+            )
 
     @property
     def krr(self) -> KRR:

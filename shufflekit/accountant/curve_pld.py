@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,13 +21,13 @@ import numpy as np
 from shufflekit.accountant.attack_pld import dataset_atoms
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
-from shufflekit.accountant.k2_compose import CHECK_STEP, MAX_N, K2Pair
-from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.accountant.k2_compose import MAX_N, K2Pair
+from shufflekit.accountant.numerics.grid import GridPLD, discretise
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
-#: Base step of an attack's curve cells: every default composition step is a multiple of it.
-BASE_STEP = 1e-5
+#: Base step of the curves: every default composition step (1e-4, 2e-4, 5e-4) is a multiple.
+BASE_STEP = 1e-4
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -38,6 +38,7 @@ class CurvePLD(PrivacyLossDistribution):
     make_grid: Callable[[float], GridPLD] | None = None
     upper: bool = True
     _grids: dict[float, GridPLD] = field(default_factory=dict, repr=False, compare=False)
+    payload_bytes: int = 0  # memory held besides losses / log_probs (for cache budgets)
 
     def on_grid(self, step: float, upper: bool) -> GridPLD:
         """This pair on the grid {j step}, as a bound of side `upper` (cached per step)."""
@@ -63,7 +64,7 @@ _K2_LOCK = threading.Lock()
 
 
 def k2_pair(mech: Mechanism) -> K2Pair:
-    """The refined k = 2 leaves of `mech` (cached for the 16 most recent mechanisms)."""
+    """The refined k = 2 leaves of `mech` (cached for the 4 most recent mechanisms)."""
     key = (int(mech.n), float(mech.eps0))
     with _K2_LOCK:
         hit = _K2.get(key)
@@ -73,24 +74,37 @@ def k2_pair(mech: Mechanism) -> K2Pair:
     pair = K2Pair(mech)
     with _K2_LOCK:
         _K2[key] = pair
-        while len(_K2) > 16:
+        while len(_K2) > 4:
             _K2.popitem(last=False)
     return pair
 
 
 def k2_upper_pld(mech: Mechanism) -> CurvePLD:
-    """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`)."""
+    """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`).
+
+    The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
+    composition step that is a multiple of it takes every r-th value (each is an upper bound of
+    the curve at its point, which is all `upper_grid` needs), any other step falls back to
+    splitting the hull at BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
+    """
     check_query(mech)
     pair = k2_pair(mech)
+    first, vals = pair.upper_values(BASE_STEP)
+    vals[-1] = max(pair.tail_mass(BASE_STEP), float(vals[-1]))
+    base = upper_grid(BASE_STEP, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")
 
     def make(step: float) -> GridPLD:
-        first, vals = pair.upper_values(step)
-        tail = max(pair.tail_mass(step), float(vals[-1]))
-        vals[-1] = tail
-        return upper_grid(step, first, vals, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+        r = round(step / BASE_STEP)
+        if r < 1 or abs(step / BASE_STEP - r) > 1e-9 * r:
+            return discretise(fallback, step)
+        j0 = -((-first) // r)  # first multiple of r at or after `first`
+        sub = vals[j0 * r - first :: r]
+        tail = float(vals[-1])  # beyond the last point: the curve is below the tail bound
+        sub = np.maximum(sub, tail)
+        return upper_grid(step, j0, sub, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
 
-    fallback = make(CHECK_STEP)
-    losses, lps, lim = _as_pld(fallback)
+    losses, lps, lim = _as_pld(base)
+    fallback = PrivacyLossDistribution(losses, lps, lim, "k = 2 hull at the base step")
     return CurvePLD(
         losses,
         lps,
@@ -100,7 +114,8 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
         f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
         make,
         True,
-        {CHECK_STEP: fallback},
+        {BASE_STEP: base},
+        int(vals.nbytes),
     )
 
 
@@ -115,21 +130,22 @@ def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
 # ----------------------------------------------------------------------------- attacks
 
 
-def _cells(atoms: list[tuple[np.ndarray, np.ndarray]], step: float) -> CurveCells:
-    lo = min((float(a.min()) for a, _ in atoms if a.size), default=0.0)
-    hi = max((float(a.max()) for a, _ in atoms if a.size), default=0.0)
+def _cells(
+    atoms: Iterable[tuple[np.ndarray, np.ndarray]], step: float, lo: float, hi: float
+) -> CurveCells:
+    """The atoms (chunk by chunk: never all in memory) summed into cells over [lo, hi]."""
     cells = CurveCells.empty(step, lo, hi, rel_error=1e-7)
     for loss, lm in atoms:
         cells.add(loss, lm)
     return cells
 
 
-def _atoms(mech: Mechanism, dataset: str) -> list[tuple[np.ndarray, np.ndarray]]:
+def _atoms(mech: Mechanism, dataset: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Exact atoms (losses, log P-masses) of a dataset; "k2_m=M": the k = 2 leaf of m = M."""
     if dataset.startswith("k2_m="):
         m = int(dataset.split("=")[1])
         lf = k2_pair(mech).exact_leaf(m)
-        return [(lf.losses, lf.log_mass)]
+        return iter([(lf.losses, lf.log_mass)])
     return dataset_atoms(mech, dataset=dataset)
 
 
@@ -150,17 +166,16 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
         if dataset == "auto":
             dataset = "all_at_z" if mech.k >= 3 else "all_at_x0"
         desc = dataset
-    atoms = _atoms(mech, dataset)
-    span = max((float(np.ptp(a)) for a, _ in atoms if a.size), default=0.0)
-    base = BASE_STEP if span / BASE_STEP <= _MAX_BASE_CELLS else 1e-4
-    cells = _cells(atoms, base)
-    del atoms  # possibly large: rebuilt only for a step that is not a multiple of the base
+    lo, hi = -mech.eps0, mech.eps0  # k-RR is eps0-LDP: every loss of a pair is in there
+    base = BASE_STEP if 2 * mech.eps0 / BASE_STEP <= _MAX_BASE_CELLS else 1e-3
+    cells = _cells(_atoms(mech, dataset), base, lo, hi)
 
     def make(step: float) -> GridPLD:
         ratio = step / base
         if abs(ratio - round(ratio)) <= 1e-9 * ratio:
             return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}")
-        return lower_grid(_cells(_atoms(mech, dataset), step), step, f"attack:{mech}:{step!r}")
+        again = _cells(_atoms(mech, dataset), step, lo, hi)
+        return lower_grid(again, step, f"attack:{mech}:{desc}:{step!r}")
 
     fine = make(1e-4 if base <= 1e-4 else base)
     losses, lps, _ = _as_pld(fine)
@@ -172,4 +187,6 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
         f"eps0={mech.eps0}; put on the composition grid below its exact curve",
         make,
         False,
+        {},
+        int(cells.w.nbytes * 3),
     )

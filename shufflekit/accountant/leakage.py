@@ -16,7 +16,7 @@ from typing import Any
 
 from scipy.special import gammaln
 
-from shufflekit.accountant.leakage_insider import insider_vulnerability
+from shufflekit.accountant.leakage_insider import MAX_EPS0, insider_vulnerability
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.maxload import expected_max_excess
 from shufflekit.base.errors import AccuracyError, InvalidParameters
@@ -30,8 +30,8 @@ def _check(n: int | None, k: int, eps0: float | None = None) -> None:
         raise InvalidParameters(f"n must be a whole number >= 1 (got {n!r})")
     if not isinstance(k, int) or k < 2:
         raise InvalidParameters(f"k must be a whole number >= 2 (got {k!r})")
-    if eps0 is not None and not (eps0 > 0 and math.isfinite(eps0)):
-        raise InvalidParameters(f"eps0 must be a finite number > 0 (got {eps0!r})")
+    if eps0 is not None and not 0 < eps0 <= MAX_EPS0:
+        raise InvalidParameters(f"eps0 must be a number in (0, {MAX_EPS0:g}] (got {eps0!r})")
 
 
 def central_binomial_ratio(n: int) -> float:
@@ -139,7 +139,7 @@ def leakage_report(n: int, k: int, eps0: float, *, insider_work: float | None = 
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.4g}" if x < 0.99995 else f"{x:.6g}"
+    return f"{x:#.4g}" if x < 0.99995 else f"{x:.6g}"
 
 
 def participant_statement(
@@ -244,3 +244,57 @@ def _regula_falsi(gap: Callable[[int], float], lo: int, g_lo: float, hi: int, g_
             kept = 1
         stalls = stalls + 1 if 2 * (hi - lo) > width else 0
     return hi
+
+
+ROUND_INSIDER_WORK = 3e6
+"""Exact insider work allowed when a round is released (well under a second); bound beyond."""
+
+
+def round_facts(
+    n: int, k: int, eps0: float, epsilon: float | None, delta: float | None
+) -> dict[str, float | bool | str]:
+    """What a released round's result says about one participant: the prior, the outsider's and
+    the insider's vulnerability, whether the insider's is exact, and the sentence with
+    (epsilon, delta). Kept quick (the insider's exact work is capped at ROUND_INSIDER_WORK)."""
+    r = leakage_report(n, k, eps0, insider_work=ROUND_INSIDER_WORK)
+    return {
+        "prior_vulnerability": r.prior_vulnerability,
+        "outsider_vulnerability": r.outsider_vulnerability,
+        "insider_vulnerability": r.insider_vulnerability,
+        "insider_exact": r.insider_exact,
+        "statement": participant_statement(r, epsilon, delta),
+    }
+
+
+def bayes_equivalent_eps(vulnerability: float, k: int) -> float:
+    """The eps0 of a plain k-RR (no shuffle) whose vulnerability equals the given one: an
+    average-case summary for comparisons only, NOT a differential-privacy guarantee."""
+    if not 1.0 / k <= vulnerability < 1.0:
+        raise InvalidParameters(f"a vulnerability in [1/k, 1) is needed (got {vulnerability!r})")
+    return math.log(vulnerability * (k - 1) / (1.0 - vulnerability))
+
+
+def expected_max_normal(k: int) -> float:
+    """E[max of k iid standard normals] (0.5642 for k = 2, 1.5388 for k = 10), by quadrature."""
+    from scipy import integrate
+    from scipy.stats import norm
+
+    value, _ = integrate.quad(
+        lambda x: x * k * norm.pdf(x) * norm.cdf(x) ** (k - 1), -math.inf, math.inf
+    )
+    return float(value)
+
+
+def approximate_outsider(n: int, k: int, eps0: float | None, method: str = "paper") -> float:
+    """Approximations of V_out, for comparison with the exact value only: "paper" is eqs. (15)-(16)
+    with f = 1 (1/k + sqrt(ln k / (k n)), a heuristic that over-states the excess by +48 % at
+    k = 2); "clt" replaces sqrt(ln k) by E[max of k normals]. eps0 None: the shuffle alone."""
+    _check(n, k, eps0)
+    if method == "paper":
+        c = math.sqrt(math.log(k))
+    elif method == "clt":
+        c = expected_max_normal(k)
+    else:
+        raise InvalidParameters(f"unknown approximation {method!r}: paper or clt")
+    factor = 1.0 if eps0 is None else signal_factor(k, eps0)
+    return 1.0 / k + c / math.sqrt(k * n) * factor

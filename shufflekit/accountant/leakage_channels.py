@@ -197,3 +197,25 @@ def population_vulnerability(n: int, prior: FloatArray, channel: FloatArray) -> 
     log_pmf += np.where(z > 0, z * log_out[None, :], 0.0).sum(axis=1)
     guess = np.max((z / n) @ post.T, axis=1)
     return float(np.sum(np.exp(log_pmf) * guess))
+
+
+def histograms(n: int, k: int) -> list[tuple[int, ...]]:
+    """Every histogram of n values into k cells, in the column order of `reduced_shuffle`."""
+    _guard(n, k)
+    return sorted(set(histogram(x, k) for x in datasets(n, k)))
+
+
+def reduced_krr(n: int, k: int, p: float) -> FloatArray:
+    """N^r (Def 23, App. A): histogram -> histogram, the law of the reports' histogram given the
+    values' histogram (the same for every dataset with that histogram, Lemma 30). Rows sum to 1;
+    the paper's Table IV divides some entries by 3 (an erratum: its rows would not)."""
+    xs = datasets(n, k)
+    hs = histograms(n, k)
+    row = {h: i for i, h in enumerate(hs)}
+    first: dict[tuple[int, ...], int] = {}
+    for i, x in enumerate(xs):
+        first.setdefault(histogram(x, k), i)
+    rows = np.array([first[h] for h in hs], dtype=np.int64)
+    out: FloatArray = full_krr(n, k, p)[rows] @ reduced_shuffle(n, k)
+    assert out.shape == (len(hs), len(row))
+    return out

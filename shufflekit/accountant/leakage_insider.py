@@ -29,6 +29,9 @@ from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.maxload import expected_max_excess
 from shufflekit.base.errors import InvalidParameters
 
+MAX_EPS0 = 700.0
+"""Beyond this e^eps0 overflows a double (k-RR then never lies, to double precision anyway)."""
+
 DEFAULT_WORK = 3e7
 """Elementary steps the exact insider may take by default (about a second); then the bound."""
 
@@ -44,8 +47,8 @@ def insider_vulnerability(
 ) -> tuple[float, bool]:
     """(V_in, exact): the worst case over the others' values, or a sound upper bound (False)
     when the exact computation would take more than `max_work` elementary steps."""
-    if n < 1 or k < 2 or not (eps0 > 0 and math.isfinite(eps0)):
-        raise InvalidParameters("need n >= 1, k >= 2 and a finite eps0 > 0")
+    if n < 1 or k < 2 or not 0 < eps0 <= MAX_EPS0:
+        raise InvalidParameters(f"need n >= 1, k >= 2 and 0 < eps0 <= {MAX_EPS0:g}")
     budget = DEFAULT_WORK if max_work is None else max_work
     r = krr(k, eps0)
     if n == 1:
@@ -143,7 +146,7 @@ def _count_partitions(total: int, parts: int) -> int:
 
 def general_work(n: int, k: int) -> float:
     """Elementary steps of `general_worst_case`: configurations x users x grid cells x k."""
-    if float(n + 1) ** k > 5e6:
+    if k * math.log(n + 1) > math.log(5e6):  # the grid alone is too large (no float overflow)
         return math.inf
     return float(_count_partitions(n - 1, k)) * n * k * float(n + 1) ** k
 
@@ -202,7 +205,9 @@ def blanket_bound(n: int, k: int, eps0: float) -> float:
     l_hi = min(others, max(l_hi, 0))
     beyond = float(binom.sf(l_hi, others, gamma)) if l_hi < others else 0.0
     excess = expected_max_excess(l_hi + 1, k) if k >= 3 else _binary_excess(l_hi + 1)
-    mean_inverse = (1.0 - (1.0 - gamma) ** n) / (n * gamma)  # E[1/(L+1)], L ~ Bin(n-1, gamma)
+    # E[1/(L+1)] = (1 - (1-gamma)^n) / (n gamma), L ~ Bin(n-1, gamma); expm1/log1p keep it
+    # right for a vanishing gamma (large eps0), where it tends to 1
+    mean_inverse = -math.expm1(n * math.log1p(-gamma)) / (n * gamma) if gamma < 1 else 1.0 / n
     excess_bound = (excess + beyond * n) * mean_inverse
     return r.q + (r.p - r.q) * (1.0 / k + excess_bound)
 

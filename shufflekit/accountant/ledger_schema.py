@@ -18,9 +18,15 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from shufflekit.accountant.round_types import (
+    KRR,
+    RoundType,
+    schedule_from_types,
+    schedule_to_json,
+)
 from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -38,6 +44,10 @@ budgets = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("reservation_ttl", sa.Float, nullable=True),  # since schema 2
     sa.Column("cost_model", sa.String(32), nullable=False, server_default="ldp"),  # schema 2
+    # since schema 4: planned (a fixed schedule of round types) or adaptive (a Renyi filter)
+    sa.Column("mode", sa.String(16), nullable=False, server_default="planned"),
+    sa.Column("schedule", sa.Text, nullable=True),  # JSON list of round types; NULL: open
+    sa.Column("migrated_from", sa.Integer, nullable=True),  # schema the budget was made under
 )
 rounds = sa.Table(
     "sk_rounds",
@@ -53,6 +63,19 @@ rounds = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=True),  # since schema 2
+    # since schema 4: the mechanism tag (k holds its size), the schedule slot, and the round's
+    # result, stored in the commit's transaction and published from here (again after restarts)
+    sa.Column("mechanism", sa.String(32), nullable=False, server_default="krr"),
+    sa.Column("slot", sa.Integer, nullable=True),
+    sa.Column("result", sa.Text, nullable=True),
+    sa.Column("published_at", sa.Float, nullable=True),
+)
+curves = sa.Table(  # since schema 4: the persisted curve cache (accountant.curves)
+    "sk_curves",
+    _META,
+    sa.Column("key", sa.String(255), primary_key=True),  # kind|engine|version|parameters
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
 )
 audit = sa.Table(
     "sk_audit",
@@ -87,8 +110,45 @@ def _migrate_2_to_3(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE sk_audit ADD COLUMN principal VARCHAR(255)"))
 
 
+def _migrate_3_to_4(conn: Connection) -> None:
+    """Schema 4: budget modes and schedules, mechanism tags, results stored with the commit, and
+    the curve cache. Existing budgets become `planned` with the types of the rounds they hold
+    (consecutive runs, the last one open); `migrated_from` = 3 lets `budget status` say so."""
+    for stmt in (
+        "ALTER TABLE sk_budgets ADD COLUMN mode VARCHAR(16) NOT NULL DEFAULT 'planned'",
+        "ALTER TABLE sk_budgets ADD COLUMN schedule TEXT",
+        "ALTER TABLE sk_budgets ADD COLUMN migrated_from INTEGER",
+        "ALTER TABLE sk_rounds ADD COLUMN mechanism VARCHAR(32) NOT NULL DEFAULT 'krr'",
+        "ALTER TABLE sk_rounds ADD COLUMN slot INTEGER",
+        "ALTER TABLE sk_rounds ADD COLUMN result TEXT",
+        "ALTER TABLE sk_rounds ADD COLUMN published_at FLOAT",
+    ):
+        conn.execute(sa.text(stmt))
+    deployments = [r[0] for r in conn.execute(sa.text("SELECT deployment FROM sk_budgets"))]
+    for d in deployments:
+        held = conn.execute(
+            sa.text(
+                "SELECT k, eps0 FROM sk_rounds WHERE deployment = :d AND status IN "
+                "('reserved', 'committed') ORDER BY created_at, round_id"
+            ),
+            {"d": d},
+        ).all()
+        schedule = schedule_from_types([RoundType(KRR, int(k), float(e)) for k, e in held])
+        conn.execute(
+            sa.text(
+                "UPDATE sk_budgets SET mode = 'planned', migrated_from = 3, schedule = :s "
+                "WHERE deployment = :d"
+            ),
+            {"s": schedule_to_json(schedule) if schedule else None, "d": d},
+        )
+
+
 # MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+}
 
 
 _BUSY = ("database is locked", "database is busy", "could not serialize", "deadlock detected")
@@ -100,11 +160,21 @@ def _busy(exc: sa.exc.OperationalError) -> bool:
 
 
 @contextmanager
-def transaction(engine: Engine, url: str) -> Iterator[Connection]:
-    """One transaction; database failures become a LedgerError naming the ledger."""
+def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Connection]:
+    """One transaction; database failures become a LedgerError naming the ledger.
+
+    `write=False` reads without taking SQLite's write lock (a deferred BEGIN), so reading
+    the ledger and computing costs never blocks a writer.
+    """
     try:
-        with engine.begin() as conn:
-            yield conn
+        if write:
+            with engine.begin() as conn:
+                yield conn
+        else:
+            with engine.connect() as conn:
+                conn.execution_options(sk_read_only=True)
+                with conn.begin():
+                    yield conn
     except sa.exc.OperationalError as exc:
         if _busy(exc):
             raise LedgerBusy(f"ledger {redact(url)} is busy: {exc.orig}") from exc
@@ -217,7 +287,8 @@ def make_engine(url: str, create: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            read_only = conn.get_execution_options().get("sk_read_only", False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
     if u.get_backend_name() == "postgresql":

@@ -1,19 +1,140 @@
 """Cost models: how the ledger turns recorded rounds into a total (epsilon, delta), so a budget
-is enforced with a declared, sound composition.
+is enforced with a declared, sound composition; and the registry of mechanisms a round may use.
 
 The ledger never sums what a model did not promise to be summable: it hands the model the
-whole list of rounds and asks for the composed epsilon at the budget's delta.
+whole list of rounds and asks for the composed epsilon at the budget's delta. A round is charged
+by its mechanism's entry in `MECHANISMS` (k-RR is built in; another mechanism, such as the
+bit-vector one, registers its own dominating pair with `register_mechanism`).
+
+Modes: `planned` composes the realised rounds with PLDs (valid when each slot's type is fixed
+in advance); `adaptive` runs them through the Rényi-DP filter of `accountant.rdp_filter` (valid
+under adaptive choice). The `ldp` cost model (sum of eps0, pure DP) is valid in both modes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from shufflekit.accountant.composition import ENGINES, PldFn, compose_rounds
-from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
+from shufflekit.accountant.composition import ENGINES, PldFn, compose, compose_rounds, round_pld
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
+from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon
+from shufflekit.accountant.round_types import KRR, RoundType
 from shufflekit.accountant.tight import tight_epsilon
 from shufflekit.base.errors import InvalidParameters
+
+MODES = ("planned", "adaptive")
+
+
+@dataclass(frozen=True)
+class MechanismCost:
+    """How one mechanism tag is charged: its dominating pair at n users, its one-round epsilon
+    at a delta (a sound upper bound), and its pure local epsilon (the `ldp` cost model)."""
+
+    tag: str
+    pld: Callable[[RoundType, int], PrivacyLossDistribution]
+    epsilon: Callable[[RoundType, int, float], float]
+    ldp_epsilon: Callable[[RoundType], float]
+
+
+def _krr_mech(t: RoundType, n: int) -> Mechanism:
+    return Mechanism(n=n, k=t.size, eps0=t.eps0)
+
+
+def _bits_mech(t: RoundType, n: int) -> BitsMechanism:
+    return BitsMechanism(n=n, bits=t.size, eps0=t.eps0)
+
+
+MECHANISMS: dict[str, MechanismCost] = {
+    KRR: MechanismCost(
+        KRR,
+        lambda t, n: round_pld(_krr_mech(t, n)),
+        lambda t, n, d: min(float(tight_epsilon(_krr_mech(t, n), d).epsilon), t.eps0),
+        lambda t: t.eps0,
+    ),
+    # the bit-vector mechanism (accountant.bits): its generic clones pair, LDP-capped alone
+    "bits": MechanismCost(
+        "bits",
+        lambda t, n: bits_pld(_bits_mech(t, n)),
+        lambda t, n, d: min(float(bits_epsilon(_bits_mech(t, n), d).epsilon), t.eps0),
+        lambda t: t.eps0,
+    ),
+}
+
+
+def register_mechanism(cost: MechanismCost) -> None:
+    """Make rounds of `cost.tag` chargeable (replaces an earlier entry of the same tag)."""
+    MECHANISMS[cost.tag] = cost
+
+
+def mechanism_cost(tag: str) -> MechanismCost:
+    """The registered cost of a mechanism tag; InvalidParameters naming the known tags."""
+    try:
+        return MECHANISMS[tag]
+    except KeyError:
+        raise InvalidParameters(
+            f"mechanism {tag!r} has no cost model in this shufflekit (known: "
+            f"{', '.join(sorted(MECHANISMS))})"
+        ) from None
+
+
+def charges_epsilon(
+    model: str,
+    charges: Sequence[Charge],
+    delta: float,
+    *,
+    mode: str = "planned",
+    cache: CurveCache | None = None,
+) -> float:
+    """The epsilon at `delta` that cost model `model` charges for `charges` in `mode`:
+    ldp: sum of eps0; planned + tight: PLD composition (one round exactly), capped by the sum;
+    adaptive + tight: the Rényi filter's epsilon, capped by the sum."""
+    if model not in COST_MODELS:
+        cost_model(model)
+    if not charges:
+        return 0.0
+    cache = cache if cache is not None else CurveCache()
+    ldp_sum = float(sum(mechanism_cost(t.mechanism).ldp_epsilon(t) for t, _ in charges))
+    if model == "ldp":
+        return ldp_sum
+    if mode == "adaptive":
+        return min(ldp_sum, filter_level(charges, delta, cache)[0])
+    if len(charges) == 1:
+        t, n = charges[0]
+        key = cache.key("eps1", t.key(), n, repr(float(delta)))
+        return min(
+            ldp_sum, cache.number(key, lambda: mechanism_cost(t.mechanism).epsilon(t, n, delta))
+        )
+    key = cache.key("total", "tight", repr(float(delta)), charges_digest(charges))
+    return min(ldp_sum, cache.number(key, lambda: _compose(charges, delta, cache)))
+
+
+def filter_level(charges: Sequence[Charge], delta: float, cache: CurveCache) -> tuple[float, float]:
+    """(epsilon the Rényi filter certifies for `charges` at `delta`, their delta0 sum)."""
+    curves = [cache.rdp(t, n, _pld_of(t, n, cache)) for t, n in charges]
+    rho, d0 = accumulate(curves)
+    return filter_epsilon(rho, delta), d0
+
+
+def _pld_of(t: RoundType, n: int, cache: CurveCache) -> Callable[[], PrivacyLossDistribution]:
+    def get() -> PrivacyLossDistribution:
+        p: PrivacyLossDistribution = cache.pld(t, n, lambda: mechanism_cost(t.mechanism).pld(t, n))
+        return p
+
+    return get
+
+
+def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> float:
+    """PLD composition of the charges' (cached) dominating pairs, identical ones grouped."""
+    grouped: OrderedDict[Charge, int] = OrderedDict()
+    for c in charges:
+        grouped[c] = grouped.get(c, 0) + 1
+    plds = [_pld_of(t, n, cache)() for t, n in grouped]
+    return float(compose(plds, counts=list(grouped.values())).epsilon(delta))
 
 
 class CostModel(Protocol):
@@ -26,10 +147,15 @@ class CostModel(Protocol):
         ...
 
 
+def _charges(rounds: Sequence[Mechanism]) -> list[Charge]:
+    return [(RoundType(KRR, int(r.k), float(r.eps0)), int(r.n)) for r in rounds]
+
+
 class LdpSumCost:
     """Each round costs (eps0, 0) by the local guarantee alone; pure DP composes by summation.
 
-    Sound whatever the shuffle does, and loose: the shuffle's amplification is ignored.
+    Sound whatever the shuffle does, and loose: the shuffle's amplification is ignored. Valid
+    under adaptive choice too (a pure-DP filter on the sum).
     """
 
     name = "ldp"
@@ -48,12 +174,7 @@ class TightCost:
     name = "tight"
 
     def total_epsilon(self, rounds: Sequence[Mechanism], delta: float) -> float:
-        if not rounds:
-            return 0.0
-        ldp_sum = LdpSumCost().total_epsilon(rounds, delta)
-        if len(rounds) == 1:
-            return min(float(tight_epsilon(rounds[0], delta).epsilon), ldp_sum)
-        return min(float(compose_rounds(rounds).epsilon(delta)), ldp_sum)
+        return charges_epsilon("tight", _charges(rounds), delta)
 
 
 class PldCost:
@@ -93,3 +214,10 @@ def cost_model(name: str) -> CostModel:
         raise InvalidParameters(
             f"unknown cost model {name!r}; choose one of {sorted(COST_MODELS)}"
         ) from None
+
+
+def check_mode(mode: str) -> str:
+    """`mode` if it is `planned` or `adaptive`; InvalidParameters otherwise."""
+    if mode not in MODES:
+        raise InvalidParameters(f"unknown budget mode {mode!r}; choose planned or adaptive")
+    return mode

@@ -45,13 +45,16 @@ from shufflekit.accountant.core import (
     check_query,
 )
 from shufflekit.accountant.ldp import Label
+from shufflekit.accountant.numerics.krr import log_ldp_delta
 from shufflekit.accountant.numerics.roots import newton_root
 from shufflekit.accountant.tight_k2 import K2Bound, k2_bounds
 from shufflekit.accountant.tight_upper import (
     SAFETY,
     BlanketGrid,
+    TooBigError,
     blanket_eval,
     blanket_grid,
+    check_supported,
     tight_pld,
     upper_bound,
     upper_log_delta,
@@ -70,6 +73,13 @@ __all__ = [
 METHOD = "tight"
 _LABEL = Label(METHOD, "")  # a sound upper bound; each result's note says how it was obtained
 _K2_MAX_N = 2_000_000  # k = 2: the certified branch-and-bound bound up to this n (cost ~ n)
+EPS0_TINY = 1e-6
+"""Below this eps0 `tight` answers with k-RR's own (epsilon, delta) curve (sound by post-
+processing; the shuffle's amplification is not computed: p and q agree to ~1e-6 or better)."""
+_TINY_NOTE = (
+    f"eps0 < {EPS0_TINY:g}: k-RR's own curve p - e^eps q (no amplification computed); lower"
+    " bound: none (0)"
+)
 
 
 # ----------------------------------------------------------------------------- k = 2
@@ -126,12 +136,19 @@ def _k2_epsilon(
 def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     """Tight delta(epsilon) of one round: sound upper bound and best exact attack."""
     check_query(mech, epsilon)
+    check_supported(mech)
     eps = float(epsilon)
     t0 = time.perf_counter()
     if eps >= mech.eps0:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
         return _LABEL.result(eps, -math.inf, t0, {"capped_by_ldp": True}, note, (eps, -math.inf))
+    if mech.eps0 < EPS0_TINY:
+        up = log_ldp_delta(mech.krr, eps) + SAFETY
+        tiny = {"capped_by_ldp": True, "worst_dataset": "none computed"}
+        return _LABEL.result(eps, up, t0, tiny, _TINY_NOTE, (eps, -math.inf))
     up, drop, nb, limited = upper_bound(mech, eps)
+    # k-RR's own delta bounds every dataset's after the shuffle (post-processing)
+    up = min(up, log_ldp_delta(mech.krr, eps) + SAFETY)
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
@@ -149,7 +166,12 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
             worst = f"{k2.worst_m} others at x0, {mech.n - 1 - k2.worst_m} at x1"
         note = "upper: " + _K2_NOTE + "; lower: " + worst
     t2 = time.perf_counter()
-    low = min(low, up)
+    if low > up:
+        raise UnsoundResult(
+            f"tight: attack log delta {low!r} exceeds the upper bound {up!r} at n={mech.n}, "
+            f"k={mech.k}, eps0={mech.eps0!r}, epsilon={eps!r}: an upper bound below its own "
+            "lower bound is never output"
+        )
     details: dict[str, Any] = {
         "worst_dataset": worst,
         "attack_log_deltas": cands,
@@ -163,6 +185,21 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     if mech.k == 2:
         details |= _k2_details(mech, k2)
     return _LABEL.result(eps, up, t0, details, note, (eps, low))
+
+
+def _ldp_epsilon(mech: Mechanism, log_delta: float) -> float:
+    """Smallest float epsilon (up to a few ulps, rounded up) where k-RR's own delta,
+    p (1 - e^(eps - eps0)), is <= delta: a sound epsilon by post-processing."""
+    rr = mech.krr
+    ratio = math.exp(log_delta) / rr.p
+    if ratio >= 1.0:
+        return 0.0
+    x = max(0.0, mech.eps0 + math.log1p(-ratio) * (1.0 - 1e-12))
+    for _ in range(64):
+        if x >= mech.eps0 or log_ldp_delta(rr, x) + SAFETY <= log_delta:
+            return min(x, mech.eps0)
+        x = math.nextafter(x, math.inf)
+    return mech.eps0
 
 
 def _guess_epsilon(mech: Mechanism, log_delta: float) -> float:
@@ -179,12 +216,16 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     `lower_epsilon` DOWN (the attack's delta at it is >= delta), each to relative `rtol`.
     """
     check_query(mech, delta=delta, zero_delta=False)
+    check_supported(mech)
     delta = float(delta)
     if not (0 < rtol < 0.1):
         raise InvalidParameters(f"rtol must be in (0, 0.1), got {rtol!r}")
     t0 = time.perf_counter()
     ld = math.log(float(delta))
     eps0 = mech.eps0
+    if eps0 < EPS0_TINY:
+        tiny = {"capped_by_ldp": True, "worst_dataset": "none computed", "rtol": rtol}
+        return _LABEL.result(_ldp_epsilon(mech, ld), ld, t0, tiny, _TINY_NOTE, (0.0, ld))
     top = eps0 * (1.0 - 1e-12)
     hint = ld
     g = mech.krr.gamma
@@ -192,8 +233,14 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
 
     # ---- upper: grids (windows and buckets independent of eps), evaluated along the search:
     # a coarse grid (4x wider buckets) locates the root, the fine grid certifies it in ~2 steps
-    coarse = blanket_grid(mech, log_tau, hint, bucket_scale=4.0)
-    grid = blanket_grid(mech, log_tau, hint)
+    try:
+        coarse = blanket_grid(mech, log_tau, hint, bucket_scale=4.0)
+        grid = blanket_grid(mech, log_tau, hint)
+    except TooBigError:
+        raise AccuracyError(
+            f"tight: the blanket bound at n={mech.n}, k={mech.k}, eps0={mech.eps0}, "
+            f"delta={delta} needs more terms than the evaluation budget"
+        ) from None
 
     if grid.log_dropped + SAFETY > ld - 9.0:
         raise AccuracyError("tight: truncation could not be made negligible against delta")
@@ -216,29 +263,43 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
 
         return fg_upper
 
-    eps_c, _ = newton_root(fg_on(coarse), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
+    if coarse.n_buckets == grid.n_buckets:  # the same grid (huge n: one bucket): one search
+        eps_c = _guess_epsilon(mech, ld)
+    else:
+        eps_c, _ = newton_root(fg_on(coarse), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
     eps_u, _ = newton_root(fg_on(grid), min(eps_c, top), last_slope[0], top, rtol, "up")
     if eps_u >= top:
         eps_u = eps0  # no amplification at this delta: the LDP bound
+    eps_u = min(eps_u, _ldp_epsilon(mech, ld))
     t1 = time.perf_counter()
 
     # ---- lower: best attack, started at the upper bound with its slope
     seen: dict[float, str] = {}
     n_low = [0]
 
+    with_z: list[bool] = []  # whether the first evaluation could afford "all others at z"
+
     def fg_lower(x: float) -> tuple[float, float | None]:
+        # the same datasets at every step (a root search on a function that changes shape
+        # when an attack drops out of its budget wanders)
         n_low[0] += 1
-        val, name, _ = attack_log_delta(mech, x, log_tau=min(-40.0, ld - 20.0))
+        tau = min(-40.0, ld - 20.0)
+        if not with_z:
+            val, name, cands = attack_log_delta(mech, x, log_tau=tau)
+            with_z.append("all others at z" in cands)
+        else:
+            val, name, _ = attack_log_delta(
+                mech, x, log_tau=tau, cheap=not with_z[0], every=with_z[0]
+            )
         seen[x] = name
         return val - ld, None
 
     if eps_u <= 0:
         eps_l = 0.0
     else:
+        # verified at eps_l (the attack's delta there is >= delta): never rounded up to eps0
         eps_l, _ = newton_root(fg_lower, min(eps_u, top), last_slope[0], top, rtol, "down")
-        if eps_l >= top:
-            eps_l = eps0
-    if eps_l >= eps0:
+    if eps_l >= top:
         worst = "p^n > delta: the LDP bound is attained (no amplification)"
     else:
         worst = seen.get(eps_l) or attack_log_delta(mech, eps_l)[1]
@@ -247,7 +308,7 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
         eps_k2, k2_note = _k2_epsilon(mech, ld, eps_l, min(eps_u, top), rtol, last_slope[0])
         eps_u = min(eps_u, eps_k2)
     t2 = time.perf_counter()
-    if eps_l > eps_u * (1 + 4 * rtol) + 1e-12:
+    if eps_l > eps_u:
         raise UnsoundResult(
             f"tight: attack epsilon {eps_l} exceeds the upper bound {eps_u} at n={mech.n}, "
             f"k={mech.k}, eps0={mech.eps0}, delta={delta}: an upper bound below its own lower "
@@ -294,7 +355,7 @@ def attack_pld(
     if dataset == "auto":
         res = tight_epsilon(mech, ref_delta)
         eps_ref = min(res.lower_epsilon or 0.0, mech.eps0 * (1 - 1e-9))
-        cands = attack_log_delta(mech, eps_ref)[2]
+        cands = attack_log_delta(mech, eps_ref, every=True)[2]
         choices: dict[str, tuple[str, bool, int | None]] = {
             "all others at x0 (x0|x1)": ("all_at_x0", False, None),
             "all others at x1 (x0|x1)": ("all_at_x0", True, None),

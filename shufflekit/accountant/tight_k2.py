@@ -80,8 +80,9 @@ def _piece(n: int, r: float, log_tau: float) -> _Piece:
     return _Piece(lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi)))
 
 
-def _hockey(pieces: list[_Piece], p: float, q: float, e: float) -> tuple[float, float, float]:
-    """(log upper, log lower, log dropped) of H for C = sum of the pieces (+ target bit)."""
+def _hockey(pieces: list[_Piece], a: float, b: float) -> tuple[float, float, float]:
+    """(log upper, log lower, log dropped) of H for C = sum of the pieces (+ target bit);
+    a = p - e^eps q, b = e^eps p - q (given without cancellation)."""
     c = pieces[0].vals
     for pc in pieces[1:]:
         c = np.convolve(c, pc.vals) if pc.vals.size > 1 else c * pc.vals[0]
@@ -89,7 +90,6 @@ def _hockey(pieces: list[_Piece], p: float, q: float, e: float) -> tuple[float, 
     dropped = float(np.logaddexp.reduce([pc.log_out for pc in pieces]))
     cm1 = np.concatenate(([0.0], c))  # C(s-1) for s = lo .. hi+1
     c0 = np.concatenate((c, [0.0]))  # C(s)
-    a, b = p - e * q, e * p - q
     lin = a * cm1 - b * c0
     gross = a * cm1 + b * c0
     body = float(np.sum(lin[lin > 0]))
@@ -112,6 +112,11 @@ class _Evaluator:
         rr = krr(2, mech.eps0)
         self.q, self.p, self.gamma = rr.q, rr.p, rr.gamma
         self.e = math.exp(eps)
+        # p - e q = p (1 - e^(eps - eps0)) and e p - q = q (e^(eps + eps0) - 1): accurate near
+        # eps0 and for tiny eps0 (where p and q round to the same double)
+        self.a = self.p * -math.expm1(eps - mech.eps0)
+        s = eps + mech.eps0
+        self.b = self.q * math.expm1(s) if s < 700.0 else self.e * self.p - self.q
         self.n1 = mech.n - 1
         self.log_tau = log_tau
         self.log_b_tau = log_tau  # level below which small blanket counts are paid for in full
@@ -126,12 +131,10 @@ class _Evaluator:
         if w > 0:
             b_min = tail_window_int(w, self.gamma, self.log_b_tau)[0]
             if b_min > 0:
-                extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(
-                    self.p - self.e * self.q
-                )
+                extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(self.a)
                 pieces.append(_piece(b_min, 0.5, self.log_tau))
         pieces.sort(key=lambda pc: pc.vals.size)  # cheapest order for direct convolutions
-        up, low, dropped = _hockey(pieces, self.p, self.q, self.e)
+        up, low, dropped = _hockey(pieces, self.a, self.b)
         self.evaluations += 1
         self.max_dropped = max(self.max_dropped, dropped)
         return float(np.logaddexp(up, extra)), (low if w == 0 else -math.inf)

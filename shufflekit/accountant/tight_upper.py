@@ -48,7 +48,7 @@ from shufflekit.accountant.numerics.binomial import (
 )
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
 from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
-from shufflekit.base.errors import AccuracyError, InvalidParameters
+from shufflekit.base.errors import AccuracyError, InvalidParameters, NotApplicable
 
 SAFETY = 1e-7
 """Relative floating-point safety margin on delta: added to every log delta of an upper bound
@@ -67,11 +67,26 @@ class BlanketGrid:
     n_buckets: int
 
 
+N_MAX = 10**9
+"""Largest n `tight` answers (within ~10 s); above it the method refuses (NotApplicable)."""
+
+
+def check_supported(mech: Mechanism) -> None:
+    """NotApplicable unless `tight` supports this round: n <= N_MAX (eps0 and k: every value a
+    Mechanism accepts)."""
+    if mech.n > N_MAX:
+        raise NotApplicable(
+            f"tight supports n <= {N_MAX:.0e} users per round, got n = {mech.n}; "
+            "use a smaller batch or --method ldp"
+        )
+
+
 def blanket_grid(
     mech: Mechanism, log_tau: float, log_delta_hint: float, bucket_scale: float = 1.0
 ) -> BlanketGrid:
     """The blanket pair's support on buckets of b; `bucket_scale` > 1 widens the buckets
     (faster, looser: used to locate a root before the final, fine evaluations)."""
+    check_supported(mech)
     n, k = mech.n, mech.k
     g = mech.gamma
     n1 = n - 1
@@ -130,21 +145,64 @@ def blanket_eval(mech: Mechanism, grid: BlanketGrid, eps: float) -> tuple[float,
     """(log hockey-stick body, log P_x0(L > eps) body) of the blanket pair on the grid.
 
     The second value gives the derivative: d delta / d eps = -(P(L > eps) - delta).
+    Each term is E[(c0 - tau)^+], c0 ~ Bin(T, 1/2), tau = (e^eps T + lam)/(1 + e^eps) with
+    lam = (b+1)(e^eps - 1)/(e^eps0 - 1) (`_thresholds`: tau rounded DOWN, so each term is
+    rounded up, and the top count T - tau computed without cancellation near eps0).
     """
-    g = mech.gamma
-    k = mech.k
+    rr = mech.krr
+    g, k = rr.gamma, mech.k
     e = math.exp(eps)
     b1 = grid.b_rep + 1.0
-    alpha = (1.0 - g) * k / b1
-    lam = g * (e - 1.0) * b1 / ((1.0 - g) * k)
-    tau = (e * grid.t + lam) / (1.0 + e)
-    lg, lsf = log_pos_part_sf(tau, grid.t, 0.5, "upper")
+    alpha = rr.one_minus_gamma * k / b1
+    tau, top_gap = _thresholds(mech, b1, grid.t, eps)
+    top = (top_gap > 0.0) & (top_gap <= 1.0)
+    lg = np.full(tau.shape, -np.inf)
+    lsf = np.full(tau.shape, -np.inf)
+    rest = top_gap > 1.0
+    lg[rest], lsf[rest] = log_pos_part_sf(tau[rest], grid.t[rest], 0.5, "upper")
+    # only c0 = T lies above tau: E[(c0 - tau)^+] = (T - tau) 2^-T, P(c0 > tau) = 2^-T
+    lsf[top] = -grid.t[top] * math.log(2.0)
+    lg[top] = np.log(top_gap[top]) + lsf[top]
     la = grid.log_weight + np.log(alpha)
     body = logsumexp(la + math.log(1.0 + e) + lg)
     # P_x0(L > eps | b, T) = alpha E[(c0 + beta) 1{c0 > tau}] = alpha (G + (tau + beta) sf)
     beta = g / alpha
-    ptail = logsumexp(la + np.logaddexp(lg, np.log(tau + beta) + lsf))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ptail = logsumexp(la + np.logaddexp(lg, np.log(tau + beta) + lsf))
     return body, ptail
+
+
+_U = 2.0**-53
+_TAU_REL = 32 * _U  # bound on the relative rounding error of a computed tau (all terms > 0)
+
+
+def _thresholds(
+    mech: Mechanism, b1: FloatArray, t: FloatArray, eps: float
+) -> tuple[FloatArray, FloatArray]:
+    """(tau rounded down, T - tau rounded up) of the blanket terms (see `blanket_eval`).
+
+    tau is a sum and quotient of positive terms, so its computed value is within _TAU_REL
+    relative of the exact one: lowering it by that much can only raise E[(c0 - tau)^+] (a
+    decreasing function of tau), which keeps the bound sound. Near eps0, tau is within 1e-19
+    of T = b + 1 and that rounding would swamp T - tau; there T - tau = (b+1) e^eps
+    (e^(eps0 - eps) - 1) / ((e^eps0 - 1)(1 + e^eps)), from eps0 - eps without cancellation.
+    """
+    eps0 = mech.eps0
+    e = math.exp(eps)
+    em0 = math.expm1(eps0)
+    r = math.expm1(eps) / em0  # lam = b1 r, r in [0, 1)
+    lam = b1 * r
+    tau = (e * t + lam) / (1.0 + e)
+    tau_down = tau * (1.0 - _TAU_REL)
+    # 1 - r = e^eps (e^(eps0 - eps) - 1) / (e^eps0 - 1), exact ingredients
+    one_minus_r = math.expm1(eps0 - eps) / (em0 * math.exp(-eps)) if eps < eps0 else 0.0
+    gap_full = b1 * one_minus_r / (1.0 + e)  # T - tau at T = b + 1
+    gap_generic = (t - lam) / (1.0 + e)
+    at_full = t == b1
+    gap = np.where(at_full, gap_full * (1.0 + _TAU_REL), gap_generic)
+    # elsewhere the generic T - tau has absolute error <= _TAU_REL tau: round it up as well
+    gap = np.where(at_full, gap, gap + _TAU_REL * tau)
+    return tau_down, gap
 
 
 class TooBigError(Exception):

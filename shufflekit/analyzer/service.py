@@ -7,20 +7,23 @@ the result is published; if the commit fails the round is aborted and nothing is
 no released result is ever uncharged.
 
 The final batch is spooled before it is acknowledged (shufflekit.core.spool); the commit is
-idempotent, so an analyzer restarted at any point of a round counts the same batch again and
-commits and publishes it once in the ledger.
+idempotent and stores the result with it, so an analyzer restarted at any point of a round
+counts the same batch again and publishes the very result stored with the commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from shufflekit.accountant.bits import GENERIC_NOTE, PURE_EPSILON_NOTE
+from shufflekit.analyzer.bits import RECORD_ESTIMATE_MAX_BITS, estimate_bits, estimate_records
 from shufflekit.analyzer.estimators import estimate
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
@@ -29,19 +32,28 @@ from shufflekit.base.errors import (
     InternalError,
     InvalidReport,
     RoundAborted,
+    SpoolError,
     TransportError,
 )
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.crypto import KeyPair, onion_size, peel
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.results import ResultSigner
 from shufflekit.core.spool import Inbox, Spool
 from shufflekit.core.transport.base import Transport
-from shufflekit.core.wire import REPORT_SIZE, Report
+from shufflekit.core.wire import REPORT_SIZE, decode_report
 
-# (round_id, batch_size) -> privacy facts for the result. It must commit the round's cost and
-# raise if the commit did not succeed: the result is published only after it returns.
-ReleaseHook = Callable[[str, int], Awaitable[dict[str, Any]]]
+log = logging.getLogger("shufflekit.analyzer")
+
+# (the round's result without privacy facts, `seal`) -> the result to publish. It prices the
+# result, seals it (the analyzer's signature: `seal` must be the last change), and commits the
+# round's cost TOGETHER WITH the sealed result (one durable step, e.g. in the ledger); it raises
+# if the commit did not succeed. A round committed before (a restart) returns the result stored
+# then. The result is published only after it returns.
+ReleaseHook = Callable[[Result, Callable[[Result], Result]], Awaitable[Result]]
+# Called with a round id once its result went out (best effort: marks it published).
+PublishedHook = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -52,6 +64,7 @@ class AnalyzerOutcome:
     result: Result | None
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # wall seconds: analyze, ledger
 
 
 class Analyzer(Hop[AnalyzerOutcome]):
@@ -70,6 +83,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         key: KeyPair,
         *,
         on_release: ReleaseHook,
+        on_published: PublishedHook | None = None,
         estimator: str = "inv",
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
@@ -85,7 +99,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
         )
         self.estimator = estimator
         self.on_release = on_release
+        self.on_published = on_published
         self.hops = hops
+        self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
     def inbox(self, hop: int | None = None) -> Inbox:
         """The durable inbox of the analyzer's input (hop `hop`, default `hops`), every round."""
@@ -97,7 +113,8 @@ class Analyzer(Hop[AnalyzerOutcome]):
     def histogram(
         self, batch: list[bytes], ann: Announcement, counters: RejectionCounter
     ) -> list[int]:
-        """Decrypt and validate each report; count the valid ones per category."""
+        """Decrypt and validate each report; count the valid ones per category (per record,
+        2^L bins, in a bits round)."""
         hop = ann.hops
         hist = [0] * ann.k
         seen: set[bytes] = set()
@@ -109,11 +126,11 @@ class Analyzer(Hop[AnalyzerOutcome]):
             seen.add(digest)
             try:
                 plain = peel(ct, self.key.private, self.deployment, ann.round_id, hop)
-                report = Report.decode(plain, ann.k)
+                value = decode_report(plain, ann.mechanism, ann.report_size)
             except InvalidReport as exc:
                 counters.reject(exc.reason)
                 continue
-            hist[report.value] += 1
+            hist[value] += 1
             counters.accept()
         return hist
 
@@ -143,13 +160,30 @@ class Analyzer(Hop[AnalyzerOutcome]):
             batch = await self.receive_batch(
                 ann, onion_size(REPORT_SIZE, 1), inbox, stop, outcome.counters
             )
+            started = self.clock.monotonic()
             hist = self.histogram(batch, ann, outcome.counters)
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
-            est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
-            try:
-                privacy = await self.on_release(ann.round_id, n)
+            fields = self.estimates(hist, ann)
+            notes: dict[str, float | str | None] = {}
+            if ann.mechanism == "bits":
+                notes["accounting"] = f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"
+            outcome.stages["analyze"] = self.clock.monotonic() - started
+            unpriced = Result(
+                round_id=ann.round_id,
+                k=ann.k,
+                eps0=ann.eps0,
+                batch_size=n,
+                histogram=hist,
+                rejected=outcome.counters.as_dict(),
+                privacy=notes,
+                **fields,
+            )
+            started = self.clock.monotonic()
+            try:  # one durable step: the cost and the result are committed together
+                result = await self.on_release(unpriced, self.signer.sign)
+                outcome.stages["ledger"] = self.clock.monotonic() - started
             except Exception as exc:  # any failure: the cost is not known to be committed
                 raise RoundAborted(
                     f"the round's cost was not committed, nothing is released: {exc}"
@@ -159,25 +193,44 @@ class Analyzer(Hop[AnalyzerOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), 0, {"abort_reason": str(exc)})
             return outcome
-        result = Result(
-            round_id=ann.round_id,
-            k=ann.k,
-            eps0=ann.eps0,
-            batch_size=n,
-            histogram=hist,
-            estimate=[float(x) for x in est.counts],
-            stderr=[float(x) * n for x in est.stderr],  # counts, like `estimate`
-            estimator=est.method,
-            rejected=outcome.counters.as_dict(),
-            privacy=privacy,
-            converged=est.details.get("converged"),
-            iterations=est.details.get("iterations"),
-        )
-        # Committed: from here the result must go out. It is stored first, so a restart or a
-        # lost connection publishes the very same result again (state "output").
-        self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        # Committed: from here the result must go out, and nothing slow runs before it does.
+        # The spool keeps a copy so that this hop's state machine resumes at "output"; the
+        # durable copy is the ledger's, so a spool that cannot take it does not stop the publish.
+        try:
+            self.spool.save_output(ann.round_id, [result.to_bytes()], {"batch_size": n})
+        except SpoolError as exc:
+            log.warning("round %s: result not spooled (the ledger holds it): %s", ann.round_id, exc)
         outcome.result = await self._publish(result)
         return outcome
+
+    def estimates(self, hist: list[int], ann: Announcement) -> dict[str, Any]:
+        """The result's estimate fields: k-RR frequencies by the configured estimator, or for
+        a bits round per-bit frequencies and (L <= 10) whole-record counts, with stderrs."""
+        n = sum(hist)
+        if ann.mechanism == "bits" and ann.bits is not None:
+            bits = estimate_bits(np.asarray(hist), ann.bits, ann.eps0)
+            fields: dict[str, Any] = {
+                "mechanism": "bits",
+                "bits": ann.bits,
+                "bit_frequency": [float(x) for x in bits.frequency],
+                "bit_stderr": [float(x) for x in bits.stderr],
+                "estimator": "bits-inv",
+                "estimate": [],
+                "stderr": [],
+            }
+            if ann.bits <= RECORD_ESTIMATE_MAX_BITS:
+                rec = estimate_records(np.asarray(hist), ann.bits, ann.eps0)
+                fields["estimate"] = [float(x) * n for x in rec.frequency]
+                fields["stderr"] = [float(x) * n for x in rec.stderr]
+            return fields
+        est = estimate(np.asarray(hist), ann.k, ann.eps0, method=self.estimator)
+        return {
+            "estimate": [float(x) for x in est.counts],
+            "stderr": [float(x) * n for x in est.stderr],  # counts, like `estimate`
+            "estimator": est.method,
+            "converged": est.details.get("converged"),
+            "iterations": est.details.get("iterations"),
+        }
 
     async def _publish(self, result: Result) -> Result:
         """Publish a committed round's result, resending a lost publish with backoff for up to
@@ -193,4 +246,9 @@ class Analyzer(Hop[AnalyzerOutcome]):
             cap=5.0,
         )
         self.spool.finish(result.round_id, {"batch_size": result.batch_size})
+        if self.on_published is not None:
+            try:
+                await self.on_published(result.round_id)
+            except Exception as exc:  # only a record of the fact: the result is out
+                log.warning("round %s: could not record its publication: %s", result.round_id, exc)
         return result

@@ -1,8 +1,9 @@
-"""The `shufflekit` command line: demo, budget, privacy, simulate, keys, serve, clients."""
+"""The `shufflekit` command line: demo, budget, privacy, leakage, simulate, keys, serve, clients."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
@@ -14,11 +15,15 @@ from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
+from shufflekit.app.cli_leakage import leakage
+from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
+from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
 from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
+from shufflekit.app.simulate import MAX_K
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
 
 app = typer.Typer(
@@ -56,6 +61,9 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
 app.command()(clients)
 app.command()(chaos)
+app.command()(loadtest)
+app.command()(leakage)
+app.command()(rounds)
 
 
 @app.command()
@@ -65,7 +73,14 @@ def demo(
     eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds to run.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic population.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the users' values and k-RR responses: the same seed and options give "
+            "the same result (histograms, estimates; not timings or round ids). Default: "
+            "responses from the OS CSPRNG. Mix permutations and encryption always use it."
+        ),
+    ] = None,
     ledger: LedgerOpt = None,
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     budget_epsilon: Annotated[
@@ -80,17 +95,36 @@ def demo(
     estimator: Annotated[
         str, typer.Option(help=f"How the analyzer denoises: one of {', '.join(ESTIMATORS)}.")
     ] = "inv",
+    mechanism: Annotated[
+        str, typer.Option(help="krr (k-RR over --k values) or bits (L-bit records, --bits).")
+    ] = "krr",
+    bits: Annotated[
+        int | None,
+        typer.Option(min=1, max=16, help="Bits per record L (with --mechanism bits)."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run shuffle-model rounds end to end on the embedded default (in-memory, SQLite).
 
     If the deployment has no budget yet, one is created from --budget-* (a notice on stderr
-    says so).
+    says so). With --mechanism bits --bits L each user holds an L-bit record and flips each
+    bit (eps0 per record); the result has per-bit estimates with standard errors.
     """
-    if eps0 <= 0:
-        refuse("--eps0 must be > 0")
+    if not math.isfinite(eps0) or eps0 <= 0:
+        refuse("--eps0 must be a finite number > 0")
+    if mechanism not in ("krr", "bits"):
+        refuse(f"--mechanism must be krr or bits, got {mechanism!r}")
+    if mechanism == "bits" and bits is None:
+        refuse("--mechanism bits needs --bits L (bits per record, 1..16)")
+    if mechanism == "krr" and bits is not None:
+        refuse("--bits needs --mechanism bits")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
+        refuse(
+            f"--estimator {estimator} with k = {k:,}: its bootstrap draws from a k x k law and "
+            f"allows k <= {MAX_K:,}; use --estimator inv (closed form) for larger k"
+        )
     cfg = DemoConfig(
         users=users,
         k=k,
@@ -103,6 +137,8 @@ def demo(
         budget_delta=budget_delta,
         cost_model=cost_model,
         estimator=estimator,
+        mechanism=mechanism,
+        bits=bits,
     )
     led = Ledger(ledger or default_ledger_url())
     with progress_bar("clients answering", users * rounds, quiet=json_out) as update:
@@ -124,10 +160,39 @@ def demo(
         refuse(f"round refused: {out['refused']}")
 
 
+def _print_bits(last: dict[str, Any]) -> None:
+    t = Table(
+        title=f"round {last['round_id']}: {last['batch_size']} reports of {last['bits']}-bit "
+        "records: frequency of ones per bit"
+    )
+    for col in ("bit", "true", "estimate", "± 1 s.e."):
+        t.add_column(col, justify="right")
+    for b in last["bit_estimates"]:
+        t.add_row(str(b["bit"]), f"{b['true']:.4f}", f"{b['estimate']:.4f}", f"{b['stderr']:.4f}")
+    console.print(t)
+    console.print(
+        styled(
+            "largest error: ",
+            (f"{last['max_abs_error']:.4f}", "bold"),
+            f" ({last['max_abs_error_in_stderr']:.2f} standard errors)"
+            + (
+                f"; whole records: total variation distance {last['tv_distance']:.4f}"
+                if last.get("tv_distance") is not None
+                else ""
+            ),
+        )
+    )
+    note = last.get("privacy", {}).get("accounting")
+    if note:
+        console.print(f"accounting: {note}")
+
+
 def _print_demo(out: dict[str, Any]) -> None:
     if out.get("rounds"):
         last = out["rounds"][-1]
-        if last["released"]:
+        if last["released"] and last.get("mechanism") == "bits":
+            _print_bits(last)
+        elif last["released"]:
             t = Table(
                 title=f"round {last['round_id']}: {last['batch_size']} reports, "
                 f"estimator {last['estimator']}"
@@ -151,6 +216,9 @@ def _print_demo(out: dict[str, Any]) -> None:
                     (f"{last['tv_distance']:.4f}", "bold"),
                 )
             )
+            statement = (last.get("privacy") or {}).get("statement")
+            if statement:
+                console.print(f"what a participant risks: {statement}", soft_wrap=True)
         else:
             console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
         stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
@@ -171,7 +239,8 @@ def _print_demo(out: dict[str, Any]) -> None:
             f"remaining {p['epsilon_remaining']:.4g}",
         )
     )
-    console.print(f"ledger: {out['ledger']}")
+    see = f" (see it with `{out['status_command']}`)" if out.get("status_command") else ""
+    console.print(f"ledger: {out['ledger']}{see}")
 
 
 def main() -> None:

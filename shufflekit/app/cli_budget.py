@@ -1,4 +1,4 @@
-"""`shufflekit budget ...`: create, inspect and correct a deployment's privacy budget.
+"""`shufflekit budget ...`: create, inspect, correct and delete a deployment's privacy budget.
 
 Only `init` creates a ledger; the other commands open an existing one and fail, creating
 nothing, when the ledger or the deployment is missing.
@@ -12,11 +12,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from shufflekit.accountant.ledger import Budget, Ledger, check_budget
+from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
+from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
-from shufflekit.base.errors import LedgerNotFound
+from shufflekit.base.errors import InvalidInput, LedgerNotFound
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
 
@@ -30,6 +31,11 @@ def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
         return Ledger(url or default_ledger_url(), create=create)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment) from None
+
+
+def _say(text: str) -> None:
+    """Print text literally (names and messages may hold brackets)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -46,13 +52,34 @@ def init(
         ),
     ] = None,
     cost_model: Annotated[
-        str, typer.Option(help="How rounds compose: tight (PLD composition) or ldp (sum of eps0).")
+        str,
+        typer.Option(
+            help="How rounds compose: tight (PLD composition, or the Rényi filter in adaptive "
+            "mode) or ldp (sum of eps0: valid under adaptive choice too)."
+        ),
     ] = "tight",
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="planned: rounds follow the --round-type schedule fixed now (tight PLD "
+            "composition); adaptive: any round type in any order, through a Rényi-DP filter."
+        ),
+    ] = "planned",
+    round_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--round-type",
+            help="K,EPS0[,COUNT] or bits:L,EPS0[,COUNT], repeatable, in order: the planned "
+            "schedule (only the last may omit COUNT; without any, the first round fixes the "
+            "type of every round).",
+        ),
+    ] = None,
     ledger: LedgerOpt = None,
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     json_out: JsonOpt = False,
 ) -> None:
     """Create a deployment's budget (refuses to overwrite one)."""
+    schedule = tuple(parse_round_type(t) for t in round_type or [])
     b = Budget(
         deployment,
         epsilon,
@@ -62,17 +89,56 @@ def init(
         max_round_epsilon,
         reservation_ttl,
         cost_model,
+        mode=mode,
+        schedule=schedule,
     )
     check_budget(b)  # before the ledger is opened: bad arguments create no file
     led = _open(ledger, deployment, create=True)
     led.init_budget(b)
     if json_out:
-        print_json(b.__dict__)
+        print_json(b.as_dict())
     else:
-        console.print(
+        _say(
             f"budget of {deployment!r}: epsilon={epsilon:g}, delta={delta:g}, "
-            f"n_min={n_min}, max_corrupt={max_corrupt}, cost model {cost_model}"
+            f"n_min={n_min}, max_corrupt={max_corrupt}, cost model {cost_model}, mode {mode}"
+            + (f", schedule {' '.join(str(e) for e in schedule)}" if schedule else "")
         )
+        _say(f"guarantee: {b.guarantee()}")
+
+
+def _policy_lines(st: BudgetStatus) -> list[str]:
+    """The whole policy of a budget, one fact a line, for people."""
+    b = st.budget
+    sched = " then ".join(
+        f"{e.count} x {e.type}" if e.count is not None else f"{e.type} from then on"
+        for e in b.schedule
+    )
+    if b.mode == "planned" and not b.schedule:
+        first = next((r for r in st.rounds if r.status in ("reserved", "committed")), None)
+        sched = f"open: every round like the first ({first.round_type if first else 'none yet'})"
+    lines = [
+        f"deployment {b.deployment!r}: budget epsilon {b.epsilon_total:g} at delta "
+        f"{b.delta_total:g}, mode {b.mode}, cost model {b.cost_model}",
+        f"guarantee: {b.guarantee()}",
+        f"policy: n_min {b.n_min}, max_corrupt {b.max_corrupt}, per-round cap "
+        f"{'none' if b.max_round_epsilon is None else f'{b.max_round_epsilon:g}'}, "
+        "reservation TTL "
+        f"{'none' if b.reservation_ttl is None else f'{b.reservation_ttl:g} s'}",
+    ]
+    if b.mode == "planned":
+        lines.append(f"schedule: {sched}")
+    if b.migrated_from is not None:
+        lines.append(
+            f"note: created under ledger schema {b.migrated_from} and migrated to a planned "
+            "budget whose schedule is the types of the rounds it held"
+        )
+    d = st.as_dict()
+    lines.append(
+        f"epsilon committed {st.epsilon_committed:.6g}; committed or reserved "
+        f"{st.epsilon_spent_or_reserved:.6g} (open reservations add "
+        f"{d['epsilon_reserved_increment']:.6g}); remaining {st.epsilon_remaining:.6g}"
+    )
+    return lines
 
 
 @app.command()
@@ -81,35 +147,29 @@ def status(
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     json_out: JsonOpt = False,
 ) -> None:
-    """Spent, reserved and remaining budget, with a per-round table."""
+    """The budget's policy and guarantee, committed and reserved epsilon, and every round."""
     led = _open(ledger, deployment)
     st = led.status(deployment)
     if json_out:
         print_json(st.as_dict())
         return
-    b = st.budget
-    console.print(
-        f"deployment {deployment!r}: budget epsilon={b.epsilon_total:g} at "
-        f"delta={b.delta_total:g} (cost model {st.cost_model})"
-    )
-    console.print(
-        f"spent {st.epsilon_spent:.6g}, spent+reserved {st.epsilon_reserved:.6g}, "
-        f"remaining {st.epsilon_remaining:.6g}"
-    )
+    for line in _policy_lines(st):
+        _say(line)
     t = Table()
     t.add_column("round", no_wrap=True)  # ids are needed whole for `refund`
     t.add_column("status", no_wrap=True)
-    for col in ("k", "eps0", "n", "batch", "epsilon alone"):
-        t.add_column(col)
+    for col in ("slot", "type", "n", "batch", "epsilon alone", "published"):
+        t.add_column(col, no_wrap=True)
     for r in st.rounds:
         t.add_row(
             r.round_id,
             r.status,
-            str(r.k),
-            f"{r.eps0:g}",
+            "-" if r.slot is None else str(r.slot + 1),
+            str(r.round_type),
             str(r.n_accounted),
             str(r.batch_size or "-"),
             f"{r.epsilon_round:.6g}",
+            "yes" if r.published_at is not None else "-",
         )
     console.print(t)
 
@@ -149,6 +209,35 @@ def refund(
     led = _open(ledger, deployment)
     rec = led.refund(deployment, round_id, actor="operator", reason=reason)
     if json_out:
-        print_json(rec.__dict__)
+        print_json(rec.as_dict())
     else:
-        console.print(f"round {round_id} is {rec.status}")
+        _say(f"round {round_id} is {rec.status}")
+
+
+@app.command()
+def delete(
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Delete even a budget with committed (released) rounds."),
+    ] = False,
+    ledger: LedgerOpt = None,
+    deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
+    json_out: JsonOpt = False,
+) -> None:
+    """Delete a budget and its rounds (e.g. a test budget); the audit log keeps the deletion.
+
+    Asks first (unless --yes); refused for a budget with committed rounds unless --force.
+    """
+    led = _open(ledger, deployment)
+    led.budget(deployment)  # LedgerError for an unknown deployment, before asking
+    if not yes:
+        if json_out:
+            raise InvalidInput("--json cannot ask for confirmation: add --yes")
+        if not typer.confirm(f"Delete the budget of {deployment!r} and all its rounds?"):
+            raise InvalidInput("not deleted")
+    n = led.delete_budget(deployment, force=force)
+    if json_out:
+        print_json({"deployment": deployment, "deleted": True, "rounds_deleted": n})
+    else:
+        _say(f"deleted the budget of {deployment!r} and its {n} round(s)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -19,16 +20,19 @@ from shufflekit.accountant import biswas, calibrate, composition, tight
 from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
+from shufflekit.app import cli_rounds
 from shufflekit.app.cli_common import refuse
-from shufflekit.app.render import console, print_json, styled
+from shufflekit.app.render import console, print_json, progress_bar, styled, working
+from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
 
 app = typer.Typer(
     help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
 )
 
-N = Annotated[int, typer.Option("--n", min=1, help="Users per round.")]
-K = Annotated[int, typer.Option("--k", min=2, help="Categories.")]
+# n and k are checked by Mechanism (one-line typed errors naming the valid range)
+N = Annotated[int, typer.Option("--n", help="Users per round.")]
+K = Annotated[int, typer.Option("--k", help="Categories.")]
 EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
 ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
 METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(method_names(True)))]
@@ -78,13 +82,14 @@ def _blank_row(m: Method, delta: float, rounds: int) -> dict[str, Any]:
 
 
 def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
-    """epsilon of `rounds` rounds of tight's worst-case dataset (the attack) at `delta`:
-    a lower bound on the true epsilon, so the gap of an upper bound can be stated."""
+    """epsilon of `rounds` rounds of an explicit worst-case dataset (the attack) at `delta`:
+    a lower bound on the true epsilon, so the gap of an upper bound can be stated (several
+    rounds: the composed attack of `compose_rounds_bounds`, exact curves on the grid)."""
     if rounds == 1:
         low = tight.tight_epsilon(mech, delta).lower_epsilon
         return float(low) if low is not None else 0.0
-    attack = composition.compose_lower([tight.attack_pld(mech)], counts=[rounds])
-    return float(attack.epsilon(delta))
+    attack = composition.compose_rounds_bounds([mech], counts=[rounds]).lower
+    return float(attack.epsilon(delta)) if attack is not None else 0.0
 
 
 def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
@@ -212,15 +217,46 @@ def _fmt(x: float | None) -> str:
 
 @app.command()
 def epsilon(
-    n: N,
-    k: K,
-    eps0: EPS0,
-    delta: Annotated[float, typer.Option(help="Target delta.")],
+    delta: Annotated[
+        float | None, typer.Option(help="Target delta (with --from-ledger: the budget's).")
+    ] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Users per round.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Categories.")] = None,
+    eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon of k-RR.")] = None,
     rounds: ROUNDS = 1,
     method: METHOD = "tight",
+    round_spec: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--round",
+            help="A round type N,K,EPS0[,COUNT] (K may be bits:L); repeat for heterogeneous "
+            "rounds, composed as the ledger composes its rounds.",
+        ),
+    ] = None,
+    from_ledger: Annotated[
+        str | None,
+        typer.Option(
+            "--from-ledger", help="Ledger URL: compose the deployment's committed rounds."
+        ),
+    ] = None,
+    deployment: Annotated[
+        str, typer.Option("--deployment", help="Deployment (budget) name, with --from-ledger.")
+    ] = DEFAULT_DEPLOYMENT,
     json_out: JSON = False,
 ) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
+    if round_spec or from_ledger is not None:
+        _epsilon_of_rounds(
+            round_spec or [],
+            from_ledger,
+            deployment,
+            delta,
+            json_out,
+            given=(n, k, eps0, rounds, method),
+        )
+        return
+    if n is None or k is None or eps0 is None or delta is None:
+        refuse("give --n, --k, --eps0 and --delta (or --round N,K,EPS0[,COUNT], or --from-ledger)")
     mech = _mech(n, k, eps0)
     row = epsilon_row(get_method(method), mech, delta, rounds)
     lower = None
@@ -234,6 +270,58 @@ def epsilon(
             "epsilon = ",
             (f"{row['epsilon']:.6g}", "bold"),
             f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}",
+        ),
+        lower,
+    )
+
+
+def _epsilon_of_rounds(
+    specs: list[str],
+    ledger_url: str | None,
+    deployment: str,
+    delta: float | None,
+    json_out: bool,
+    given: tuple[Any, ...],
+) -> None:
+    """`privacy epsilon --round ...` / `--from-ledger`: heterogeneous rounds (`cli_rounds`)."""
+    n, k, eps0, rounds, method = given
+    if n is not None or k is not None or eps0 is not None or rounds != 1 or method != "tight":
+        refuse("--round / --from-ledger take no --n, --k, --eps0, --rounds or --method")
+    if specs and ledger_url is not None:
+        refuse("give either --round (repeatable) or --from-ledger, not both")
+    model, mode = "tight", "planned"
+    ledger_spent = None
+    if ledger_url is not None:
+        charges, model, mode, budget_delta, ledger_spent = cli_rounds.ledger_rounds(
+            ledger_url, deployment
+        )
+        parsed: list[tuple[Any, int]] = [(c, 1) for c in charges]
+        if delta is None:
+            delta = budget_delta
+        elif delta != budget_delta:
+            ledger_spent = None  # the ledger's own figure is at its budget's delta
+    else:
+        parsed = [cli_rounds.parse_round(sp) for sp in specs]
+    if delta is None:
+        refuse("give --delta")
+    row = cli_rounds.rounds_row(parsed, delta, model, mode)
+    if ledger_url is not None:
+        row |= {"deployment": deployment, "ledger_epsilon_spent": ledger_spent}
+    lower = None
+    if row["lower_bound"] is not None:
+        gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
+        lower = f"{row['lower_bound']:.6g}; gap {gap:.3g}%"
+    kinds = ", ".join(
+        f"{r['count']} x (n={r['n']}, k={r['mechanism']}, eps0={r['eps0']:g})"
+        for r in row["round_list"][:6]
+    ) + (", ..." if len(row["round_list"]) > 6 else "")
+    _show(
+        row,
+        json_out,
+        styled(
+            "epsilon = ",
+            (f"{row['epsilon']:.6g}", "bold"),
+            f" at delta = {delta:g} for {row['rounds']} round(s): {kinds}",
         ),
         lower,
     )
@@ -284,11 +372,13 @@ def calibrate_cmd(
     if (n is None) == (eps0 is None):
         refuse("give exactly one of --n (to find eps0) or --eps0 (to find n)")
     t0 = time.perf_counter()
-    if n is not None:
-        cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
-    else:
-        assert eps0 is not None
-        cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
+    finding = "largest eps0" if n is not None else "smallest n"
+    with working(f"searching the {finding} (composed tight accountant)", quiet=json_out):
+        if n is not None:
+            cal = calibrate.calibrate_eps0_detailed(n, k, rounds, epsilon, delta)
+        else:
+            assert eps0 is not None
+            cal = calibrate.calibrate_n_detailed(eps0, k, rounds, epsilon, delta)
     found = Mechanism(
         n=n if n is not None else int(cal.value),
         k=k,
@@ -352,14 +442,19 @@ def compare(
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
-    rows = compare_rows(mech, delta, rounds, variants)
-    plotted: list[str] | None = None
-    if plot:
-        from shufflekit.app.plots import plot_privacy_curves
+    steps = len(all_methods(include_variants=variants))
+    with progress_bar("epsilon of each method", steps, "steps", quiet=json_out) as update:
+        rows = compare_rows(mech, delta, rounds, variants, progress=lambda i, name: update(i))
+        plotted: list[str] | None = None
+        if plot:
+            from shufflekit.app.plots import plot_privacy_curves
 
-        # epsilon 0 is an answer (biswas often gives it), None is not: test identity, not truth
-        usable = [r["method"] for r in rows if r["epsilon"] is not None]
-        plotted = plot_privacy_curves(plot, mech, rounds, usable)
+            # epsilon 0 is an answer (biswas often gives it), None is not: test identity
+            usable = [r["method"] for r in rows if r["epsilon"] is not None]
+            update(steps, description="delta(epsilon) curves", total=steps + len(usable))
+            plotted = plot_privacy_curves(
+                plot, mech, rounds, usable, progress=lambda i, name: update(steps + i)
+            )
     if json_out:
         print_json(
             {
@@ -383,24 +478,35 @@ def compare(
 
 
 def compare_rows(
-    mech: Mechanism, delta: float, rounds: int, variants: bool = False
+    mech: Mechanism,
+    delta: float,
+    rounds: int,
+    variants: bool = False,
+    progress: Callable[[int, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per method, all with the keys of ROW_KEYS; a method that cannot answer gets
-    status "not applicable" or "error", epsilon null, and the reason in `note`."""
+    status "not applicable" or "error", epsilon null, and the reason in `note`.
+    `progress(done, method)` is called after each method."""
     rows: list[dict[str, Any]] = []
     for m in all_methods(include_variants=variants):
-        t0 = time.perf_counter()
-        try:
-            rows.append(epsilon_row(m, mech, delta, rounds))
-            continue
-        except NotApplicable as exc:
-            status, note = "not applicable", f"not applicable: {exc}"
-        except AccountantError as exc:
-            status, note = "error", f"error: {exc}"
-        row = _blank_row(m, delta, rounds)
-        row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
-        rows.append(row)
+        rows.append(_compare_row(m, mech, delta, rounds))
+        if progress is not None:
+            progress(len(rows), m.name)
     return rows
+
+
+def _compare_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
+    """One method's row of `compare_rows`."""
+    t0 = time.perf_counter()
+    try:
+        return epsilon_row(m, mech, delta, rounds)
+    except NotApplicable as exc:
+        status, note = "not applicable", f"not applicable: {exc}"
+    except AccountantError as exc:
+        status, note = "error", f"error: {exc}"
+    row = _blank_row(m, delta, rounds)
+    row |= {"status": status, "note": note, "seconds": time.perf_counter() - t0}
+    return row
 
 
 def compare_table(rows: list[dict[str, Any]], title: str) -> Table:

@@ -39,7 +39,14 @@ from shufflekit.app.experiment import (
 )
 from shufflekit.app.experiment_report import write_outputs
 from shufflekit.app.individual import individual_utility
-from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
+from shufflekit.app.render import (
+    console,
+    err_console,
+    print_json,
+    progress_bar,
+    styled,
+    working,
+)
 from shufflekit.app.simulate import check_size, run_simulation
 
 IbuMaxIterOpt = Annotated[
@@ -441,17 +448,18 @@ def individual(
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
     if not (math.isfinite(eps0) and eps0 > 0):
         refuse(f"--eps0 must be a finite number > 0, got {eps0}")
-    res = individual_utility(
-        n,
-        k if k is not None else (dataset_k(dataset) or 15),
-        eps0,
-        _ints(categories, "--categories"),
-        delta,
-        epsilon,
-        repetitions,
-        dataset,
-        seed,
-    )
+    with working("per-category errors (shuffle+INV and Gaussian)", quiet=json_out):
+        res = individual_utility(
+            n,
+            k if k is not None else (dataset_k(dataset) or 15),
+            eps0,
+            _ints(categories, "--categories"),
+            delta,
+            epsilon,
+            repetitions,
+            dataset,
+            seed,
+        )
     if json_out:
         print_json(res.summary())
         return

@@ -2,8 +2,10 @@
 
 reserve the cost in the ledger (refused -> nobody is asked anything) -> prepare: every hop
 subscribes to its input and says it is ready -> announce -> clients answer -> close (or the
-deadline) -> the analyzer commits the cost and publishes, or a hop aborts and the reservation
-is refunded. The analyzer publishes only after its commit succeeded; a failed commit is an abort
+deadline) -> the analyzer commits the cost together with the result and publishes, or a hop
+aborts and the reservation is refunded. A round whose outcome does not arrive in time is looked
+up in the ledger: committed, its stored result is the outcome (and is published again).
+The analyzer publishes only after its commit succeeded; a failed commit is an abort
 like any other (the refund then changes nothing if the round had expired, and is refused if the
 commit did land). A round with no result nor abort by its deadline plus the batch timeouts
 is aborted (published, so the hops stop) and refunded; a refunded round can no longer be
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -48,6 +51,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import current_announcement
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
+from shufflekit.core.results import verify_result
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Subscription, Transport
 
@@ -81,7 +85,10 @@ class Coordinator:
         clock: Clock = system_clock,
         rng: Randomness | None = None,
         offload: Offload = in_thread,
+        result_key: str | None = None,
     ) -> None:
+        """`result_key` (base64) is the analyzer's result public key: a result it did not
+        sign is refused (counted as bad_signature); None accepts unsigned results."""
         if not mix_keys:
             raise ValueError("a cascade needs at least one mix")
         self.transport = transport
@@ -91,6 +98,7 @@ class Coordinator:
         self.mix_keys = list(mix_keys)
         self.analyzer_key = analyzer_key
         self.receipt_key = receipt_key
+        self.result_key = result_key
         self.batch_timeout = batch_timeout
         self.ready_timeout = ready_timeout
         self.actor = actor
@@ -121,6 +129,10 @@ class Coordinator:
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
             receipt_key=self.receipt_key,
+            mechanism=params.mechanism,
+            bits=params.bits,
+            close_at=params.close_at,
+            result_key=self.result_key,
         )
 
     async def run_round(
@@ -141,9 +153,19 @@ class Coordinator:
         asked: its reservation is refunded.
         """
         rid = round_id or new_round_id(self.clock, self.rng)
-        await self.offload(
-            self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
-        )
+        if params.bits is None:
+            await self.offload(
+                self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
+            )
+        else:  # the ledger records the mechanism's size (L) and its tag
+            await self.offload(
+                functools.partial(self.ledger.reserve, mechanism=params.mechanism),
+                self.deployment,
+                rid,
+                params.size,
+                params.eps0,
+                self.actor,
+            )
         started = self.clock.monotonic()
         report = RoundReport(rid, released=False, result=None, abort=None)
         outcome: Result | Abort
@@ -155,19 +177,24 @@ class Coordinator:
             try:
                 outcome = await self._drive(ann, params.deadline_seconds, report, answer, stop)
             except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
-                outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
-                # retained and out before the refund: a hop resuming the round later finds it
-                # (a lost publish here let a restarted mix 0 forward a refunded round)
-                await with_backoff(
-                    lambda: self.transport.publish(
-                        self.topics.abort(rid), outcome.to_bytes(), retain=True
-                    ),
-                    TransportError,
-                    clock=self.clock,
-                    patience=ABORT_PATIENCE,
-                    first=0.5,
-                    cap=5.0,
-                )
+                stored = await self._committed_result(rid)  # or the analyzer committed it
+                if stored is not None:
+                    outcome = stored
+                else:
+                    abort = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
+                    # retained and out before the refund: a hop resuming the round later finds
+                    # it (a lost publish here let a restarted mix 0 forward a refunded round)
+                    await with_backoff(
+                        lambda: self.transport.publish(
+                            self.topics.abort(rid), abort.to_bytes(), retain=True
+                        ),
+                        TransportError,
+                        clock=self.clock,
+                        patience=ABORT_PATIENCE,
+                        first=0.5,
+                        cap=5.0,
+                    )
+                    outcome = abort
         except BaseException:
             report.seconds = self.clock.monotonic() - started
             raise
@@ -231,7 +258,9 @@ class Coordinator:
                 log.info("round %s: resuming it, outcome expected within %.0fs", rid, timeout)
                 if self._left(ann) > 0:  # a broker that restarted afresh lost it: clients
                     await coord.publish(t.announce, ann.to_bytes(), retain=True)
-                waiting = asyncio.create_task(first_outcome(rs, ab, rid, timeout, self.control))
+                waiting = asyncio.create_task(
+                    first_outcome(rs, ab, rid, timeout, self.control, self._verify)
+                )
                 try:
                     if stop is not None:
                         stopper = asyncio.create_task(stop.wait())
@@ -245,6 +274,8 @@ class Coordinator:
                     outcome = None
                 finally:
                     waiting.cancel()
+            if outcome is None:
+                outcome = await self._committed_result(rid)
             if outcome is None:
                 outcome = Abort(
                     round_id=rid,
@@ -276,6 +307,24 @@ class Coordinator:
             if not any(r.round_id == rid and r.status == "committed" for r in rounds):
                 raise
             report.released, report.abort = True, None
+            report.result = await self._committed_result(rid)
+
+    async def _committed_result(self, rid: str) -> Result | None:
+        """The result the analyzer stored with the round's commit, published again (the same
+        bytes: idempotent for readers), or None if the round is not committed with one."""
+        text = await self.offload(self.ledger.stored_result, self.deployment, rid)
+        if text is None:
+            return None
+        try:
+            result = Result.from_bytes(text.encode())
+        except InvalidReport:
+            log.error("round %s: the ledger's stored result is invalid", rid)
+            return None
+        if not isinstance(result, Result):
+            return None
+        with contextlib.suppress(TransportError):
+            await self.transport.publish(self.topics.result(rid), result.to_bytes())
+        return result
 
     async def _drive(
         self,
@@ -337,6 +386,7 @@ class Coordinator:
                         rid,
                         max(self._left(ann), 0.0) + 2 * self.batch_timeout,
                         self.control,
+                        self._verify,
                     )
                 )
                 try:
@@ -363,6 +413,12 @@ class Coordinator:
                 closer.cancel()
                 with contextlib.suppress(TransportError):
                     await coord.publish(t.announce, b"", retain=True)
+
+    def _verify(self, result: Result) -> None:
+        """InvalidReport('bad_signature') unless the analyzer signed `result` (if a result key
+        is configured)."""
+        if self.result_key is not None:
+            verify_result(result, self.deployment, self.result_key)
 
     async def _close_at_deadline(self, ann: Announcement) -> None:
         """Close mix 0's ingest when the announced deadline passes (a lost close is harmless:

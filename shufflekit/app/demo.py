@@ -1,25 +1,31 @@
 """The demo job: simulated users answer rounds through the full in-process pipeline.
 
-Values -> k-RR -> onion -> mix cascade -> analyzer -> denoised estimate, with the ledger
-enforcing the budget. The same code path the integration tests drive over a real broker.
+Values -> k-RR (or L-bit records -> bit randomization) -> onion -> mix cascade -> analyzer ->
+denoised estimate, with the ledger enforcing the budget. The same code path the integration
+tests drive over a real broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
 from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams, RoundReport, TransportFactory
-from shufflekit.base.errors import BudgetExceeded
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
+from shufflekit.base.errors import BudgetExceeded, InvalidParameters
+from shufflekit.base.random import SeededRandomness
 from shufflekit.client.population import Population
+from shufflekit.core.messages import Result
 from shufflekit.core.transport.memory import MemoryBroker
 
 
@@ -32,7 +38,7 @@ class DemoConfig:
     eps0: float = 2.0
     mixes: int = 1
     rounds: int = 1
-    seed: int = 0
+    seed: int | None = None
     deployment: str = "default"
     budget_epsilon: float = 10.0
     budget_delta: float = 1e-6
@@ -41,6 +47,8 @@ class DemoConfig:
     deadline: float = 120.0
     cost_model: str = "tight"
     estimator: str = "inv"
+    mechanism: str = "krr"  # or "bits" (L-bit records, `bits` = L)
+    bits: int | None = None
 
 
 def demo_values(users: int, k: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -50,14 +58,71 @@ def demo_values(users: int, k: int, seed: int) -> np.ndarray[Any, np.dtype[np.in
     return values
 
 
+def demo_records(users: int, bits: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Synthetic L-bit records: bit j set independently with probability 0.1 + 0.8 j/(L-1)
+    (0.5 for L = 1), drawn from `seed`, so every bit has a different frequency."""
+    rng = np.random.default_rng(seed)
+    freqs = np.linspace(0.1, 0.9, bits) if bits > 1 else np.array([0.5])
+    set_bits = rng.random((users, bits)) < freqs
+    weights = np.int64(1) << np.arange(bits, dtype=np.int64)
+    out: np.ndarray[Any, np.dtype[np.int64]] = (set_bits * weights).sum(axis=1).astype(np.int64)
+    return out
+
+
+def bits_summary(result: Result, true_hist: list[int], bits: int) -> dict[str, Any]:
+    """Per-bit estimates against the true frequencies of a bits round, and the largest error."""
+    h = np.asarray(true_hist, dtype=np.int64)
+    idx = np.arange(h.size)
+    n_true = max(1, int(h.sum()))
+    truth = [float(h[(idx >> j) & 1 == 1].sum()) / n_true for j in range(bits)]
+    est = result.bit_frequency or []
+    se = result.bit_stderr or []
+    errors = [abs(e - t) for e, t in zip(est, truth, strict=True)]
+    return {
+        "mechanism": "bits",
+        "bits": bits,
+        "bit_estimates": [
+            {"bit": j, "true": truth[j], "estimate": est[j], "stderr": se[j]} for j in range(bits)
+        ],
+        "max_abs_error": max(errors),
+        "max_abs_error_in_stderr": max(e / s for e, s in zip(errors, se, strict=True)),
+    }
+
+
+def demo_population(values: Sequence[int], seed: int | None) -> Population:
+    """The simulated users. With a seed their k-RR responses come from a seeded stream, so the
+    same seed gives the same histograms and estimates; without one, from the OS CSPRNG as a
+    real client's would. Mix permutations and onion encryption always use the OS CSPRNG."""
+    rng = None if seed is None else SeededRandomness(seed).fork("demo responses")
+    return Population(values, rng=rng)
+
+
+def status_command(ledger_url: str, deployment: str) -> str:
+    """The `shufflekit budget status` command that shows this ledger's deployment (the options
+    only where they differ from the defaults, so it can be pasted as is)."""
+    words = ["shufflekit", "budget", "status"]
+    if ledger_url != default_ledger_url():
+        words += ["--ledger", ledger_url]
+    if deployment != DEFAULT_DEPLOYMENT:
+        words += ["--deployment", deployment]
+    return shlex.join(words)
+
+
 def budget_created_notice(budget: Budget, ledger_url: str) -> str:
     """The one line that tells an operator the demo created a budget, with its totals."""
     return (
         f"notice: deployment {budget.deployment!r} had no budget, so the demo created one: "
         f"epsilon {budget.epsilon_total:g}, delta {budget.delta_total:g}, "
         f"n_min {budget.n_min}, cost model {budget.cost_model} (ledger {ledger_url}); "
-        "`shufflekit budget status` shows it"
+        f"`{status_command(ledger_url, budget.deployment)}` shows it"
     )
+
+
+def demo_round_type(cfg: DemoConfig) -> RoundType:
+    """The type of the demo's rounds: k-RR over k values, or bits:L."""
+    if cfg.mechanism == "bits" and cfg.bits is not None:
+        return RoundType("bits", cfg.bits, cfg.eps0)
+    return RoundType(KRR, cfg.k, cfg.eps0)
 
 
 def ensure_budget(
@@ -77,6 +142,8 @@ def ensure_budget(
             n_min,
             cfg.max_corrupt,
             cost_model=cfg.cost_model,
+            # a planned budget: every round of the demo is of this one type
+            schedule=(ScheduleEntry(demo_round_type(cfg), None),),
         )
         ledger.init_budget(created, actor="demo")
         if notice is not None:
@@ -98,6 +165,7 @@ def round_summary(rep: RoundReport, true_hist: list[int]) -> dict[str, Any]:
         n = rep.result.batch_size
         truth = np.asarray(true_hist, dtype=float) / max(1, sum(true_hist))
         est = np.asarray(rep.result.estimate) / max(1, n)
+        tv = float(total_variation(truth, est)) if est.size == truth.size else None
         out |= {
             "noisy_histogram": rep.result.histogram,
             "estimate": rep.result.estimate,
@@ -106,9 +174,11 @@ def round_summary(rep: RoundReport, true_hist: list[int]) -> dict[str, Any]:
             "estimator_converged": rep.result.converged,
             "estimator_iterations": rep.result.iterations,
             "batch_size": n,
-            "tv_distance": float(total_variation(truth, est)),
+            "tv_distance": tv,
             "privacy": rep.result.privacy,
         }
+        if rep.result.mechanism == "bits" and rep.result.bits is not None:
+            out |= bits_summary(rep.result, true_hist, rep.result.bits)
     elif rep.abort is not None:
         out["abort"] = {"hop": rep.abort.hop, "reason": rep.abort.reason}
     return out
@@ -149,10 +219,19 @@ async def run_demo(
         broker = MemoryBroker()
         connect = lambda _name: broker.connect()  # noqa: E731
     dep = LocalDeployment(connect, cfg.deployment, ledger, cfg.mixes, estimator=cfg.estimator)
-    values = demo_values(cfg.users, cfg.k, cfg.seed)
-    true_hist = np.bincount(values, minlength=cfg.k).astype(int).tolist()
-    population = Population(values.tolist())
-    params = RoundParams(k=cfg.k, eps0=cfg.eps0, n_min=budget.n_min, deadline_seconds=cfg.deadline)
+    seed = 0 if cfg.seed is None else cfg.seed
+    if cfg.mechanism == "bits":
+        if cfg.bits is None:
+            raise InvalidParameters("a bits demo needs the record length L (--bits)")
+        params = RoundParams.for_bits(cfg.bits, cfg.eps0, budget.n_min, cfg.deadline)
+        values = demo_records(cfg.users, cfg.bits, seed)
+    elif cfg.mechanism == "krr":
+        params = RoundParams(cfg.k, cfg.eps0, budget.n_min, deadline_seconds=cfg.deadline)
+        values = demo_values(cfg.users, cfg.k, seed)
+    else:
+        raise InvalidParameters(f"mechanism must be krr or bits, got {cfg.mechanism!r}")
+    true_hist = np.bincount(values, minlength=params.k).astype(int).tolist()
+    population = demo_population(values.tolist(), cfg.seed)
     rounds: list[dict[str, Any]] = []
     refused: str | None = None
     for r in range(cfg.rounds):
@@ -176,11 +255,13 @@ async def run_demo(
         "privacy_spent": {
             "epsilon": status.epsilon_spent,
             "delta": status.budget.delta_total,
-            "epsilon_reserved": status.epsilon_reserved,
+            "epsilon_spent_or_reserved": status.epsilon_spent_or_reserved,
+            "mode": status.budget.mode,
             "epsilon_budget": status.budget.epsilon_total,
             "epsilon_remaining": status.epsilon_remaining,
             "cost_model": status.cost_model,
             "rounds_committed": sum(1 for x in status.rounds if x.status == "committed"),
         },
         "ledger": ledger.url,
+        "status_command": status_command(ledger.url, cfg.deployment),
     }

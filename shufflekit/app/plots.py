@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +28,9 @@ def _log10(ld: float) -> float:
 
 def _curve(
     name: str, mech: Mechanism, rounds: int, eps: npt.NDArray[np.float64]
-) -> tuple[list[float], list[float]]:
-    """log10 delta of method `name` over `eps` (and, for `tight`, of its attack lower bound).
+) -> tuple[list[float], list[float], int]:
+    """log10 delta of method `name` over `eps` (and, for `tight`, of its attack lower bound),
+    and at how many points the method could not answer (not applicable, not composable).
 
     delta(eps) is non-increasing, so evaluation stops once the curve is below FLOOR_LOG10.
     """
@@ -41,6 +44,7 @@ def _curve(
         except AccountantError:
             attack = None
     done_up = done_lo = False  # the curve reached the floor (errors do not count)
+    failures = 0
     for e in map(float, eps):
         ld = lo = -math.inf
         failed = False
@@ -54,20 +58,91 @@ def _curve(
             elif m.pld is not None:
                 ld = composition.compose([m.pld(mech)], counts=[rounds]).log_delta(e)
                 lo = attack.log_delta(e) if attack is not None else -math.inf
+            else:  # a closed form without a privacy loss distribution: not composable
+                failed = True
         except AccountantError:  # e.g. a closed form outside its range at this epsilon: a gap
             failed = True
         done_up = done_up or (not failed and not _log10(ld) > FLOOR_LOG10)
         done_lo = done_lo or (not failed and not _log10(lo) > FLOOR_LOG10)
+        failures += failed
         upper.append(_log10(ld))
         lower.append(_log10(lo))
-    return upper, lower
+    return upper, lower, failures
 
 
-def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[str]) -> list[str]:
-    """delta(epsilon) of each method on a log-log plot down to 1e-40, written to `path` (PNG).
+METHOD_NAMES = {
+    "tight": "tight (exact worst case, this accountant)",
+    "blanket-strong": "blanket, strong (Koskela et al., Thm 8)",
+    "blanket-weak": "blanket, weak (Koskela et al., Thm 10)",
+    "clones": "clones (Feldman, McMillan, Talwar)",
+    "erlingsson": "Erlingsson et al. 2019, closed form",
+    "balle-closed": "Balle et al. 2019, closed form",
+    "biswas": "Biswas et al. as printed",
+    "biswas-corrected": "Biswas et al., corrected",
+    "ldp": "local DP of one report (no shuffle)",
+}
+"""Legend names of the registry's methods (the CLI's --method names stay in brackets)."""
 
-    `tight` is drawn last (on top), thick and black, with its attack lower bound dashed, so the
-    default stays visible when other curves overlap it. Returns the methods drawn, in order.
+SOUNDNESS_WORDS = {
+    "SOUND_UPPER": "upper bound",
+    "LOWER_BOUND": "lower bound",
+    "NOT_A_GUARANTEE": "NOT a guarantee",
+}
+
+_STYLES = [  # (colour, dashes, marker): no two curves alike in colour, in grey or in shape
+    ("tab:blue", "-", "o"),
+    ("tab:orange", (0, (6, 2)), "s"),
+    ("tab:green", "-.", "^"),
+    ("tab:red", (0, (2, 1)), "v"),
+    ("tab:purple", (0, (8, 2, 2, 2)), "D"),
+    ("tab:brown", "--", "P"),
+    ("tab:pink", ":", "X"),
+    ("tab:olive", (0, (4, 1, 1, 1, 1, 1)), "*"),
+    ("tab:cyan", "-", "h"),
+]
+
+
+def _same_as(mine: list[float], others: dict[str, list[float]]) -> str | None:
+    """The first of `others` whose curve equals `mine` (to 1e-6 where drawn), or None."""
+    a = np.asarray(mine)
+    for other, ys in others.items():
+        b = np.asarray(ys)
+        both = np.isfinite(a) & np.isfinite(b)
+        same_gaps = np.array_equal(np.isfinite(a), np.isfinite(b))
+        if both.any() and same_gaps and np.allclose(a[both], b[both], rtol=0, atol=1e-6):
+            return other
+    return None
+
+
+def plot_privacy_curves(
+    path: str,
+    mech: Mechanism,
+    rounds: int,
+    methods: list[str],
+    progress: Callable[[int, str], None] | None = None,
+) -> list[str]:
+    """`privacy_figure` written to `path` (PNG); returns the methods drawn, in order."""
+    fig, drawn = privacy_figure(mech, rounds, methods, progress)  # selects the Agg backend first
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+    return drawn
+
+
+def privacy_figure(
+    mech: Mechanism,
+    rounds: int,
+    methods: list[str],
+    progress: Callable[[int, str], None] | None = None,
+) -> tuple[Any, list[str]]:
+    """delta(epsilon) of each method on a log-log plot down to 1e-40 (a matplotlib Figure);
+    `progress(done, method)` is called as each method's curve is computed (the slow part).
+
+    Every curve has its own colour, dash pattern and markers (shifted along the curve, so
+    coinciding curves still show each marker); a curve equal to another one's says so in the
+    legend. `tight` is drawn last (on top), thick and black, with its attack lower bound
+    dashed. Returns the methods drawn, in order.
     """
     import matplotlib
 
@@ -76,31 +151,71 @@ def plot_privacy_curves(path: str, mech: Mechanism, rounds: int, methods: list[s
 
     top = mech.eps0 * rounds
     eps = np.geomspace(top / 1000, top, POINTS)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, (ax, key) = plt.subplots(
+        2, 1, figsize=(8.5, 8.2), gridspec_kw={"height_ratios": [3.0, 1.25]}
+    )
     order = [m for m in methods if m != "tight"] + [m for m in methods if m == "tight"]
+    uppers: dict[str, list[float]] = {}
+    lowers: dict[str, list[float]] = {}
+    failed: dict[str, int] = {}
+    for i, name in enumerate(order, 1):
+        uppers[name], lowers[name], failed[name] = _curve(name, mech, rounds, eps)
+        if progress is not None:
+            progress(i, name)
     drawn: list[str] = []
-    for name in order:
+    for j, name in enumerate(order):
         m = get_method(name)
-        upper, lower = _curve(name, mech, rounds, eps)
-        label = f"{name} ({m.soundness.name.lower()})"
-        if not any(y > FLOOR_LOG10 for y in upper):
-            label += f": no delta above 1e{FLOOR_LOG10:.0f}"
+        upper = uppers[name]
+        label = f"{METHOD_NAMES.get(name, name)} [{name}]: "
+        label += SOUNDNESS_WORDS.get(m.soundness.name, m.soundness.name.lower())
+        twin = _same_as(upper, {n: uppers[n] for n in order[:j]})
+        if twin is not None:
+            label += f"; same curve as [{twin}] here"
+        if failed[name] == len(eps):
+            label += "; cannot answer here (not applicable or not composable)"
+        elif not any(y > FLOOR_LOG10 for y in upper):
+            label += f"; no delta above 1e{FLOOR_LOG10:.0f}"
+        elif failed[name]:
+            label += f"; not applicable at {failed[name]} of {len(eps)} epsilons (gaps)"
         if name == "tight":
-            ax.plot(eps, upper, color="black", lw=2.4, zorder=10, label=label)
+            ax.plot(eps, upper, color="black", lw=2.6, zorder=10, label=label)
             ax.plot(
-                eps, lower, color="black", lw=1.2, ls="--", zorder=11, label="tight: attack (lower)"
+                eps,
+                lowers[name],
+                color="black",
+                lw=1.3,
+                ls=(0, (3, 2)),
+                zorder=11,
+                label="tight: its explicit attack (lower bound; the truth lies between)",
             )
         else:
-            ax.plot(eps, upper, lw=1.2, alpha=0.85, zorder=2, label=label)
+            colour, dashes, marker = _STYLES[j % len(_STYLES)]
+            ax.plot(
+                eps,
+                upper,
+                color=colour,
+                ls=dashes,
+                lw=1.5,
+                marker=marker,
+                ms=5,
+                mfc="none",
+                markevery=(j % 6, 6),  # shifted per curve: coinciding curves show all markers
+                zorder=2 + j,
+                label=label,
+            )
         drawn.append(name)
     ax.set_xscale("log")
     ax.set_ylim(bottom=FLOOR_LOG10, top=0.5)
-    ax.set_xlabel("epsilon")
-    ax.set_ylabel("log10 delta")
-    ax.set_title(f"n={mech.n}, k={mech.k}, eps0={mech.eps0:g}, rounds={rounds}")
+    ax.set_xlabel("epsilon (one round)" if rounds == 1 else f"epsilon ({rounds} rounds composed)")
+    ax.set_ylabel("log10 delta(epsilon)   (lower is more private)")
+    ax.set_title(
+        f"Privacy curves of shuffled k-RR: n = {mech.n:,} users, k = {mech.k}, "
+        f"eps0 = {mech.eps0:g}, {rounds} round{'s' if rounds > 1 else ''}\n"
+        "a round is (epsilon, delta)-DP for every point on or above a sound upper bound",
+        fontsize=10,
+    )
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7)
+    key.axis("off")  # the legend's own panel, under the plot: it never hides a curve
+    key.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="upper left", frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
-    return drawn
+    return fig, drawn

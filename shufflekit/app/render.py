@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
+    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -83,7 +84,27 @@ def progress_bar(
     ) as bar:
         task = bar.add_task(description, total=total)
 
-        def update(completed: int, description: str | None = None) -> None:
-            bar.update(task, completed=completed, description=description)
+        def update(
+            completed: int, description: str | None = None, total: int | None = None
+        ) -> None:
+            bar.update(task, completed=completed, description=description, total=total)
 
         yield update
+
+
+@contextlib.contextmanager
+def working(description: str, *, quiet: bool = False) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr for work that cannot be counted (a search).
+
+    Shown only on a terminal and unless `quiet` (e.g. --json), like `progress_bar`.
+    """
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    ) as bar:
+        bar.add_task(description, total=None)
+        yield

@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.leakage import round_facts
+from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, LedgerError, RoundAborted
+from shufflekit.base.errors import (
+    InternalError,
+    InvalidParameters,
+    InvalidReport,
+    RoundAborted,
+)
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Result
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
+from shufflekit.core.wire import MAX_RECORD_BITS
 from shufflekit.shuffler.mix import MixOutcome
 
 TransportFactory = Callable[[str], Transport]
@@ -48,12 +55,50 @@ class RoundTopics(Topics):
 
 @dataclass(frozen=True)
 class RoundParams:
-    """What the operator chooses for one round."""
+    """What the operator chooses for one round: k-RR over k values, or (with `bits` = L) bit
+    randomization of L-bit records, where k must be 2^L (`RoundParams.for_bits`)."""
 
     k: int
     eps0: float
     n_min: int
     deadline_seconds: float = 60.0
+    bits: int | None = None
+    close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
+
+    def __post_init__(self) -> None:
+        if self.bits is not None and (
+            isinstance(self.bits, bool)
+            or not isinstance(self.bits, int)
+            or not 1 <= self.bits <= MAX_RECORD_BITS
+            or self.k != 1 << self.bits
+        ):
+            raise InvalidParameters(
+                f"a bits round needs L in [1, {MAX_RECORD_BITS}] and k = 2^L, got L={self.bits!r}"
+            )
+
+    @classmethod
+    def for_bits(
+        cls,
+        bits: int,
+        eps0: float,
+        n_min: int,
+        deadline_seconds: float = 60.0,
+        close_at: int | None = None,
+    ) -> RoundParams:
+        """A bit-vector round: records of `bits` = L bits, eps0 per record."""
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_RECORD_BITS:
+            raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_RECORD_BITS}]")
+        return cls(1 << bits, eps0, n_min, deadline_seconds, bits=bits, close_at=close_at)
+
+    @property
+    def mechanism(self) -> Literal["krr", "bits"]:
+        """ "krr" or "bits"."""
+        return "krr" if self.bits is None else "bits"
+
+    @property
+    def size(self) -> int:
+        """The mechanism's size as the ledger records it: k of k-RR, L of bits."""
+        return self.k if self.bits is None else self.bits
 
 
 @dataclass
@@ -89,26 +134,69 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
 def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
-    """The analyzer's `on_release`: commit the round's cost (raises unless it succeeded), then
-    describe it for the published result. Once the commit landed the result must go out: if the
-    totals cannot be read then, it goes out with the round's own cost only."""
+    """The analyzer's `on_release`: price the round (outside the ledger's lock: its cost and the
+    composed total after it, from the curve cache), seal it (sign), then commit the cost and the
+    sealed result in one transaction, and return what is stored (a round committed before a
+    restart returns the result stored then). Raises unless the commit succeeded; nothing slow
+    runs after it."""
 
-    async def hook(round_id: str, batch_size: int) -> dict[str, Any]:
-        rec = await offload(ledger.commit, deployment, round_id, batch_size, actor)
-        try:
-            status = await offload(ledger.status, deployment)
-        except LedgerError:
-            return {"epsilon_round": rec.epsilon_round, "n_accounted": float(rec.n_accounted)}
-        return {
-            "epsilon_round": rec.epsilon_round,
-            "delta": status.budget.delta_total,
-            "cost_model": status.cost_model,
-            "n_accounted": float(rec.n_accounted),
-            "epsilon_spent_total": status.epsilon_spent,
-            "epsilon_budget": status.budget.epsilon_total,
-        }
+    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
+        rid, n = result.round_id, result.batch_size
+        facts = await offload(ledger.quote_commit, deployment, rid, n)
+        priced_rec = RoundRecord(
+            rid,
+            "committed",
+            result.k,
+            result.eps0,
+            int(facts["n_accounted"] or n),
+            n,
+            float(facts["epsilon_round"] or 0.0),
+            tag=result.mechanism,
+        )
+        facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
+        # the analyzer's own notes (e.g. which bound a bits round used) stay next to the facts
+        priced = seal(result.model_copy(update={"privacy": dict(result.privacy) | facts}))
+        text = priced.to_bytes().decode()
+        await offload(ledger.commit, deployment, rid, n, actor, result=text)
+        stored = await offload(ledger.stored_result, deployment, rid)
+        if stored is None or stored == text:
+            return priced
+        earlier = Result.from_bytes(stored.encode())
+        if not isinstance(earlier, Result):
+            raise InternalError(f"round {rid}: the ledger holds no valid result")
+        return earlier
 
     return hook
+
+
+def ledger_published_hook(
+    ledger: Ledger, deployment: str, offload: Offload = in_thread
+) -> Callable[[str], Awaitable[None]]:
+    """The analyzer's `on_published`: record in the ledger that the round's result went out."""
+
+    async def hook(round_id: str) -> None:
+        await offload(ledger.mark_published, deployment, round_id)
+
+    return hook
+
+
+async def participant_facts(
+    rec: RoundRecord, delta: float | None, offload: Offload = in_thread
+) -> dict[str, Any]:
+    """The participant-facing leakage of a committed round (accountant.leakage.round_facts) for
+    its accounted population, with the round's epsilon at `delta` (the budget's) when known.
+
+    Computed before the commit (they are stored with the result), and nothing here may stop the
+    round: on any failure the result goes out without these facts (`statement` null). Only k-RR
+    rounds are described.
+    """
+    if rec.tag != "krr":
+        return {}
+    epsilon = rec.epsilon_round if delta is not None else None
+    try:
+        return await offload(round_facts, rec.n_accounted, rec.k, rec.eps0, epsilon, delta)
+    except Exception:
+        return {"statement": None}
 
 
 async def next_message(
@@ -145,9 +233,11 @@ async def first_outcome(
     round_id: str,
     timeout: float,
     control: RejectionCounter | None = None,
+    verify: Callable[[Result], None] | None = None,
 ) -> Result | Abort:
     """The analyzer's result or the first abort of the round, whichever comes first; invalid
-    messages on those topics are counted by reason in `control` and otherwise ignored."""
+    messages on those topics (and results `verify` refuses) are counted by reason in `control`
+    and otherwise ignored."""
 
     async def watch(sub: Subscription, kind: type[Result] | type[Abort]) -> Result | Abort:
         while True:
@@ -156,6 +246,8 @@ async def first_outcome(
                 continue  # a retained message being cleared
             try:
                 m = kind.from_bytes(msg.payload)
+                if verify is not None and isinstance(m, Result) and m.round_id == round_id:
+                    verify(m)
             except InvalidReport as exc:
                 if control is not None:
                     control.reject(exc.reason)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import ledger_release_hook
+from shufflekit.app.rounds import ledger_published_hook, ledger_release_hook
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
 from shufflekit.base.offload import Offload, in_thread, retrying
@@ -22,6 +22,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK
 from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair
+from shufflekit.core.peeling import Peeler
 from shufflekit.core.spool import Spool
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Transport
@@ -65,6 +66,7 @@ class Wiring:
         *,
         spool: Spool | None = None,
         credentials: CredentialVerifier | None = None,
+        peeler: Peeler | None = None,
     ) -> MixNode:
         """Mix `index` of the cascade on `transport` (mix 0 checks `credentials` if given)."""
         return MixNode(
@@ -78,12 +80,14 @@ class Wiring:
             credentials=credentials,
             clock=self.clock,
             rng=self.rng,
+            peeler=peeler,
         )
 
     def analyzer(
         self, transport: Transport, key: KeyPair, *, spool: Spool | None = None
     ) -> Analyzer:
-        """The analyzer (hop L): it commits each round's cost in the ledger, then publishes."""
+        """The analyzer (hop L): it commits each round's cost and result in the ledger, then
+        publishes, and records the publication there."""
         return Analyzer(
             transport,
             self.deployment,
@@ -92,6 +96,9 @@ class Wiring:
                 self._ledger("analyzer"),
                 self.deployment,
                 offload=retrying(self.offload, self.clock),
+            ),
+            on_published=ledger_published_hook(
+                self._ledger("analyzer"), self.deployment, retrying(self.offload, self.clock)
             ),
             estimator=self.estimator,
             batch_timeout=self.batch_timeout,
@@ -106,9 +113,11 @@ class Wiring:
         mix_keys: Sequence[str],
         analyzer_key: str,
         receipt_key: str | None = None,
+        result_key: str | None = None,
     ) -> Coordinator:
         """The operator's coordinator, announcing these base64 public keys (and mix 0's
-        receipt key)."""
+        receipt key); it accepts only results signed with `result_key` (the analyzer's, see
+        core/results.py)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -123,4 +132,5 @@ class Wiring:
             clock=self.clock,
             rng=self.rng,
             offload=retrying(self.offload, self.clock),
+            result_key=result_key,
         )

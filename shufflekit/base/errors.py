@@ -113,6 +113,11 @@ class BudgetExceeded(AccountantError, UserError):
     """A round would take the total privacy loss past the deployment's budget."""
 
 
+class ScheduleViolation(BudgetExceeded):
+    """A round refused by its planned budget: its type is not the one the schedule fixed for
+    its slot, or the schedule has no slot left."""
+
+
 class LedgerError(AccountantError, Unavailable):
     """The ledger cannot be opened, read or written (wrong URL, foreign or corrupt database)."""
 

@@ -68,7 +68,8 @@ class CredentialVerifier:
     """Mix 0's side: checks that a client id carries a credential issued for this deployment."""
 
     def __init__(self, public_b64: str, deployment: str) -> None:
-        self.key = Ed25519PublicKey.from_public_bytes(raw_key_from_b64(public_b64.strip(), _WHAT))
+        self.public_b64 = public_b64.strip()
+        self.key = Ed25519PublicKey.from_public_bytes(raw_key_from_b64(self.public_b64, _WHAT))
         self.deployment = check_name("deployment", deployment)
 
     def verify(self, client_id: str, credential: bytes | None) -> None:

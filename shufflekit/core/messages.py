@@ -78,6 +78,14 @@ class Announcement(_Control):
     receipt_key: Key | None = None
     mechanism: Literal["krr", "bits"] = "krr"
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
+    result_key: Key | None = None  # the analyzer's result public key (core/results.py)
+    # mix 0 closes ingest once this many accepted (enrolled, de-duplicated) reports are stored
+    close_at: int | None = Field(default=None, ge=1)
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON for the wire (without `close_at` when the round has none)."""
+        drop = {"close_at"} if self.close_at is None else None
+        return self.model_dump_json(exclude=drop).encode()
 
     @model_validator(mode="after")
     def _mechanism_matches(self) -> Self:
@@ -142,7 +150,7 @@ class Result(_Control):
     stderr: list[float] = Field(max_length=1 << MAX_RECORD_BITS)
     estimator: Name
     rejected: dict[Name, Annotated[int, Field(ge=0)]] = Field(max_length=256)
-    privacy: dict[str, float | str | None] = Field(default_factory=dict)
+    privacy: dict[str, float | bool | str | None] = Field(default_factory=dict)
     # iterative estimators (ibu): whether the fit met its tolerance, and after how many steps
     converged: bool | None = None
     iterations: int | None = None
@@ -152,6 +160,8 @@ class Result(_Control):
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
     bit_frequency: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
     bit_stderr: list[float] | None = Field(default=None, max_length=MAX_RECORD_BITS)
+    # the analyzer's Ed25519 signature over everything above (core/results.py)
+    signature: str | None = Field(default=None, max_length=100)
 
 
 class Ready(_Control):

@@ -22,19 +22,20 @@ import hashlib
 import hmac
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import Field
 
 from shufflekit.base.errors import InvalidReport
 from shufflekit.core.keytext import public_key_b64, raw_key_from_b64
 from shufflekit.core.messages import _Control
+from shufflekit.core.results import derived_signing_key
 from shufflekit.core.topics import check_name
 
 _HEX64 = r"^[0-9a-f]{64}$"
 _HEX32 = r"^[0-9a-f]{32}$"
 MAX_RECEIPTS_PER_BATCH = 10_000
+_SIGNING_LABEL = b"shufflekit/v1 receipt signing key"  # HKDF labels (core/results.py)
+_TAG_LABEL = b"shufflekit/v1 receipt client tag key"
 
 
 def receipt_topic(deployment: str, reply: str) -> str:
@@ -84,9 +85,9 @@ class ReceiptSigner:
     used to sign)."""
 
     def __init__(self, private_b64: str, deployment: str) -> None:
-        ikm = private_b64.strip().encode()
-        self.key = Ed25519PrivateKey.from_private_bytes(_derive(ikm, b"receipt signing key"))
-        self._tag_key = _derive(ikm, b"receipt client tag key")
+        self.key = derived_signing_key(private_b64, _SIGNING_LABEL)
+        # the tag key: the raw bytes of a second derived key (HMAC, never used to sign)
+        self._tag_key = derived_signing_key(private_b64, _TAG_LABEL).private_bytes_raw()
         self.deployment = check_name("deployment", deployment)
 
     def public_b64(self) -> str:
@@ -109,12 +110,4 @@ class ReceiptSigner:
 
 def receipt_public_key(private_b64: str) -> str:
     """The receipt public key of the mix whose HPKE private key text is `private_b64`."""
-    ikm = private_b64.strip().encode()
-    key = Ed25519PrivateKey.from_private_bytes(_derive(ikm, b"receipt signing key"))
-    return public_key_b64(key.public_key())
-
-
-def _derive(ikm: bytes, label: bytes) -> bytes:
-    return HKDF(
-        algorithm=hashes.SHA256(), length=32, salt=None, info=b"shufflekit/v1 " + label
-    ).derive(ikm)
+    return public_key_b64(derived_signing_key(private_b64, _SIGNING_LABEL).public_key())

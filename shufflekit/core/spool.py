@@ -175,14 +175,19 @@ class Spool:
         return new
 
     def messages(
-        self, round_id: str, kind: str, before: int | None = None, after: int = 0
+        self,
+        round_id: str,
+        kind: str,
+        before: int | None = None,
+        after: int = -1,
+        limit: int = -1,
     ) -> list[tuple[int, bytes]]:
-        """(seq, payload) of the round's spooled messages of `kind` with `after` < seq <
-        `before`, in arrival order."""
+        """(seq, payload) of the round's spooled messages of `kind`, in arrival order: those
+        after seq `after` and before seq `before`, at most `limit` (-1: all)."""
         rows = self._db.execute(
             "select seq, payload from inbox where round_id = ? and kind = ? and seq < ? "
-            "and seq > ? order by seq",
-            (round_id, kind, before if before is not None else 2**62, after),
+            "and seq > ? order by seq limit ?",
+            (round_id, kind, before if before is not None else 2**62, after, limit),
         ).fetchall()
         return [(int(s), bytes(p)) for s, p in rows]
 

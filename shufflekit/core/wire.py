@@ -52,22 +52,25 @@ class Report:
     @classmethod
     def decode(cls, data: bytes, expected_k: int) -> Report:
         """Parse and validate one report against the round's k."""
-        if len(data) != REPORT_SIZE:
-            raise InvalidReport(
-                "bad_length", f"report is {len(data)} bytes, expected {REPORT_SIZE}"
-            )
-        version, randomizer, k, value = _REPORT.unpack(data)
-        if version != REPORT_VERSION:
-            raise InvalidReport(
-                "bad_version", f"report version {version}, expected {REPORT_VERSION}"
-            )
-        if randomizer != RANDOMIZER_KRR:
-            raise InvalidReport("bad_randomizer", f"unknown randomizer id {randomizer}")
+        k, value = _unpack(data, RANDOMIZER_KRR, "k-RR")
         if k != expected_k:
             raise InvalidReport("bad_k", f"report for k={k}, round has k={expected_k}")
         if value >= k:
             raise InvalidReport("bad_value", f"report value {value} outside [0, {k})")
         return cls(k=k, value=value)
+
+
+def _unpack(data: bytes, randomizer: int, kind: str) -> tuple[int, int]:
+    """The size field (k or L) and value of a report, after the checks every randomizer
+    shares: length, version, and that the report is of this round's randomizer."""
+    if len(data) != REPORT_SIZE:
+        raise InvalidReport("bad_length", f"report is {len(data)} bytes, expected {REPORT_SIZE}")
+    version, got, size, value = _REPORT.unpack(data)
+    if version != REPORT_VERSION:
+        raise InvalidReport("bad_version", f"report version {version}, expected {REPORT_VERSION}")
+    if got != randomizer:
+        raise InvalidReport("bad_randomizer", f"randomizer id {got} in a {kind} round")
+    return size, value
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,7 @@ class BitsReport:
     @classmethod
     def decode(cls, data: bytes, expected_bits: int) -> BitsReport:
         """Parse and validate one report against the round's L."""
-        if len(data) != REPORT_SIZE:
-            raise InvalidReport(
-                "bad_length", f"report is {len(data)} bytes, expected {REPORT_SIZE}"
-            )
-        version, randomizer, bits, record = _REPORT.unpack(data)
-        if version != REPORT_VERSION:
-            raise InvalidReport(
-                "bad_version", f"report version {version}, expected {REPORT_VERSION}"
-            )
-        if randomizer != RANDOMIZER_BITS:
-            raise InvalidReport("bad_randomizer", f"randomizer id {randomizer} in a bits round")
+        bits, record = _unpack(data, RANDOMIZER_BITS, "bits")
         if bits != expected_bits:
             raise InvalidReport("bad_bits", f"report has L={bits}, round has L={expected_bits}")
         if record >= (1 << bits):

@@ -1,7 +1,9 @@
 """A mix node: the shuffler's hop i of a cascade of L mixes.
 
 Mix 0 takes client envelopes: it keeps at most one report per client and per ciphertext,
-peels its layer and holds the batch until the deadline (or the coordinator's close). Below
+peels its layer as they arrive (in the injected `Peeler`: worker processes in the services,
+inline in a simulation) and holds the batch until the deadline, the coordinator's close, or
+the round's `close_at` accepted reports, whichever comes first. Below
 `n_min` it aborts and releases nothing. Otherwise it permutes (with the OS CSPRNG unless another
 `Randomness` is injected) and forwards in chunks with a manifest. Later mixes receive a verified
 batch, peel, de-duplicate, check `n_min` again, permute and forward. The last mix forwards to
@@ -34,24 +36,25 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.credentials import CredentialVerifier
-from shufflekit.core.crypto import KeyPair, onion_size, peel
+from shufflekit.core.crypto import KeyPair, onion_size
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement
+from shufflekit.core.peeling import InlinePeeler, Peeler, PeelJob
 from shufflekit.core.receipts import (
     MAX_RECEIPTS_PER_BATCH,
     Receipt,
     ReceiptBatch,
     ReceiptSigner,
-    onion_digest,
     receipt_topic,
 )
 from shufflekit.core.spool import Arrival, Inbox, Spool, classify_hop_input
 from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
 from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
-from shufflekit.shuffler.ingest import RoundIngest
 
 log = logging.getLogger("shufflekit.mix")
+
+INGEST_STEP = 4096  # envelopes mix 0 checks in one go
 
 
 @dataclass
@@ -64,6 +67,7 @@ class MixOutcome:
     forwarded: int
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # wall seconds: peel, forward
     resent: int = 0  # mix 0: envelopes delivered again while awaiting a receipt (stored once)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +91,7 @@ class MixOutcome:
             d["forwarded"],
             counters,
             d["abort_reason"],
+            dict(d.get("stages", {})),
             int(d.get("resent", 0)),
         )
 
@@ -111,6 +116,7 @@ class MixNode(Hop[MixOutcome]):
         credentials: CredentialVerifier | None = None,
         clock: Clock = system_clock,
         rng: Randomness | None = None,
+        peeler: Peeler | None = None,
     ) -> None:
         super().__init__(
             transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
@@ -120,7 +126,8 @@ class MixNode(Hop[MixOutcome]):
         self.per_chunk = per_chunk
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
-        self.ingests: dict[str, RoundIngest] = {}  # mix 0: rounds it collects, by id
+        self.peeler: Peeler = peeler if peeler is not None else InlinePeeler()
+        self.ingests: dict[str, _Ingest] = {}  # mix 0: rounds it collects, by id
         self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
         self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
@@ -149,20 +156,27 @@ class MixNode(Hop[MixOutcome]):
         outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
         try:
             if self.index == 0:
-                close = await self._closed(ann, inbox, stop)
-                inbox.check(ann.round_id)  # every input up to the close was stored
-                items = self._ingest(ann, close, outcome.counters)
-                outcome.resent = self.spool.duplicates(ann.round_id, "resend")
+                ingest = self._round_ingest(ann.round_id, ann) or _Ingest(
+                    self._job(ann), self.peeler, self.clock
+                )
+                try:
+                    await self._closed(ann, inbox, stop, ingest)  # the input is frozen
+                    inbox.check(ann.round_id)  # every input up to the close was stored
+                    await ingest.catch_up(self.spool)
+                finally:  # counted also when the round is aborted
+                    self._tally(ann, ingest, outcome)
+                items = list(ingest.items)
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
                 batch = await self.receive_batch(ann, size, inbox, stop, outcome.counters)
-                items = self._peel_batch(ann, batch, outcome.counters)
+                items = await self._peel_batch(ann, batch, outcome)
             if len(items) < ann.n_min:
                 raise RoundAborted(f"{len(items)} reports, below the release threshold {ann.n_min}")
         except RoundAborted as exc:
             inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            self.ingests.pop(ann.round_id, None)
             return outcome
         self.rng.shuffle(items)
         outcome.released = True
@@ -172,12 +186,25 @@ class MixNode(Hop[MixOutcome]):
         except SpoolError as exc:
             outcome.released, outcome.forwarded, outcome.abort_reason = False, 0, str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            self.ingests.pop(ann.round_id, None)
             return outcome
         return await self._forward(ann, items, outcome)
+
+    def _job(self, ann: Announcement) -> PeelJob:
+        """What the peeler needs for this mix's layer of round `ann`."""
+        return PeelJob.of(
+            self.key.private,
+            self.deployment,
+            ann.round_id,
+            self.index,
+            onion_size=onion_size(REPORT_SIZE, ann.hops + 1 - self.index),
+            verifier=self.credentials,
+        )
 
     async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
         """Send the stored permuted batch to the next hop, then mark the round done."""
         next_hop = self.index + 1
+        started = self.clock.monotonic()
         await send_batch(
             self.transport,
             self.topics,
@@ -187,46 +214,51 @@ class MixNode(Hop[MixOutcome]):
             onion_size(REPORT_SIZE, ann.hops + 1 - next_hop),
             self.per_chunk,
         )
+        out.stages["forward"] = self.clock.monotonic() - started
         self.spool.finish(ann.round_id, out.to_dict())
+        self.ingests.pop(ann.round_id, None)
         return out
 
-    async def _closed(self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None) -> int:
+    async def _closed(
+        self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None, ingest: _Ingest
+    ) -> int:
         """Mix 0: the seq of the round's close marker, where its input is frozen; waits for
-        the coordinator's close or the deadline unless the spool already holds it."""
+        the coordinator's close, the deadline or `close_at` accepted reports unless the spool
+        already holds it. Reports are checked and peeled as they arrive meanwhile."""
         close = self.spool.close_seq(ann.round_id)
         if close is not None:
             return close
-        return await unless_stopped(self._until_closed(ann, inbox), stop, self.name)
+        return await unless_stopped(self._until_closed(ann, inbox, ingest), stop, self.name)
 
-    async def _until_closed(self, ann: Announcement, inbox: Inbox) -> int:
-        """Wait for the coordinator's close (spooled by the inbox) or the deadline; then the
-        round's input is frozen at its close marker, whose seq this returns."""
-        seen = -1
-        while (close := self.spool.close_seq(ann.round_id)) is None:
-            inbox.check(ann.round_id)  # input was lost: the round is aborted now
+    async def _until_closed(self, ann: Announcement, inbox: Inbox, ingest: _Ingest) -> int:
+        """Peel what arrived, then wait for more, until the coordinator's close (spooled by the
+        inbox), the deadline, or `close_at` accepted reports; then the round's input is frozen
+        at its close marker, whose seq this returns."""
+        rid, seen = ann.round_id, -1
+        while (close := self.spool.close_seq(rid)) is None:
+            inbox.check(rid)  # input was lost: the round is aborted now
             left = ann.seconds_left(self.clock)
             if left <= 0:
-                try:
-                    return self.spool.close_round(ann.round_id)  # the deadline: the normal end
-                except SpoolError as exc:
-                    inbox.fail(ann.round_id, str(exc))
-                    inbox.check(ann.round_id)
+                return self._close_now(rid, inbox)  # the deadline: the normal end
+            took = await ingest.step(self.spool)  # receipts may have checked some already
+            if ann.close_at is not None and ingest.counters.accepted >= ann.close_at:
+                return self._close_now(rid, inbox)  # the target count is stored: close now
+            if took:
+                continue  # more may be spooled already; the close is checked again first
             seen = await inbox.changed(seen, left)
         return close
 
-    def _ingest(self, ann: Announcement, close: int, counters: RejectionCounter) -> list[bytes]:
-        """Mix 0: the reports accepted among the envelopes spooled before the close marker
-        `close` (see `RoundIngest`), and their counts by reason."""
-        ingest = self._round_ingest(ann.round_id) or RoundIngest(ann, self.key, self.credentials)
-        ingest.advance(self.spool, close)
-        counters.accepted = ingest.counters.accepted
-        counters.rejected.update(ingest.counters.rejected)
-        counters.rejected.update(self.early.pop(ann.round_id, RejectionCounter()).rejected)
-        for _ in range(self.spool.duplicates(ann.round_id, "data")):  # the same bytes again
-            counters.reject("replayed")
-        return list(ingest.items)
+    def _close_now(self, rid: str, inbox: Inbox) -> int:
+        """Freeze the round's input at a close marker now (unless it already is); RoundAborted
+        (through the inbox) if the spool cannot store the marker."""
+        try:
+            return self.spool.close_round(rid)
+        except SpoolError as exc:
+            inbox.fail(rid, str(exc))
+            inbox.check(rid)
+            raise  # check raised already: the round's input is marked failed
 
-    def _round_ingest(self, round_id: str) -> RoundIngest | None:
+    def _round_ingest(self, round_id: str, ann: Announcement | None = None) -> _Ingest | None:
         """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
         spool after a restart); None for a round it does not know or has finished."""
         state = self.spool.state(round_id)
@@ -235,10 +267,10 @@ class MixNode(Hop[MixOutcome]):
             return None
         ingest = self.ingests.get(round_id)
         if ingest is None:
-            ann = self.spool.announcement(round_id)
+            ann = ann if ann is not None else self.spool.announcement(round_id)
             if ann is None:
                 return None
-            ingest = self.ingests[round_id] = RoundIngest(ann, self.key, self.credentials)
+            ingest = self.ingests[round_id] = _Ingest(self._job(ann), self.peeler, self.clock)
         return ingest
 
     def classify(self, msg: Message) -> Arrival | None:
@@ -265,13 +297,13 @@ class MixNode(Hop[MixOutcome]):
         if self.index != 0 or self.signer is None:
             return
         try:
-            due = self._receipts_due(arrivals)
+            due = await self._receipts_due(arrivals)
         except (SpoolError, sqlite3.Error) as exc:  # no receipt: the client resends
             log.warning("mix 0: no receipts for this input: %s", exc)
             return
         await self._send_receipts(due)
 
-    def _receipts_due(self, arrivals: list[Arrival]) -> dict[str, list[Receipt]]:
+    async def _receipts_due(self, arrivals: list[Arrival]) -> dict[str, list[Receipt]]:
         """The signed receipts owed for `arrivals`, by reply id: each envelope that asks for
         one and is the report its round counts (stored before the close)."""
         due: dict[str, list[Receipt]] = {}
@@ -286,12 +318,12 @@ class MixNode(Hop[MixOutcome]):
                 continue
             if env.reply is None:
                 continue
-            ingest.advance(self.spool, self.spool.close_seq(a.round_id))
-            digest = onion_digest(env.onion)
+            await ingest.catch_up(self.spool)
+            digest = hashlib.sha256(env.onion).digest()
             if ingest.counts(env.client_id, digest):
                 receipt = ingest.receipts.get(env.client_id)
                 if receipt is None:  # signed once per report, sent again on every resend
-                    receipt = self.signer.receipt(a.round_id, env.client_id, digest)
+                    receipt = self.signer.receipt(a.round_id, env.client_id, digest.hex())
                     ingest.receipts[env.client_id] = receipt
                 due.setdefault(env.reply, []).append(receipt)
         return due
@@ -311,17 +343,32 @@ class MixNode(Hop[MixOutcome]):
                 except TransportError as exc:  # the client resends; it is answered again
                     log.info("mix 0: receipts to %s not sent: %s", reply, exc)
 
-    def _peel_batch(
-        self, ann: Announcement, batch: list[bytes], counters: RejectionCounter
+    def _tally(self, ann: Announcement, ingest: _Ingest, outcome: MixOutcome) -> None:
+        """Mix 0: the round's counts by reason (checked reports, input dropped unstored, the
+        same bytes delivered again, resends) and the time spent peeling, into `outcome`."""
+        rid = ann.round_id
+        counters = outcome.counters
+        counters.accepted = ingest.counters.accepted
+        counters.rejected.update(ingest.counters.rejected)
+        counters.rejected.update(self.early.pop(rid, RejectionCounter()).rejected)
+        for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
+            counters.reject("replayed")
+        outcome.resent = self.spool.duplicates(rid, "resend")
+        outcome.stages["peel"] = ingest.peel_seconds
+
+    async def _peel_batch(
+        self, ann: Announcement, batch: list[bytes], outcome: MixOutcome
     ) -> list[bytes]:
-        """Mix i > 0: the verified batch from mix i-1, peeled and de-duplicated."""
+        """Mix i > 0: the verified batch from mix i-1, peeled (in the pool) and de-duplicated."""
+        started = self.clock.monotonic()
+        peeled = await self.peeler.layers(self._job(ann), batch)
+        outcome.stages["peel"] = self.clock.monotonic() - started
+        counters = outcome.counters
         seen: set[bytes] = set()
         items: list[bytes] = []
-        for ct in batch:
-            try:
-                inner = peel(ct, self.key.private, self.deployment, ann.round_id, self.index)
-            except InvalidReport as exc:
-                counters.reject(exc.reason)
+        for inner in peeled:
+            if isinstance(inner, str):
+                counters.reject(inner)
                 continue
             d = hashlib.sha256(inner).digest()
             if d in seen:
@@ -331,3 +378,71 @@ class MixNode(Hop[MixOutcome]):
             items.append(inner)
             counters.accept()
         return items
+
+
+class _Ingest:
+    """Mix 0's verdict on each envelope of one round, in the spool's arrival order.
+
+    A report is counted when it is the first valid one of its client and of its ciphertext
+    among the envelopes spooled before the round's close marker. That verdict depends only on
+    the spool (the bytes and their order), so it is computed once, incrementally as envelopes
+    arrive (checked and peeled in the peeler), and is the same after a restart: receipts are
+    sent from it (a receipted report is one it counts), and the batch released at the close is
+    exactly the reports it accepted.
+    """
+
+    def __init__(self, job: PeelJob, peeler: Peeler, clock: Clock) -> None:
+        self.job, self.peeler, self.clock = job, peeler, clock
+        self.size = job.onion_size
+        self.last = -1  # the last spool seq checked
+        self.clients: dict[str, bytes] = {}  # client id -> onion digest of its counted report
+        self.digests: set[bytes] = set()
+        self.items: list[bytes] = []
+        self.counters = RejectionCounter()
+        self.peel_seconds = 0.0
+        self.receipts: dict[str, Receipt] = {}  # client id -> its signed receipt, once made
+        self._lock = asyncio.Lock()  # the round's task and the receipts both advance it
+
+    async def step(self, spool: Spool) -> bool:
+        """Check and peel the next envelopes spooled before the round's close marker (at most
+        INGEST_STEP); whether there were any."""
+        async with self._lock:
+            rid = self.job.round_id
+            batch = spool.messages(
+                rid, "data", before=spool.close_seq(rid), after=self.last, limit=INGEST_STEP
+            )
+            if batch:
+                await self._take(batch)
+            return bool(batch)
+
+    async def catch_up(self, spool: Spool) -> None:
+        """Check every envelope spooled so far before the round's close marker."""
+        while await self.step(spool):
+            pass
+
+    def counts(self, client_id: str, digest: bytes) -> bool:
+        """Whether the report of `client_id` with onion SHA-256 `digest` is one the round counts."""
+        return self.clients.get(client_id) == digest
+
+    async def _take(self, batch: list[tuple[int, bytes]]) -> None:
+        """Check and peel `batch` ((seq, payload) in arrival order) in the peeler, then keep,
+        in arrival order, one report per client and per ciphertext."""
+        started = self.clock.monotonic()
+        checked = await self.peeler.envelopes(self.job, [p for _, p in batch])
+        self.peel_seconds += self.clock.monotonic() - started
+        self.last = batch[-1][0]
+        counters = self.counters
+        for c in checked:
+            if c.refused is not None:
+                counters.reject(c.refused)
+            elif c.digest in self.digests:
+                counters.reject("replayed")
+            elif c.client_id in self.clients:
+                counters.reject("duplicate_client")
+            elif c.inner is None:
+                counters.reject(c.failed or "undecryptable")
+            else:
+                self.digests.add(c.digest)
+                self.clients[c.client_id] = c.digest
+                self.items.append(c.inner)
+                counters.accept()

@@ -20,6 +20,7 @@ class KRR:
     q: float
     gamma: float
     log_norm: float  # log(e^eps0 + k - 1): log p = eps0 - log_norm, log q = -log_norm
+    one_minus_gamma: float  # 1 - gamma = p - q = (e^eps0 - 1) q, without cancellation
 
 
 @lru_cache(maxsize=1024)
@@ -27,4 +28,21 @@ def krr(k: int, eps0: float) -> KRR:
     """The probabilities of k-RR(eps0) over k values (cached: they are asked for constantly)."""
     e0 = math.exp(eps0)
     q = 1.0 / (e0 + k - 1)
-    return KRR(k=k, eps0=eps0, p=e0 * q, q=q, gamma=k * q, log_norm=math.log(e0 + k - 1))
+    return KRR(
+        k=k,
+        eps0=eps0,
+        p=e0 * q,
+        q=q,
+        gamma=k * q,
+        log_norm=math.log(e0 + k - 1),
+        one_minus_gamma=math.expm1(eps0) * q,
+    )
+
+
+def log_ldp_delta(rr: KRR, eps: float) -> float:
+    """log of k-RR's own delta(eps) = p - e^eps q = p (1 - e^(eps - eps0)) for eps < eps0, in a
+    form without cancellation near eps0 (-inf from eps0 on). It bounds the delta of every
+    dataset after a shuffle (post-processing), and is the event bound's factor p - e^eps q."""
+    if eps >= rr.eps0:
+        return -math.inf
+    return math.log(rr.p) + math.log(-math.expm1(eps - rr.eps0))

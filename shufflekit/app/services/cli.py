@@ -16,10 +16,15 @@ from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
     KeyFiles,
     load_enrollment_key,
+    load_private_key,
     role_name,
     write_enrollment_key,
     write_key_pair,
+    write_receipt_public,
+    write_result_public,
 )
+from shufflekit.core.receipts import receipt_public_key
+from shufflekit.core.results import result_public_key
 
 keys_app = typer.Typer(
     help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
@@ -73,8 +78,29 @@ def keys_new(
         console.print(
             f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
             f"public key: {info['public_key']}",
-            highlight=False,
+            soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
         )
+
+
+@keys_app.command("result-key")
+def keys_result_key(
+    key: Annotated[Path, typer.Option("--key", help="The analyzer's private key file.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Write the analyzer's result public key (analyzer.result.pub) from its private key.
+
+    The analyzer signs every result with a key derived from its own; the coordinator and
+    anyone reading results check it against this file. `keys new --role analyzer` writes it
+    too; this is for a key made before results were signed.
+    """
+    pair = load_private_key(key, "analyzer")
+    public = key.with_name(key.name.removesuffix(".key") + ".pub")
+    path = write_result_public(public, pair.private_b64())
+    info = {"result_key": result_public_key(pair.private_b64()), "result_key_file": str(path)}
+    if json_out:
+        print_json(info)
+    else:
+        console.print(f"result key {path}: {info['result_key']}", highlight=False)
 
 
 @keys_app.command("enroll")
@@ -86,7 +112,8 @@ def keys_enroll(
     ],
     json_out: JsonOpt = False,
 ) -> None:
-    """Enrol clients: print each client id with its credential (base64) for DEPLOYMENT.
+    """Enrol clients: print each client id and its credential (base64), one pair per line
+    (`ID CREDENTIAL`, never wrapped, safe to redirect), or --json.
 
     A client sends its credential with every report; mix 0 checks it against the enrollment
     public key and accepts at most one report per client and round.
@@ -99,7 +126,7 @@ def keys_enroll(
         print_json({"deployment": deployment, "credentials": creds})
     else:
         for cid, cred in creds.items():
-            console.print(f"{cid} {cred}", highlight=False)
+            typer.echo(f"{cid} {cred}")  # plain: no wrapping, no styling, whatever the width
 
 
 @keys_app.command("receipt")
@@ -112,11 +139,10 @@ def keys_receipt(
     `keys new --role mix --index 0` writes it too; this is for a mix 0 key made before
     receipts. The coordinator announces it, and clients check mix 0's receipts with it.
     """
-    from shufflekit.app.services.keys import load_private_key, write_receipt_public
-
-    files = KeyFiles(key, key.with_name(key.name.removesuffix(".key") + ".pub"))
-    path = write_receipt_public(files, load_private_key(key))
-    text = path.read_text().strip()
+    pair = load_private_key(key, "mix0")
+    public = key.with_name(key.name.removesuffix(".key") + ".pub")
+    path = write_receipt_public(public, pair.private_b64())
+    text = receipt_public_key(pair.private_b64())
     if json_out:
         print_json({"receipt_key": text, "receipt_key_file": str(path)})
     else:

@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.app.rounds import RoundParams
 from shufflekit.app.services.keys import KeyFiles
 from shufflekit.app.services.metrics import MetricsSettings
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.mqtt import BrokerAddress
+from shufflekit.core.wire import MAX_RECORD_BITS
 
 ENV_PREFIX = "SHUFFLEKIT_"
 
@@ -45,6 +54,12 @@ class MixSettings(_Section):
         default=None,
         description="mix 0: enrollment public key; every report then needs a valid credential",
     )
+    peel_workers: int = Field(
+        default=2,
+        ge=0,
+        le=256,
+        description="worker processes that peel reports as they arrive (0: in the service)",
+    )
 
 
 class AnalyzerSettings(_Section):
@@ -65,10 +80,21 @@ class AnalyzerSettings(_Section):
 class CoordinatorSettings(_Section):
     """`[coordinator]`: the rounds it runs and where the others' public keys are."""
 
-    k: int = Field(ge=2, le=65535, description="categories")
-    eps0: float = Field(gt=0, description="local epsilon of k-RR")
+    k: int | None = Field(default=None, ge=2, le=65535, description="categories (k-RR)")
+    eps0: float = Field(gt=0, allow_inf_nan=False, description="local epsilon per report")
+    mechanism: Literal["krr", "bits"] = Field(
+        default="krr", description="krr (k-RR over k values) or bits (L-bit records)"
+    )
+    bits: int | None = Field(
+        default=None, ge=1, le=MAX_RECORD_BITS, description="bits per record L (mechanism bits)"
+    )
     n_min: int | None = Field(default=None, ge=1, description="default: the budget's n_min")
     deadline: float = Field(default=60.0, gt=0, description="seconds clients have to answer")
+    close_at: int | None = Field(
+        default=None,
+        ge=1,
+        description="close ingest early once this many accepted reports are stored",
+    )
     interval: float = Field(default=5.0, ge=0, description="seconds between rounds")
     ready_timeout: float = Field(
         default=30.0, gt=0, description="seconds for every hop to be ready"
@@ -80,6 +106,25 @@ class CoordinatorSettings(_Section):
     analyzer_public_key: Path | None = Field(
         default=None, description="default: {keys_dir}/analyzer.pub"
     )
+
+    @model_validator(mode="after")
+    def _mechanism_complete(self) -> Self:
+        if self.mechanism == "krr" and (self.k is None or self.bits is not None):
+            raise ValueError("mechanism krr needs k (and no bits)")
+        if self.mechanism == "bits" and (
+            self.bits is None or (self.k is not None and self.k != 1 << self.bits)
+        ):
+            raise ValueError("mechanism bits needs bits = L (k, if given, must be 2^L)")
+        return self
+
+    def round_params(self, n_min: int) -> RoundParams:
+        """The rounds' parameters, with `n_min` when the section does not set its own."""
+        n = self.n_min or n_min
+        if self.mechanism == "bits" and self.bits is not None:
+            return RoundParams.for_bits(self.bits, self.eps0, n, self.deadline, self.close_at)
+        return RoundParams(
+            int(self.k or 0), self.eps0, n, deadline_seconds=self.deadline, close_at=self.close_at
+        )
 
 
 class ServiceConfig(BaseSettings):

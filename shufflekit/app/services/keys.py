@@ -1,8 +1,15 @@
 """Key files: `{role}.key` (private, mode 0600) and `{role}.pub` of the HPKE (X25519) roles
 and of the enrollment authority (Ed25519: issues client credentials, mix 0 checks them).
 
-Both hold the base64 of the raw 32 bytes and a newline. A private key readable by group or
-others is refused when loaded, as ssh does, so a copied key never silently leaks.
+Each file is a type line, then the base64 of the raw 32 bytes:
+
+    # shufflekit x25519 private key: mix0
+    bN0...=
+
+The type line says the algorithm (x25519 for the hops' HPKE, ed25519 for enrollment), the half
+and the role, and every loader checks it: both algorithms' keys are 32 opaque bytes, so without
+it a mix's key given where the enrollment key belongs would be accepted and fail much later. A
+private key readable by group or others is refused when loaded, as ssh does.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
 from shufflekit.core.keytext import raw_key_from_b64
 from shufflekit.core.receipts import receipt_public_key
+from shufflekit.core.results import result_public_key
 
 
 class _WritableKey(Protocol):
@@ -27,6 +35,10 @@ class _WritableKey(Protocol):
 
 
 K = TypeVar("K", bound=_WritableKey)
+
+HEADER = "# shufflekit {algo} {half} key: {name}"
+X25519 = "x25519"
+ED25519 = "ed25519"
 
 ROLES = ("mix", "analyzer", "enrollment")
 
@@ -57,22 +69,65 @@ class KeyFiles:
         return cls(folder / f"{name}.key", folder / f"{name}.pub")
 
 
-def _write_new(files: KeyFiles, key: K, force: bool) -> K:
-    """Write `key`'s private (0600) and public (0644) halves; ConfigError if a file exists and
-    `force` is false."""
+def _write_new(files: KeyFiles, key: K, force: bool, algo: str) -> K:
+    """Write `key`'s private (0600) and public (0644) halves, each under its type line;
+    ConfigError if a file exists and `force` is false."""
     _refuse_overwrite(files, force)
-    _write_atomic(files.private, key.private_b64() + "\n", 0o600)
-    _write_atomic(files.public, key.public_b64() + "\n", 0o644)
+    name = files.private.stem
+    for path, half, text, mode in (
+        (files.private, "private", key.private_b64(), 0o600),
+        (files.public, "public", key.public_b64(), 0o644),
+    ):
+        _write_atomic(path, HEADER.format(algo=algo, half=half, name=name) + f"\n{text}\n", mode)
     return key
 
 
-def write_key_pair(files: KeyFiles, *, force: bool = False) -> KeyPair:
-    """Generate an HPKE (X25519) key pair for a mix or the analyzer and write it; for mix 0
-    also its receipt public key (`receipt_file`)."""
-    pair = _write_new(files, KeyPair.generate(), force)
+def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None = None) -> KeyPair:
+    """Write an HPKE (X25519) key pair for a mix or the analyzer: `pair`, or a new one from
+    the OS CSPRNG (a simulation passes seeded ones); for the analyzer also its result public
+    key (`result_file`), for mix 0 its receipt public key (`receipt_file`)."""
+    key = _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
+    if files.public.name == "analyzer.pub":
+        write_result_public(files.public, key.private_b64())
     if files.public.name == "mix0.pub":
-        write_receipt_public(files, pair)
-    return pair
+        write_receipt_public(files.public, key.private_b64())
+    return key
+
+
+RESULT_NAME = "analyzer.result"  # the role name in the result key file's type line
+RECEIPT_NAME = "mix0.receipt"  # the role name in the receipt key file's type line
+
+
+def result_file(analyzer_public: Path) -> Path:
+    """The analyzer's result key file next to its public key: `analyzer.result.pub`."""
+    return analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".result.pub")
+
+
+def write_result_public(analyzer_public: Path, private_b64: str) -> Path:
+    """Write the result public key derived from the analyzer's private key (core/results.py)."""
+    path = result_file(analyzer_public)
+    head = HEADER.format(algo=ED25519, half="public", name=RESULT_NAME)
+    _write_atomic(path, f"{head}\n{result_public_key(private_b64)}\n", 0o644)
+    return path
+
+
+def load_result_key(analyzer_public: Path) -> str:
+    """The analyzer's result public key (base64); ConfigError, saying how to make it, if not."""
+    path = result_file(analyzer_public)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        key = analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".key")
+        raise ConfigError(
+            f"cannot read the analyzer's result key {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys result-key --key {key}` (where the analyzer's key is)"
+        ) from None
+    b64 = key_text(path, text, ED25519, "public", RESULT_NAME)
+    try:
+        raw_key_from_b64(b64, "a result key")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a result public key: {exc}") from None
+    return b64
 
 
 def receipt_file(mix0_public: Path) -> Path:
@@ -80,33 +135,66 @@ def receipt_file(mix0_public: Path) -> Path:
     return mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".receipt.pub")
 
 
-def write_receipt_public(files: KeyFiles, pair: KeyPair) -> Path:
-    """Write the receipt public key derived from mix 0's key pair (core/receipts.py)."""
-    path = receipt_file(files.public)
-    _write_atomic(path, receipt_public_key(pair.private_b64()) + "\n", 0o644)
+def write_receipt_public(mix0_public: Path, private_b64: str) -> Path:
+    """Write the receipt public key derived from mix 0's private key (core/receipts.py)."""
+    path = receipt_file(mix0_public)
+    head = HEADER.format(algo=ED25519, half="public", name=RECEIPT_NAME)
+    _write_atomic(path, f"{head}\n{receipt_public_key(private_b64)}\n", 0o644)
     return path
 
 
 def load_receipt_key(mix0_public: Path) -> str:
-    """Mix 0's receipt public key (base64, for the announcement); ConfigError if missing."""
+    """Mix 0's receipt public key (base64, for the announcement); ConfigError, saying how to
+    make it, if missing."""
     path = receipt_file(mix0_public)
     try:
-        text = path.read_text().strip()
+        text = path.read_text()
     except OSError as exc:
+        key = mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".key")
         raise ConfigError(
-            f"cannot read mix 0's receipt key {path}: {exc.strerror}; write it from mix 0's "
-            "key with `shufflekit keys receipt --key mix0.key`"
+            f"cannot read mix 0's receipt key {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys receipt --key {key}` (where mix 0's key is)"
         ) from None
+    b64 = key_text(path, text, ED25519, "public", RECEIPT_NAME)
     try:
-        raw_key_from_b64(text, "a receipt key")
+        raw_key_from_b64(b64, "a receipt key")
     except ValueError as exc:
         raise ConfigError(f"{path} is not a receipt public key: {exc}") from None
-    return text
+    return b64
 
 
 def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentKey:
     """Generate the enrollment authority's Ed25519 key and write it."""
-    return _write_new(files, EnrollmentKey.generate(), force)
+    return _write_new(files, EnrollmentKey.generate(), force, ED25519)
+
+
+def _describe(algo: str, half: str, name: str) -> str:
+    """What a key is, for people: 'the enrollment private key', "mix0's HPKE public key"."""
+    if algo == ED25519:
+        return "the analyzer's result key" if name == RESULT_NAME else f"the enrollment {half} key"
+    return f"{name}'s HPKE {half} key"
+
+
+def key_text(path: Path, text: str, algo: str, half: str, name: str | None = None) -> str:
+    """The base64 of a key file after checking its type line: algorithm, half and (if given)
+    role name must be the expected ones; ConfigError saying what the file holds otherwise."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    expected = _describe(algo, half, name or ("enrollment" if algo == ED25519 else "a hop"))
+    head = lines[0].split() if lines else []
+    if len(lines) != 2 or head[:2] != ["#", "shufflekit"] or len(head) != 6:
+        like = HEADER.format(
+            algo=algo, half=half, name=name or ("enrollment" if algo == ED25519 else "mix0")
+        )
+        raise ConfigError(
+            f"{path} is not a shufflekit key file (a type line such as '{like}' and the key); "
+            f"expected {expected}: create it with `shufflekit keys new`"
+        )
+    got_algo, got_half, got_name = head[2], head[3], head[5]
+    if (got_algo, got_half) != (algo, half) or (name is not None and got_name != name):
+        raise ConfigError(
+            f"{path} holds {_describe(got_algo, got_half, got_name)}, but {expected} belongs here"
+        )
+    return lines[1]
 
 
 def _refuse_overwrite(files: KeyFiles, force: bool) -> None:
@@ -130,18 +218,19 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
         raise
 
 
-def load_private_key(path: Path) -> KeyPair:
-    """Read a private key file; ConfigError if missing, malformed or readable by others."""
-    text = _read_private(path)
+def load_private_key(path: Path, name: str | None = None) -> KeyPair:
+    """Read a hop's (HPKE) private key file, of role `name` (mix0, analyzer) if given;
+    ConfigError if missing, malformed, of another type or role, or readable by others."""
+    text = key_text(path, _read_private(path), X25519, "private", name)
     try:
-        return KeyPair.from_private_b64(text.strip())
+        return KeyPair.from_private_b64(text)
     except ValueError as exc:
         raise ConfigError(f"{path} is not a shufflekit private key: {exc}") from None
 
 
 def load_enrollment_key(path: Path) -> EnrollmentKey:
     """Read the enrollment authority's private key (same checks as `load_private_key`)."""
-    text = _read_private(path)
+    text = key_text(path, _read_private(path), ED25519, "private")
     try:
         return EnrollmentKey.from_private_b64(text)
     except ValueError as exc:
@@ -157,6 +246,9 @@ def load_credential_verifier(path: Path, deployment: str) -> CredentialVerifier:
             f"cannot read enrollment public key {path}: {exc.strerror}; create it with "
             "`shufflekit keys new --role enrollment`"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a shufflekit key file (not text)") from None
+    text = key_text(path, text, ED25519, "public")
     try:
         return CredentialVerifier(text, deployment)
     except ValueError as exc:
@@ -172,6 +264,8 @@ def _read_private(path: Path) -> str:
         raise ConfigError(
             f"cannot read private key {path}: {exc.strerror}; create it with `shufflekit keys new`"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a shufflekit key file (not text)") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
             f"private key {path} is accessible by group or others "
@@ -180,12 +274,15 @@ def _read_private(path: Path) -> str:
     return text
 
 
-def load_public_key(path: Path) -> str:
-    """Read a public key file; its base64 text (validated) for the announcement."""
+def load_public_key(path: Path, name: str | None = None) -> str:
+    """Read a hop's public key file (of role `name` if given); its base64 text (validated) for
+    the announcement."""
     try:
-        text = path.read_text().strip()
+        text = key_text(path, path.read_text(), X25519, "public", name)
     except OSError as exc:
         raise ConfigError(f"cannot read public key {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a shufflekit key file (not text)") from None
     try:
         public_from_b64(text)
     except ValueError as exc:

@@ -23,13 +23,14 @@ from typing import Any
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import HopOutcome, RoundParams, RoundReport
+from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
     load_public_key,
     load_receipt_key,
+    load_result_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
@@ -37,6 +38,7 @@ from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
@@ -130,15 +132,16 @@ Connector = Callable[[ServiceConfig, str, Sequence[str]], Callable[[], Transport
 
 @dataclass(frozen=True)
 class ServiceEnv:
-    """What a service gets from outside: how it connects, and its clock, randomness and thread
-    offload. Production uses the defaults; the deterministic simulation (`shufflekit.app.sim`)
-    passes an in-memory faulty broker, a virtual clock, seeded randomness and inline calls, and
-    so runs these very services."""
+    """What a service gets from outside: how it connects, and its clock, randomness, thread
+    offload and a mix's peeling pool. Production uses the defaults; the deterministic simulation
+    (`shufflekit.app.sim`) passes an in-memory faulty broker, a virtual clock, seeded randomness
+    and inline calls and peeling, and so runs these very services."""
 
     connector: Connector = _connector
     clock: Clock = system_clock
     rng: Randomness = field(default_factory=SystemRandomness)
     offload: Offload = in_thread
+    peeler: Callable[[int], Peeler] = field(default=lambda n: default_peeler(n))
 
     def wiring(self, cfg: ServiceConfig, ledger: Ledger | None = None, **kw: Any) -> Wiring:
         """The deployment's composition root with this environment's clock and randomness."""
@@ -153,6 +156,11 @@ class ServiceEnv:
         )
 
 
+def default_peeler(workers: int) -> Peeler:
+    """A mix's peeling: `workers` worker processes, or inline in the service if 0."""
+    return ProcessPeeler(workers) if workers else InlinePeeler()
+
+
 DEFAULT_ENV = ServiceEnv()
 
 
@@ -163,6 +171,7 @@ def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
         "accepted": out.counters.accepted,
         "rejected": out.counters.as_dict(),
         "abort_reason": out.abort_reason,
+        "stages": {k: round(v, 4) for k, v in out.stages.items()},
     }
     if isinstance(out, MixOutcome):
         return (
@@ -225,7 +234,7 @@ async def serve_mix(
 ) -> int:
     """`shufflekit serve mix`: mix `index` of the cascade, round after round."""
     i = cfg.mix_index(index)
-    key = load_private_key(cfg.mix_private_key(i))
+    key = load_private_key(cfg.mix_private_key(i), f"mix{i}")
     creds = None
     if i == 0 and cfg.mix.enrollment_key is not None:
         creds = load_credential_verifier(cfg.mix.enrollment_key, cfg.deployment)
@@ -236,12 +245,17 @@ async def serve_mix(
     spool = Spool(cfg.spool_path(f"mix{i}"), clock=env.clock)
     wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
+    peeler = env.peeler(cfg.mix.peel_workers)
+
     def node(t: Transport) -> MixNode:
-        return wiring.mix(t, i, key, credentials=creds, spool=spool)
+        return wiring.mix(t, i, key, credentials=creds, spool=spool, peeler=peeler)
 
     metrics = start_metrics(cfg.metrics, f"mix{i}", i)
     inputs = hop_filters(cfg.deployment, i, close=i == 0)
-    return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
+    try:
+        return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
+    finally:
+        peeler.close()
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:
@@ -259,7 +273,7 @@ async def serve_analyzer(
     cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json, env: ServiceEnv | None = None
 ) -> int:
     """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
-    key = load_private_key(cfg.analyzer_private_key())
+    key = load_private_key(cfg.analyzer_private_key(), "analyzer")
     env = env or DEFAULT_ENV
     wiring = env.wiring(
         cfg,
@@ -302,14 +316,13 @@ async def serve_coordinator(
     (forever if None), `interval` seconds apart. BudgetExceeded ends it (the caller reports)."""
     c = cfg.coordinator_settings()
     mix_files, analyzer_file = cfg.public_keys()
-    mix_keys = [load_public_key(p) for p in mix_files]
-    analyzer_key = load_public_key(analyzer_file)
+    mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
+    analyzer_key = load_public_key(analyzer_file, "analyzer")
     receipt_key = load_receipt_key(mix_files[0])
+    result_key = load_result_key(analyzer_file)
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
-    params = RoundParams(
-        k=c.k, eps0=c.eps0, n_min=c.n_min or budget.n_min, deadline_seconds=c.deadline
-    )
+    params = c.round_params(budget.n_min)
     pause = c.interval if interval is None else interval
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
@@ -321,7 +334,9 @@ async def serve_coordinator(
     async def body(transport: Transport) -> None:
         nonlocal done, coord
         if coord is None:
-            coord = wiring.coordinator(transport, mix_keys, analyzer_key, receipt_key)
+            coord = wiring.coordinator(
+                transport, mix_keys, analyzer_key, receipt_key=receipt_key, result_key=result_key
+            )
             if metrics is not None:
                 coord.control.on_reject = metrics.control_rejection
         # One Coordinator across reconnects: it remembers the round it was driving when the

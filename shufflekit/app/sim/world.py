@@ -24,25 +24,32 @@ from pathlib import Path
 from typing import Any
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
 from shufflekit.app.services.config import (
     AnalyzerSettings,
     CoordinatorSettings,
     MixSettings,
     ServiceConfig,
 )
-from shufflekit.app.services.keys import KeyFiles, write_receipt_public
+from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
 from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import BudgetExceeded, InvalidReport, LedgerBusy
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    ConfigError,
+    InvalidReport,
+    LedgerBusy,
+)
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.client.receipts import ReceiptBox
 from shufflekit.core import standin
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.peeling import InlinePeeler
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
 
@@ -122,7 +129,14 @@ class World:
         self.cfg = self._config(folder)
         self.ledger = Ledger(self.cfg.ledger_url())
         self.ledger.init_budget(
-            Budget(DEPLOYMENT, spec.eps0 * spec.rounds, 1e-6, n_min=N_MIN, cost_model="ldp")
+            Budget(
+                DEPLOYMENT,
+                spec.eps0 * spec.rounds,
+                1e-6,
+                n_min=N_MIN,
+                cost_model="ldp",
+                schedule=(ScheduleEntry(RoundType(KRR, spec.k, spec.eps0), None),),
+            )
         )
         self.ledger_rng = self.rng.fork("ledger")
         self.tasks: dict[str, asyncio.Task[Any]] = {}
@@ -143,12 +157,7 @@ class World:
         for i, name in enumerate([*(f"mix{i}" for i in range(spec.mixes)), "analyzer"]):
             key_rng = self.rng.fork(f"key-{i}")
             pair = KeyPair.generate(key_rng) if spec.real_crypto else KeyPair.standin(key_rng)
-            files = KeyFiles.of(keys, name)
-            files.private.touch(mode=0o600)
-            files.private.write_text(pair.private_b64() + "\n")
-            files.public.write_text(pair.public_b64() + "\n")
-            if name == "mix0":
-                write_receipt_public(files, pair)
+            write_key_pair(KeyFiles.of(keys, name), pair=pair)
         return ServiceConfig(
             broker="mqtt://simulated.invalid:1883",
             deployment=DEPLOYMENT,
@@ -224,8 +233,10 @@ class World:
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
             statuses = {r.round_id: r.status for r in status.rounds}
-            self.event("ledger", name, spent=round(status.epsilon_reserved, 9))
-            self.checker.on_ledger(self.clock.monotonic(), status.epsilon_reserved, statuses)
+            self.event("ledger", name, spent=round(status.epsilon_spent_or_reserved, 9))
+            self.checker.on_ledger(
+                self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
+            )
             self._check()
         return out
 
@@ -243,6 +254,7 @@ class World:
             clock=self.clock,
             rng=self.rng.fork(f"{role}-{n}"),
             offload=self._offload,
+            peeler=lambda _workers: InlinePeeler(),  # no real-time pool in virtual time
         )
 
     def _emit(self, role: str) -> Callable[[dict[str, Any]], None]:
@@ -278,6 +290,12 @@ class World:
         exc = task.exception()
         if role == "coordinator" and isinstance(exc, BudgetExceeded):
             self.event(role, "budget_exhausted")  # the operator's rounds end here
+            self.coordinator_finished.set()
+        elif isinstance(exc, ConfigError):  # it can never start: the simulation is broken
+            self.event(role, "exited", error=type(exc).__name__)
+            self.checker.violations.append(
+                Violation("progress", f"{role} cannot start: {exc}", self.clock.monotonic())
+            )
             self.coordinator_finished.set()
         elif exc is not None:  # the process exited with an error: a supervisor restarts it
             self.event(role, "exited", error=type(exc).__name__)

@@ -1,0 +1,279 @@
+"""The ledger's reading and bookkeeping side: opening it, the curve cache's storage, reading
+budgets, rounds, stored results and the audit log, and the helpers every decision uses.
+
+`accountant.ledger.Ledger` adds the budget rules (reserve, commit, refund, status) on top; kept
+apart so that each file stays one job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shufflekit.accountant.curves import CurveCache
+from shufflekit.accountant.ledger_records import Budget, RoundRecord, principal
+from shufflekit.accountant.ledger_schema import (
+    audit,
+    budgets,
+    curves,
+    make_engine,
+    open_schema,
+    redact,
+    rounds,
+    transaction,
+)
+from shufflekit.accountant.round_types import schedule_from_json
+from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.errors import LedgerError
+
+
+class LedgerStore:
+    """A ledger database at a SQLAlchemy URL, read and stamped (see `accountant.ledger.Ledger`)."""
+
+    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
+        self.url = url
+        self.clock = clock if clock is not None else system_clock
+        self.engine = make_engine(url, create)
+        try:
+            open_schema(self.engine, url, create)
+        except BaseException:
+            self.engine.dispose()  # release the file before the caller sees the error
+            raise
+        self.curves = CurveCache(self._curve_load, self._curve_save)
+
+    def _tx(self, write: bool = True) -> AbstractContextManager[Connection]:
+        """One transaction; database failures become a LedgerError naming the ledger."""
+        return transaction(self.engine, self.url, write=write)
+
+    # ---------------------------------------------------------------- curve cache storage
+    def _curve_load(self, key: str) -> bytes | None:
+        try:
+            with self._tx(write=False) as conn:
+                row = conn.execute(sa.select(curves.c.data).where(curves.c.key == key)).first()
+        except LedgerError:
+            return None  # a cache: compute instead
+        return None if row is None else bytes(row[0])
+
+    def _curve_save(self, key: str, data: bytes) -> None:
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    curves.insert().values(key=key, data=data, created_at=self.clock.time())
+                )
+        except (LedgerError, sa.exc.IntegrityError):
+            pass  # another process stored it first, or the ledger is busy: only a cache
+
+    def budget(self, deployment: str) -> Budget:
+        """The deployment's budget, or LedgerError naming the missing deployment."""
+        with self._tx(write=False) as conn:
+            return self._require_budget(conn, deployment, lock=False)
+
+    def has_budget(self, deployment: str) -> bool:
+        """Whether the deployment has a budget in this ledger."""
+        with self._tx(write=False) as conn:
+            return self._budget_row(conn, deployment, lock=False) is not None
+
+    def deployments(self) -> list[str]:
+        """Every deployment with a budget in this ledger."""
+        with self._tx(write=False) as conn:
+            return [
+                r[0]
+                for r in conn.execute(
+                    sa.select(budgets.c.deployment).order_by(budgets.c.deployment)
+                )
+            ]
+
+    def stored_result(self, deployment: str, round_id: str) -> str | None:
+        """The result stored with the round's commit (None: not committed, or committed
+        without one)."""
+        with self._tx(write=False) as conn:
+            row = conn.execute(
+                sa.select(rounds.c.result).where(
+                    rounds.c.deployment == deployment, rounds.c.round_id == round_id
+                )
+            ).first()
+        return None if row is None else row[0]
+
+    def mark_published(self, deployment: str, round_id: str) -> None:
+        """Record that the round's result went out (first time only; idempotent)."""
+        with self._tx() as conn:
+            conn.execute(
+                rounds.update()
+                .where(
+                    rounds.c.deployment == deployment,
+                    rounds.c.round_id == round_id,
+                    rounds.c.published_at.is_(None),
+                )
+                .values(published_at=self.clock.time())
+            )
+
+    def unpublished(self, deployment: str) -> list[tuple[str, str]]:
+        """(round id, stored result) of committed rounds whose result is not marked published."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(rounds.c.round_id, rounds.c.result).where(
+                    rounds.c.deployment == deployment,
+                    rounds.c.status == "committed",
+                    rounds.c.published_at.is_(None),
+                    rounds.c.result.is_not(None),
+                )
+            ).all()
+        return [(r[0], r[1]) for r in rows]
+
+    def history(self, deployment: str) -> list[dict[str, Any]]:
+        """The audit log of the deployment, oldest first; LedgerError for an unknown deployment.
+
+        `who` is "role user@host:pid" (just the role for rows older than schema 3).
+        """
+        with self._tx(write=False) as conn:
+            self._require_budget(conn, deployment, lock=False)
+            rows = conn.execute(
+                sa.select(audit).where(audit.c.deployment == deployment).order_by(audit.c.id)
+            ).all()
+        return [
+            {
+                "at": r.at,
+                "round_id": r.round_id,
+                "actor": r.actor,
+                "principal": r.principal,
+                "who": f"{r.actor} {r.principal}" if r.principal else r.actor,
+                "action": r.action,
+                "decision": r.decision,
+                "detail": json.loads(r.detail),
+            }
+            for r in rows
+        ]
+
+    def rounds_of(self, deployment: str) -> Sequence[RoundRecord]:
+        """Every recorded round of the deployment, oldest first (expiry as of now)."""
+        return self._snapshot(deployment)[1]
+
+    # ---------------------------------------------------------------- helpers
+    def _snapshot(self, deployment: str) -> tuple[Budget, list[RoundRecord]]:
+        """The budget and its rounds, read without the write lock; reservations past their
+        expiry read as expired."""
+        with self._tx(write=False) as conn:
+            b = self._require_budget(conn, deployment, lock=False)
+            recs = self._rounds(conn, deployment)
+        now = self.clock.time()
+        return b, [
+            dataclasses.replace(r, status="expired")
+            if r.status == "reserved" and r.expires_at is not None and r.expires_at < now
+            else r
+            for r in recs
+        ]
+
+    def _budget_row(self, conn: Connection, deployment: str, lock: bool) -> Budget | None:
+        q = sa.select(budgets).where(budgets.c.deployment == deployment)
+        if lock and conn.dialect.name == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            return None
+        return Budget(
+            deployment=row.deployment,
+            epsilon_total=row.epsilon_total,
+            delta_total=row.delta_total,
+            n_min=row.n_min,
+            max_corrupt=row.max_corrupt,
+            max_round_epsilon=row.max_round_epsilon,
+            reservation_ttl=row.reservation_ttl,
+            cost_model=row.cost_model,
+            mode=row.mode,
+            schedule=tuple(schedule_from_json(row.schedule)),
+            migrated_from=row.migrated_from,
+        )
+
+    def _expire(self, conn: Connection, deployment: str) -> None:
+        """Reservations past their expiry stop counting. Safe because a result is published
+        only after a successful commit, and an expired round can never be committed."""
+        now = self.clock.time()
+        stale = conn.execute(
+            sa.select(rounds.c.round_id).where(
+                rounds.c.deployment == deployment,
+                rounds.c.status == "reserved",
+                rounds.c.expires_at.is_not(None),
+                rounds.c.expires_at < now,
+            )
+        ).all()
+        for (rid,) in stale:
+            conn.execute(
+                rounds.update()
+                .where(rounds.c.deployment == deployment, rounds.c.round_id == rid)
+                .values(status="expired", updated_at=now)
+            )
+            self._audit(conn, deployment, rid, "ledger", "expire", "ok", {"at": now})
+
+    def _require_budget(self, conn: Connection, deployment: str, lock: bool) -> Budget:
+        b = self._budget_row(conn, deployment, lock)
+        if b is None:
+            raise LedgerError(
+                f"deployment {deployment!r} has no budget in {redact(self.url)}: "
+                "create one with `shufflekit budget init`"
+            )
+        return b
+
+    def _rounds(self, conn: Connection, deployment: str) -> list[RoundRecord]:
+        rows = conn.execute(
+            sa.select(rounds)
+            .where(rounds.c.deployment == deployment)
+            .order_by(rounds.c.created_at, rounds.c.round_id)
+        ).all()
+        return [
+            RoundRecord(
+                r.round_id,
+                r.status,
+                r.k,
+                r.eps0,
+                r.n_accounted,
+                r.batch_size,
+                r.epsilon_round,
+                r.mechanism,
+                r.slot,
+                r.created_at,
+                r.updated_at,
+                r.expires_at,
+                r.published_at,
+            )
+            for r in rows
+        ]
+
+    def _round(self, conn: Connection, deployment: str, round_id: str) -> RoundRecord:
+        return find_round(self._rounds(conn, deployment), round_id, deployment)
+
+    def _audit(
+        self,
+        conn: Connection,
+        deployment: str,
+        round_id: str | None,
+        actor: str,
+        action: str,
+        decision: str,
+        detail: dict[str, Any],
+    ) -> None:
+        conn.execute(
+            audit.insert().values(
+                at=self.clock.time(),
+                deployment=deployment,
+                round_id=round_id,
+                actor=actor,
+                action=action,
+                decision=decision,
+                detail=json.dumps(detail, default=str),
+                principal=principal(),
+            )
+        )
+
+
+def find_round(recs: Sequence[RoundRecord], round_id: str, deployment: str) -> RoundRecord:
+    """The record of `round_id` among `recs`; LedgerError naming it if it is not there."""
+    for r in recs:
+        if r.round_id == round_id:
+            return r
+    raise LedgerError(f"round {round_id!r} is not recorded in deployment {deployment!r}")

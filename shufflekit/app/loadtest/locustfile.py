@@ -1,0 +1,298 @@
+"""What Locust's workers run: each Locust user is one MQTT connection (paho-mqtt, gevent
+friendly) carrying many logical clients, round after round.
+
+For each announced round the user builds its clients' reports here, in the worker (k-RR, the
+HPKE onion, the credential: the `encrypt` stage), sends them at their planned arrival times
+with a bounded number of publishes in flight, and reports each broker acknowledgement (PUBACK)
+to Locust as a request event, so Locust's statistics, CSV files, web UI and master/worker mode
+work as for any Locust test. Stragglers send after the round's announcement is withdrawn (the
+round is over). Each user writes its measurements to `out_dir/users/` when it is done.
+
+Run by `shufflekit loadtest` (`locust -f` this file, settings in $SHUFFLEKIT_LOADTEST_PLAN);
+across machines see deploy/loadtest.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+import numpy as np
+import paho.mqtt.client as mqtt
+from gevent.event import Event
+from gevent.lock import Semaphore
+from gevent.queue import Queue
+from locust import User, runners, task
+from locust.runners import WorkerRunner
+from paho.mqtt.enums import CallbackAPIVersion
+
+from shufflekit.app.loadtest.plan import (
+    BAD,
+    BAD_KINDS,
+    DROPOUT,
+    STRAGGLER,
+    LoadSettings,
+    clients_of,
+    round_plan,
+)
+from shufflekit.app.services.clients import malformed
+from shufflekit.client.agent import build_onion, wrap_envelope
+from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.messages import Announcement
+from shufflekit.core.topics import Topics
+from shufflekit.core.wire import Envelope
+
+REQUEST_NAME = "report (PUBACK)"
+log = logging.getLogger("shufflekit.loadtest")
+runners.WORKER_REPORT_INTERVAL = 1.0  # workers send their statistics to the master every second
+# Building onions is CPU work: on a loaded machine a worker may answer heartbeats late. The
+# master (which imports this file too) must not take it for gone and stop the test.
+runners.HEARTBEAT_LIVENESS = 60
+_local_slots = itertools.count()
+
+
+class ShufflekitUser(User):
+    """One MQTT connection carrying every `connections`-th logical client."""
+
+    def on_start(self) -> None:
+        """Connect, subscribe to announcements and results, say it is ready."""
+        self.s = LoadSettings.from_env()
+        runner = self.environment.runner
+        worker = runner.worker_index if isinstance(runner, WorkerRunner) else 0
+        per_worker = int(os.environ.get("SHUFFLEKIT_LOADTEST_PER_WORKER", self.s.connections))
+        self.slot = worker * per_worker + next(_local_slots)
+        self.clients = clients_of(self.s, self.slot)
+        self.topics = Topics(self.s.deployment)
+        self.enrol = (
+            EnrollmentKey.from_private_b64(self.s.enrollment_key) if self.s.enrollment_key else None
+        )
+        self.creds: dict[int, bytes] = {}
+        self.announcements: Queue[tuple[Announcement, float]] = Queue()
+        self.withdrawn: dict[str, float] = {}  # round id -> when its announcement went away
+        self.results: dict[str, dict[str, Any]] = {}
+        self.current: str | None = None
+        self.seen: set[str] = set()
+        self.inflight = Semaphore(self.s.in_flight)
+        self.sent_at: dict[int, tuple[float, str, bool, bool]] = {}
+        self.early: dict[int, float] = {}
+        self.stats: dict[str, dict[str, Any]] = {}
+        self.connected = Event()
+        self.disconnects = 0
+        self.client = self._connect()
+        self.out = Path(self.s.out_dir)
+        self.phase = "waiting for round 1"
+        gevent.spawn(self._progress)
+        (self.out / "ready").mkdir(parents=True, exist_ok=True)
+        (self.out / "ready" / f"{self.slot}").write_text("ready")
+
+    def _progress(self) -> None:
+        """Every second: what this connection did so far (the harness shows the sums)."""
+        folder = self.out / "progress"
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            state = {
+                "phase": self.phase,
+                "sent": sum(st["sent"] for st in self.stats.values()),
+                "acked": sum(st["acked"] for st in self.stats.values()),
+                "pending": len(self.sent_at),
+                "rounds_seen": len(self.seen),
+                "disconnects": self.disconnects,
+            }
+            tmp = folder / f".{self.slot}.tmp"
+            tmp.write_text(json.dumps(state))
+            tmp.rename(folder / f"{self.slot}.json")
+            gevent.sleep(1.0)
+
+    def _connect(self) -> mqtt.Client:
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"loadtest-{os.getpid()}-{self.slot}",
+            protocol=mqtt.MQTTv5,
+        )
+        if self.s.username:
+            c.username_pw_set(self.s.username, self.s.password)
+        if self.s.tls:
+            c.tls_set(ca_certs=self.s.ca_file)
+        c.max_inflight_messages_set(self.s.in_flight)
+        c.max_queued_messages_set(0)
+        c.on_connect = self._on_connect
+        c.on_message = self._on_message
+        c.on_publish = self._on_publish
+        c.on_disconnect = self._on_disconnect
+        c.enable_logger(log)
+        c.connect(self.s.host, self.s.port, keepalive=120)
+        c.loop_start()
+        if not self.connected.wait(30):
+            raise RuntimeError(f"no MQTT connection to {self.s.host}:{self.s.port} in 30 s")
+        return c
+
+    def _on_connect(self, c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any = None) -> None:
+        if rc.is_failure:
+            return
+        c.subscribe(self.topics.announce, qos=1)
+        c.subscribe(f"{self.topics.prefix}/round/+/result", qos=1)
+        self.connected.set()
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any = None) -> None:
+        self.disconnects += 1
+        log.warning("connection %d lost (%s); paho reconnects", self.slot, rc)
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        now = time.time()
+        if msg.topic == self.topics.announce:
+            if not msg.payload:
+                if self.current is not None:
+                    self.withdrawn.setdefault(self.current, now)
+                return
+            ann = Announcement.from_bytes(bytes(msg.payload))
+            if isinstance(ann, Announcement) and ann.round_id not in self.seen:
+                if self.current is not None:
+                    self.withdrawn.setdefault(self.current, now)
+                self.seen.add(ann.round_id)
+                self.current = ann.round_id
+                self.announcements.put((ann, now))
+            return
+        rid = msg.topic.split("/")[-2]
+        with_batch = json.loads(msg.payload) if msg.payload else {}
+        self.results.setdefault(rid, {"t": now, "batch_size": with_batch.get("batch_size")})
+        self.withdrawn.setdefault(rid, now)
+
+    def _on_publish(self, _c: mqtt.Client, _u: Any, mid: int, _rc: Any, _p: Any) -> None:
+        now = time.time()
+        entry = self.sent_at.pop(mid, None)
+        if entry is None:
+            self.early[mid] = now
+            return
+        self._acked(mid, entry, now)
+
+    def _acked(self, mid: int, entry: tuple[float, str, bool, bool], now: float) -> None:
+        t0, rid, timely_good, late = entry
+        st = self.stats[rid]
+        st["acked"] += 1
+        st["acked_good"] += int(timely_good)
+        st["latency_ms"].append((now - t0) * 1000)
+        if not late:  # the publish stage ends with the last report sent before the close
+            st["last_ack"] = max(st["last_ack"], now)
+        self.inflight.release()
+        self.environment.events.request.fire(
+            request_type="MQTT",
+            name=REQUEST_NAME,
+            response_time=(now - t0) * 1000,
+            response_length=st["size"],
+            exception=None,
+            context={},
+        )
+
+    def _payload(self, ann: Announcement, j: int, role: int, value: int, rng: Any) -> bytes:
+        cid = f"lt-{j}"
+        cred = None
+        if self.enrol is not None:
+            cred = self.creds.get(j)
+            if cred is None:
+                cred = self.creds[j] = self.enrol.issue(ann.deployment, cid)
+        if role != BAD:
+            return wrap_envelope(cid, build_onion(value, ann), ann, cred)
+        kind = BAD_KINDS[j % len(BAD_KINDS)]
+        if kind == "foreign":  # encrypted for and naming another round
+            other = ann.model_copy(update={"round_id": f"{ann.round_id}-foreign"})
+            onion = build_onion(value, other)
+            if cred is None:
+                return wrap_envelope(cid, onion, ann, None)
+            return Envelope(cid, onion, credential=cred, round_id=other.round_id).encode()
+        return malformed(cid, value, ann, kind, rng, cred)
+
+    def _send(self, ann: Announcement, payload: bytes, timely_good: bool, late: bool) -> None:
+        self.inflight.acquire()
+        now = time.time()
+        st = self.stats[ann.round_id]
+        if not late:
+            st["first_send"] = min(st["first_send"], now)
+        st["size"] = len(payload)
+        info = self.client.publish(self.topics.data(ann.round_id, 0), payload, qos=1)
+        st["sent"] += 1
+        st["sent_good"] += int(timely_good)
+        entry = (now, ann.round_id, timely_good, late)
+        acked = self.early.pop(info.mid, None)
+        if acked is not None:
+            self._acked(info.mid, entry, acked)
+        else:
+            self.sent_at[info.mid] = entry
+
+    def _round(self, ann: Announcement, seen_at: float, r: int) -> None:
+        plan = round_plan(self.s, r, ann.k)
+        rng = np.random.default_rng([self.s.seed, r, self.slot])
+        st = self.stats[ann.round_id] = {
+            "round": r,
+            "announced": seen_at,
+            "sent": 0,
+            "sent_good": 0,
+            "acked": 0,
+            "acked_good": 0,
+            "late": 0,
+            "encrypt_s": 0.0,
+            "first_send": float("inf"),
+            "last_ack": 0.0,
+            "latency_ms": [],
+            "size": 0,
+        }
+        self.phase = f"round {r + 1}: sending"
+        mine = [j for j in self.clients if plan.role[j] != DROPOUT]
+        mine.sort(key=lambda j: plan.offset[j])
+        late: list[int] = []
+        for j in mine:
+            if plan.role[j] == STRAGGLER:
+                late.append(j)
+                continue
+            wait = seen_at + plan.offset[j] - time.time()
+            if wait > 0:
+                gevent.sleep(wait)
+            t = time.perf_counter()
+            payload = self._payload(ann, j, int(plan.role[j]), int(plan.value[j]), rng)
+            st["encrypt_s"] += time.perf_counter() - t
+            self._send(ann, payload, bool(plan.role[j] != BAD), False)
+            gevent.sleep(0)  # let the MQTT loop, the other connections and heartbeats run
+        if late:
+            self.phase = f"round {r + 1}: stragglers wait for the close"
+            while ann.round_id not in self.withdrawn:  # stragglers: after the round is over
+                gevent.sleep(0.05)
+            for j in late:
+                payload = self._payload(ann, j, 0, int(plan.value[j]), rng)
+                self._send(ann, payload, False, True)
+                st["late"] += 1
+
+    @task
+    def rounds(self) -> None:
+        """Answer `rounds` announcements, then write this user's measurements and idle."""
+        for r in range(self.s.rounds):
+            self.phase = f"waiting for round {r + 1}"
+            ann, seen_at = self.announcements.get()
+            self._round(ann, seen_at, r)
+        self.phase = "done: last acknowledgements and result"
+        end = time.time() + 120
+        while self.sent_at and time.time() < end:  # the last acknowledgements
+            gevent.sleep(0.05)
+        last = list(self.stats)[-1]
+        while last not in self.results and time.time() < end:  # the last round's result
+            gevent.sleep(0.05)
+        rounds = {
+            rid: st | {"result": self.results.get(rid), "withdrawn": self.withdrawn.get(rid)}
+            for rid, st in self.stats.items()
+        }
+        folder = self.out / "users"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{self.slot}.tmp"
+        tmp.write_text(json.dumps({"slot": self.slot, "rounds": rounds}))
+        tmp.rename(folder / f"{self.slot}.json")
+        while True:
+            gevent.sleep(3600)
+
+    def on_stop(self) -> None:
+        """Close the connection."""
+        self.client.loop_stop()
+        self.client.disconnect()

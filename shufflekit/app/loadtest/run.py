@@ -1,0 +1,358 @@
+"""One load test end to end: the deployment (started here, or an existing one named by its
+config), the crypto floor, Locust's master and local workers, the wait for every round, the
+report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shufflekit.app.loadtest.broker import free_port
+from shufflekit.app.loadtest.floor import measure_floor
+from shufflekit.app.loadtest.plan import PLAN_ENV, LoadSettings
+from shufflekit.app.loadtest.report import build_report, gather_rounds, write_html
+from shufflekit.app.loadtest.stack import (
+    LocalStack,
+    RssMonitor,
+    build_stack,
+    start_coordinator,
+    start_services,
+)
+from shufflekit.base.errors import ConfigError, TransportError, UserError
+
+Progress = Callable[[str], None]
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")  # run by Locust, never imported here
+
+
+class LoadTestFailed(UserError):
+    """A part of the load test (a service, Locust) failed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class LoadTestOptions:
+    """What `shufflekit loadtest` was asked for."""
+
+    users: int = 10_000
+    rounds: int = 3
+    mixes: int = 2
+    k: int = 10
+    eps0: float = 2.0
+    ramp: float = 0.0
+    dropout: float = 0.0
+    stragglers: float = 0.0
+    bad_fraction: float = 0.0
+    workers: int = 0  # 0: one per core
+    connections_per_worker: int = 4
+    tls: bool = True
+    deadline: float = 600.0
+    report_dir: Path | None = None
+    config: Path | None = None
+    seed: int = 0
+    floor_seconds: float = 2.0
+
+
+def _locust(folder: Path, settings_file: Path, workers: int, per_worker: int) -> list[Any]:
+    """Locust's master (headless, CSV and HTML into `folder`) and `workers` local workers."""
+    port = free_port()
+    env = dict(os.environ, **{PLAN_ENV: str(settings_file)})
+    env["SHUFFLEKIT_LOADTEST_PER_WORKER"] = str(per_worker)
+    base = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--skip-log-setup"]
+    users = workers * per_worker
+    procs = []
+    with (folder / "locust-master.log").open("wb") as log:
+        procs.append(
+            subprocess.Popen(
+                [
+                    *base,
+                    "--headless",
+                    "--master",
+                    "--master-bind-host",
+                    "127.0.0.1",
+                    "--master-bind-port",
+                    str(port),
+                    "--expect-workers",
+                    str(workers),
+                    "-u",
+                    str(users),
+                    "-r",
+                    str(users),
+                    "--csv",
+                    str(folder / "locust"),
+                    "--csv-full-history",
+                    "--html",
+                    str(folder / "locust.html"),
+                    "--only-summary",
+                    "--stop-timeout",
+                    "5",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
+    for w in range(workers):
+        with (folder / f"locust-worker{w}.log").open("wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [*base, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
+    return procs
+
+
+def _wait_files(folder: Path, n: int, what: str, procs: list[Any], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (
+            folder.exists()
+            and len([p for p in folder.iterdir() if not p.name.startswith(".")]) >= n
+        ):
+            return
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise LoadTestFailed(f"a Locust process exited before {what} (see its log)")
+        time.sleep(0.2)
+    raise LoadTestFailed(f"Locust users not {what} within {timeout:.0f}s")
+
+
+def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) -> dict[str, Any]:
+    """Run the load test; returns the report (and writes it if `opts.report_dir`)."""
+    cores = os.cpu_count() or 1
+    workers = opts.workers or cores
+    connections = workers * opts.connections_per_worker
+    owned = tempfile.mkdtemp(prefix="shufflekit-loadtest-")
+    work = Path(owned)
+    monitor = RssMonitor()
+    stack: LocalStack | None = None
+    procs: list[Any] = []
+    ok = False
+    try:
+        progress(f"measuring the crypto floor on {cores} cores")
+        floor = measure_floor(opts.mixes, seconds=opts.floor_seconds)
+        probe = LoadSettings(  # validates the fractions before anything starts
+            "127.0.0.1",
+            1,
+            False,
+            None,
+            None,
+            None,
+            "x",
+            opts.users,
+            opts.rounds,
+            connections,
+            opts.ramp,
+            opts.dropout,
+            opts.stragglers,
+            opts.bad_fraction,
+            opts.seed,
+        )
+        good = probe.counts()["good"]
+        if opts.config is not None:
+            settings = _existing(opts, connections, work)
+        else:
+            progress("starting Mosquitto and the services")
+            stack = build_stack(
+                work,
+                mixes=opts.mixes,
+                k=opts.k,
+                eps0=opts.eps0,
+                close_at=good,
+                n_min=max(1, min(good, 100)),
+                deadline=opts.deadline,
+                tls=opts.tls,
+                peel_workers=cores,
+            )
+            start_services(stack, monitor)
+            b = stack.broker
+            settings = LoadSettings(
+                "127.0.0.1",
+                b.port,
+                b.tls,
+                str(b.ca) if b.ca else None,
+                "client",
+                b.passwords["client"],
+                "loadtest",
+                opts.users,
+                opts.rounds,
+                connections,
+                opts.ramp,
+                opts.dropout,
+                opts.stragglers,
+                opts.bad_fraction,
+                opts.seed,
+                enrollment_key=stack.enrollment_b64,
+                out_dir=str(work / "load"),
+            )
+        settings_file = work / "load-settings.json"
+        (work / "load").mkdir(exist_ok=True)
+        settings.write(settings_file)
+        monitor.start()
+        progress(f"starting Locust: {workers} workers, {connections} connections")
+        procs = _locust(work, settings_file, workers, opts.connections_per_worker)
+        for p in procs:
+            monitor.watch("load", p.pid)
+        _wait_files(work / "load" / "ready", connections, "connected", procs, 120)
+        if stack is not None:
+            start_coordinator(stack, monitor, opts.rounds)
+        _follow(work, stack, opts, connections, procs, progress)
+        time.sleep(1.5)  # the workers' last statistics reach the master (every second)
+        procs[0].send_signal(signal.SIGTERM)  # the master writes its CSV and HTML files
+        procs[0].wait(60)
+        for p in procs[1:]:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        peaks = monitor.stop()
+        users = [json.loads(p.read_text()) for p in sorted((work / "load" / "users").iterdir())]
+        services = {n: stack.lines(n) for n in stack.procs} if stack is not None else {}
+        rounds, latencies = gather_rounds(users, services, workers)
+        report = build_report(
+            users_per_round=opts.users,
+            rounds=rounds,
+            latencies=latencies,
+            floor=floor.reports_per_s,
+            workers=workers,
+            peak_rss_mb=peaks,
+        )
+        if opts.report_dir is not None:
+            _write(opts.report_dir, work, report, rounds, opts, floor.us_per_report)
+        ok = True
+        return report
+    except LoadTestFailed as exc:
+        raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
+    finally:
+        monitor.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        if stack is not None:
+            stack.stop()
+        if ok:
+            shutil.rmtree(owned, ignore_errors=True)
+
+
+def _follow(
+    work: Path,
+    stack: LocalStack | None,
+    opts: LoadTestOptions,
+    connections: int,
+    procs: list[Any],
+    progress: Progress,
+) -> None:
+    """Until every Locust user wrote its summary; live progress from the coordinator's lines."""
+    started = time.monotonic()
+    limit = opts.rounds * (opts.deadline + 120) + 120
+    done_dir = work / "load" / "users"
+    rate_state: list[float] = []
+    while True:
+        done = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
+        if done >= connections:
+            return
+        if any(p.poll() is not None for p in procs):
+            raise LoadTestFailed("a Locust process exited during the load (see its log)")
+        for log in work.glob("locust-worker*.log"):
+            text = log.read_text(errors="replace")
+            if "Traceback" in text:
+                raise LoadTestFailed(f"a Locust user failed ({log.name}):\n{text[-1500:]}")
+        released = "?"
+        if stack is not None:
+            for name, p in stack.procs.items():
+                if p.poll() not in (None, 0):
+                    err = (stack.folder / f"{name}.err").read_text()[-600:]
+                    raise LoadTestFailed(f"service {name} failed:\n{err}")
+            released = str(sum(1 for x in stack.lines("coordinator") if x.get("released")))
+        sent, acked, rate = _load_progress(work / "load" / "progress", rate_state)
+        progress(
+            f"{released}/{opts.rounds} rounds released; {sent:,} reports sent, {acked:,} "
+            f"acknowledged, {rate:,.0f}/s; {time.monotonic() - started:.0f} s"
+        )
+        if time.monotonic() - started > limit:
+            raise LoadTestFailed(f"the load did not finish within {limit:.0f}s")
+        time.sleep(0.5)
+
+
+def _load_progress(folder: Path, state: list[float]) -> tuple[int, int, float]:
+    """Reports sent and acknowledged so far (summed over connections) and the rate of
+    acknowledgements since the last call (`state` keeps [time, acked] between calls)."""
+    sent = acked = 0
+    for f in folder.glob("*.json") if folder.exists() else []:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        sent, acked = sent + int(d["sent"]), acked + int(d["acked"])
+    now, rate = time.monotonic(), 0.0
+    if state and now > state[0]:
+        rate = (acked - state[1]) / (now - state[0])
+    state[:] = [now, float(acked)]
+    return sent, acked, max(rate, 0.0)
+
+
+def _existing(opts: LoadTestOptions, connections: int, work: Path) -> LoadSettings:
+    """The settings for an existing deployment: broker and deployment from its config, the
+    client account from the environment, the enrollment key next to the configured public one."""
+    from shufflekit.app.services.config import load_config
+    from shufflekit.core.transport.mqtt import BrokerAddress
+
+    assert opts.config is not None
+    cfg = load_config(opts.config)
+    addr = BrokerAddress.parse(cfg.broker)
+    enrol = None
+    if cfg.mix.enrollment_key is not None:
+        private = cfg.mix.enrollment_key.with_suffix(".key")
+        if not private.exists():
+            raise ConfigError(f"the enrollment key {private} (to issue credentials) is missing")
+        from shufflekit.app.services.keys import load_enrollment_key
+
+        enrol = load_enrollment_key(private).private_b64()
+    if not addr.username:
+        raise TransportError("the client account: set SHUFFLEKIT_MQTT_USERNAME and _PASSWORD")
+    return LoadSettings(
+        addr.host, addr.port, addr.tls, str(addr.ca_file) if addr.ca_file else None,
+        addr.username, addr.password, cfg.deployment, opts.users, opts.rounds, connections,
+        opts.ramp, opts.dropout, opts.stragglers, opts.bad_fraction, opts.seed,
+        enrollment_key=enrol, out_dir=str(work / "load"),
+    )  # fmt: skip
+
+
+def _write(
+    folder: Path,
+    work: Path,
+    report: dict[str, Any],
+    rounds: list[Any],
+    opts: LoadTestOptions,
+    us_per_report: float,
+) -> None:
+    """report.json, Locust's CSVs and HTML, and report.html into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    for f in work.glob("locust*"):
+        if f.suffix in (".csv", ".html"):
+            shutil.copy(f, folder / f.name)
+    load = os.getloadavg()
+    notes = [
+        f"{opts.mixes} mixes, k = {opts.k}, eps0 = {opts.eps0}, "
+        f"{'TLS' if opts.tls else 'no TLS'}, ramp {opts.ramp:g} s, dropouts {opts.dropout:g}, "
+        f"stragglers {opts.stragglers:g}, bad {opts.bad_fraction:g}",
+        f"crypto floor: {us_per_report:.0f} us of cryptography per report on one core "
+        f"(measured in this run); machine load average {load[0]:.1f} {load[1]:.1f} "
+        f"{load[2]:.1f} on {os.cpu_count()} cores",
+        "publish latency is until the broker's PUBACK: mix 0's receipts are not built yet",
+        "peak_rss_mb: peak of the summed RSS of each role's process tree (pool workers included)",
+    ]
+    write_html(folder / "report.html", report, rounds, work / "locust_stats_history.csv", notes)

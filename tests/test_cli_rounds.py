@@ -1,0 +1,88 @@
+"""`shufflekit privacy epsilon --round ... | --from-ledger`: heterogeneous rounds composed by
+the same code path as the ledger, with the composed attack's lower bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from shufflekit.accountant import bits
+from shufflekit.accountant.composition import compose, round_pld
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.policy import TightCost, charges_epsilon
+from shufflekit.accountant.round_types import RoundType, parse_round_type
+from shufflekit.app.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, ["privacy", "epsilon", *args])
+    return r.exit_code, r.output
+
+
+def test_rounds_compose_like_the_ledger(tmp_path: Path) -> None:
+    rounds = [(1_800, 10, 2.0), (1_500, 4, 1.0)]
+    url = f"sqlite:///{tmp_path}/l.db"
+    led = Ledger(url)
+    schedule = (parse_round_type("10,2,1"), parse_round_type("4,1"))
+    led.init_budget(
+        Budget("pilot", epsilon_total=5.0, delta_total=1e-6, n_min=1000, schedule=schedule)
+    )
+    for i, (n, k, e) in enumerate(rounds):
+        led.reserve("pilot", f"r{i}", k, e, "op")
+        led.commit("pilot", f"r{i}", n, "an")
+    spent = led.status("pilot").epsilon_spent
+    code, out = run("--from-ledger", url, "--deployment", "pilot", "--json")
+    assert code == 0, out
+    row = json.loads(out)
+    assert row["epsilon"] == spent == row["ledger_epsilon_spent"]
+    assert row["rounds"] == 2 and row["delta"] == 1e-6
+    assert row["lower_bound"] <= row["epsilon"] <= 1.02 * row["lower_bound"]
+    # the same rounds given by hand; repeated types with a count
+    specs = [a for n, k, e in rounds for a in ("--round", f"{n},{k},{e}")]
+    code, out = run(*specs, "--delta", "1e-6", "--json")
+    assert code == 0, out
+    assert json.loads(out)["epsilon"] == spent
+    mechs = [Mechanism(2_000, 2, 2.0)] * 3 + [Mechanism(1_800, 10, 2.0)]
+    code, out = run("--round", "2000,2,2,3", "--round", "1800,10,2", "--delta", "1e-6", "--json")
+    assert code == 0, out
+    assert json.loads(out)["epsilon"] == TightCost().total_epsilon(mechs, 1e-6)
+    # text output names the rounds and the gap
+    code, out = run("--round", "2000,2,2,3", "--delta", "1e-6")
+    assert code == 0 and "3 x (n=2000, k=2, eps0=2)" in out and "gap" in out
+
+
+def test_bit_rounds_compose_with_krr_rounds() -> None:
+    code, out = run(
+        "--round", "10000,bits:3,2,2", "--round", "5000,4,1", "--delta", "1e-6", "--json"
+    )
+    assert code == 0, out
+    row = json.loads(out)
+    bit, krr = RoundType("bits", 3, 2.0), RoundType("krr", 4, 1.0)
+    expect = charges_epsilon("tight", [(bit, 10_000)] * 2 + [(krr, 5_000)], 1e-6)
+    assert row["epsilon"] == expect
+    assert row["lower_bound"] is None
+    # an independent composition of the same dominating pairs, capped by the eps0 sum
+    b = bits.BitsMechanism(n=10_000, bits=3, eps0=2.0)
+    own = compose([bits.bits_pld(b), round_pld(Mechanism(5_000, 4, 1.0))], counts=[2, 1])
+    assert abs(row["epsilon"] - min(own.epsilon(1e-6), 5.0)) < 1e-9
+
+
+def test_round_errors_are_one_line(tmp_path: Path) -> None:
+    cases = [
+        (["--round", "10000,2", "--delta", "1e-6"], "N,K,EPS0"),
+        (["--round", "10000,x,2", "--delta", "1e-6"], "bits:L"),
+        (["--round", "10000,2,2,0", "--delta", "1e-6"], "COUNT"),
+        (["--round", "10000,2,2"], "--delta"),
+        (["--round", "10000,2,2", "--n", "5", "--delta", "1e-6"], "no --n"),
+        (["--delta", "1e-6"], "--round"),
+        (["--from-ledger", f"sqlite:///{tmp_path}/none.db", "--deployment", "x"], "no ledger"),
+    ]
+    for args, words in cases:
+        code, out = run(*args)
+        assert code == 2, (args, out)
+        assert words in out and "Traceback" not in out, (args, out)

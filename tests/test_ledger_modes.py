@@ -1,0 +1,202 @@
+"""Budget modes: a planned budget's schedule of round types, the adaptive Rényi filter (checked
+against brute-force Rényi divergences and a composed attack), mechanism tags, and costs computed
+outside the ledger's write lock."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bruteforce_oracle import _pairs
+
+from shufflekit.accountant import policy
+from shufflekit.accountant.bits import BitsMechanism, rounds_epsilon
+from shufflekit.accountant.composition import compose_rounds_bounds
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.rdp_filter import ORDERS, filter_epsilon, rdp_curve
+from shufflekit.accountant.round_types import RoundType, parse_round_type
+from shufflekit.accountant.tight_upper import tight_pld
+from shufflekit.base.errors import BudgetExceeded, InvalidParameters, ScheduleViolation
+
+
+def test_round_type_parser() -> None:
+    e = parse_round_type("10,2")
+    assert (e.type, e.count) == (RoundType("krr", 10, 2.0), None)
+    e = parse_round_type(" bits:16 , 1.5 , 3 ")
+    assert (e.type, e.count) == (RoundType("bits", 16, 1.5), 3)
+    assert str(e) == "bits:16,1.5,3"
+    for bad in ("10", "10,2,3,4", "x,2", "1,2", "10,0", "10,nan", "10,2,0", "foo:3,1", "10,2,1.5"):
+        with pytest.raises(InvalidParameters):
+            parse_round_type(bad)
+
+
+def _planned(tmp_path: Path, schedule: list[str], **kw: object) -> Ledger:
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    entries = tuple(parse_round_type(s) for s in schedule)
+    led.init_budget(Budget("p", 100.0, 1e-6, n_min=10, cost_model="ldp", schedule=entries, **kw))  # type: ignore[arg-type]
+    return led
+
+
+def test_planned_schedule_fixes_each_slot(tmp_path: Path) -> None:
+    led = _planned(tmp_path, ["10,2,2", "4,1"])
+    led.reserve("p", "r1", 10, 2.0)
+    with pytest.raises(ScheduleViolation, match="slot 2 of its schedule is 10,2, not 4,1") as e:
+        led.reserve("p", "r2", 4, 1.0)
+    assert "\n" not in str(e.value)
+    led.reserve("p", "r2", 10, 2.0)
+    led.refund("p", "r2")  # released nothing: its slot is free again
+    led.reserve("p", "r2b", 10, 2.0)
+    for i in range(3):  # the last entry repeats for ever
+        led.reserve("p", f"r{i + 3}", 4, 1.0)
+    assert [r.slot for r in led.rounds_of("p") if r.status == "reserved"] == [0, 1, 2, 3, 4]
+    assert [h["decision"] for h in led.history("p") if h["action"] == "reserve"].count(
+        "refused"
+    ) == 1
+
+
+def test_a_finite_schedule_runs_out(tmp_path: Path) -> None:
+    led = _planned(tmp_path, ["4,1,1"])
+    led.reserve("p", "r1", 4, 1.0)
+    with pytest.raises(ScheduleViolation, match="allows 1 round"):
+        led.reserve("p", "r2", 4, 1.0)
+
+
+def test_an_open_schedule_is_fixed_by_the_first_counted_round(tmp_path: Path) -> None:
+    led = _planned(tmp_path, [])
+    led.reserve("p", "r1", 4, 1.0)
+    with pytest.raises(ScheduleViolation):
+        led.reserve("p", "r2", 4, 2.0)
+    led.refund("p", "r1")
+    led.reserve("p", "r2", 4, 2.0)  # nothing was released: the type is free again
+
+
+def test_only_the_last_entry_may_be_open(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameters, match="only the last"):
+        _planned(tmp_path, ["4,1", "4,2,3"])
+    with pytest.raises(InvalidParameters, match="planned budget only"):
+        Ledger(f"sqlite:///{tmp_path / 'x.db'}").init_budget(
+            Budget("a", 1.0, 1e-6, 10, mode="adaptive", schedule=(parse_round_type("4,1"),))
+        )
+
+
+def test_bits_rounds_are_charged_by_their_registered_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    led = _planned(tmp_path, ["bits:8,1,2", "4,1"])
+    led.reserve("p", "r1", 8, 1.0, mechanism="bits")
+    with pytest.raises(ScheduleViolation, match="is bits:8,1, not 8,1"):
+        led.reserve("p", "r2", 8, 1.0)
+    led.reserve("p", "r2", 8, 1.0, mechanism="bits")
+    led.reserve("p", "r3", 4, 1.0)
+    # the ledger's composition equals the bits accountant's own heterogeneous composition
+    mechs = [BitsMechanism(10, 8, 1.0)] * 2 + [Mechanism(10, 4, 1.0)]
+    st = led.status("p")
+    assert [r.tag for r in st.rounds] == ["bits", "bits", "krr"]
+    charges = [r.charge for r in st.rounds]
+    assert policy.charges_epsilon("tight", charges, 1e-6) == pytest.approx(
+        rounds_epsilon(mechs, 1e-6), rel=1e-9
+    )
+    monkeypatch.delitem(policy.MECHANISMS, "bits")  # the lookup is the registry's
+    with pytest.raises(InvalidParameters, match="mechanism 'bits' has no cost model"):
+        led.reserve("p", "r4", 8, 1.0, mechanism="bits")
+
+
+def _exact_renyi(n: int, k: int, eps0: float, alpha: float) -> float:
+    """max over datasets and both orders of D_alpha, from the brute-force histogram laws."""
+    _, p, q = _pairs(n, k, eps0)
+    best = 0.0
+    for a, b in ((p, q), (q, p)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(a > 0, a**alpha * b ** (1 - alpha), 0.0)
+        best = max(best, float(np.max(np.log(terms.sum(axis=1)) / (alpha - 1))))
+    return best
+
+
+@pytest.mark.parametrize(("n", "k", "eps0"), [(8, 2, 1.0), (6, 3, 2.0), (5, 4, 0.5)])
+def test_renyi_curve_of_the_pair_dominates_brute_force(n: int, k: int, eps0: float) -> None:
+    rho, delta0 = rdp_curve(tight_pld(Mechanism(n, k, eps0)))
+    assert delta0 < 1e-9
+    for i in (0, 3, 6, 10, 14):
+        exact = _exact_renyi(n, k, eps0, float(ORDERS[i]))
+        assert exact <= rho[i] + 1e-12, (ORDERS[i], exact, rho[i])
+        assert rho[i] <= eps0 * 1.01 + 1e-9 or ORDERS[i] > 2  # and not absurdly loose
+    assert np.all(np.diff(rho) >= -1e-12)  # Rényi divergence grows with the order
+
+
+def test_filter_is_never_below_a_composed_attack() -> None:
+    rounds = [Mechanism(2000, 10, 2.0)] * 6 + [Mechanism(3000, 4, 1.0)] * 4
+    bounds = compose_rounds_bounds(rounds)
+    charges = [(RoundType("krr", m.k, m.eps0), m.n) for m in rounds]
+    adaptive = policy.charges_epsilon("tight", charges, 1e-6, mode="adaptive")
+    planned = policy.charges_epsilon("tight", charges, 1e-6)
+    assert bounds.lower.epsilon(1e-6) <= planned <= adaptive
+    assert adaptive < sum(m.eps0 for m in rounds)  # and it still amplifies
+
+
+def test_filter_epsilon_by_hand() -> None:
+    rho = np.linspace(0.1, 5.0, ORDERS.size)
+    delta = 1e-6
+    by_hand = min(
+        r + math.log(ORDERS.size / (delta * (1 - 1e-3))) / (a - 1)
+        for r, a in zip(rho, ORDERS, strict=True)
+    )
+    assert filter_epsilon(rho, delta) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_adaptive_budget_takes_any_order_and_refuses_past_the_filter(tmp_path: Path) -> None:
+    led = Ledger(f"sqlite:///{tmp_path / 'a.db'}")
+    led.init_budget(Budget("a", 1.0, 1e-6, n_min=2000, mode="adaptive"))
+    led.reserve("a", "r1", 10, 2.0)
+    led.reserve("a", "r2", 4, 1.0)
+    led.reserve("a", "r3", 10, 2.0)
+    st = led.status("a")
+    assert "adaptive" in st.budget.guarantee() and "Rényi" in st.budget.guarantee()
+    assert 0 < st.epsilon_spent_or_reserved <= 1.0
+    with pytest.raises(BudgetExceeded, match="would take the total"):
+        for i in range(200):
+            led.reserve("a", f"x{i}", 10, 2.0)
+    assert led.status("a").epsilon_spent_or_reserved <= 1.0
+
+
+def test_costs_are_computed_outside_the_write_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    led = Ledger(f"sqlite:///{tmp_path / 'lock.db'}")
+    led.init_budget(Budget("d", 3.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive"))
+    other = Ledger(led.url)
+    computing, go = threading.Event(), threading.Event()
+    real = policy.charges_epsilon
+    calls = [0]
+
+    def slow(*args: object, **kw: object) -> float:
+        calls[0] += 1
+        if calls[0] == 1:
+            computing.set()
+            assert go.wait(10)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("shufflekit.accountant.ledger.charges_epsilon", slow)
+    errors: list[BaseException] = []
+
+    def reserve() -> None:
+        try:
+            led.reserve("d", "slow", 4, 2.0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=reserve)
+    t.start()
+    assert computing.wait(10)
+    started = time.monotonic()
+    other.reserve("d", "fast", 4, 2.0)  # a writer while the cost is computed: not blocked
+    assert time.monotonic() - started < 5
+    go.set()
+    t.join(30)
+    # the slow reservation saw the state change, computed again, and was refused (2 + 2 > 3)
+    assert len(errors) == 1 and isinstance(errors[0], BudgetExceeded), errors
+    assert [r.round_id for r in led.rounds_of("d")] == ["fast"]

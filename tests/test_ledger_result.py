@@ -1,0 +1,105 @@
+"""Commit and result are one durable step: the result is stored in the ledger with the commit
+(SQLite and PostgreSQL), a retried commit keeps the first result, nothing reads the ledger's
+totals between commit and publish, and a coordinator that missed the publish takes the stored
+result from the ledger."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.coordinator import Coordinator
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams, ledger_release_hook
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.messages import Result
+from shufflekit.core.transport import MemoryBroker, drain
+from shufflekit.core.waiting import within
+from tests.pipeline_helpers import population
+
+
+def _budget() -> Budget:
+    return Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive")
+
+
+def _unsigned(result: Result) -> Result:
+    return result
+
+
+def _result(rid: str, estimate: float) -> Result:
+    return Result(
+        round_id=rid,
+        k=2,
+        eps0=1.0,
+        batch_size=20,
+        histogram=[10, 10],
+        estimate=[estimate, 20 - estimate],
+        stderr=[1.0, 1.0],
+        estimator="inv",
+        rejected={},
+    )
+
+
+async def test_the_result_is_stored_with_the_commit_and_marked_published(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    led = Ledger(ledger_url)
+    led.init_budget(_budget())
+
+    def no_status(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("nothing may read the ledger's totals between commit and publish")
+
+    monkeypatch.setattr(led, "status", no_status)
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1)
+    pop, _ = population(40, k=4)
+    async with broker.connect() as spy, spy.subscribe("shufflekit/test/round/+/result") as s:
+        rep = await dep.run_round(RoundParams(k=4, eps0=1.0, n_min=10), pop)
+        published = drain(s)
+    assert rep.released and rep.result is not None
+    stored = led.stored_result("test", rep.round_id)
+    assert stored is not None and stored.encode() == rep.result.to_bytes()
+    assert [m.payload for m in published] == [rep.result.to_bytes()]
+    privacy = rep.result.privacy
+    assert privacy["epsilon_round"] == 1.0 and privacy["epsilon_spent_total"] == 1.0
+    assert privacy["mode"] == "adaptive" and privacy["n_accounted"] == 40.0
+    (rec,) = led.rounds_of("test")
+    assert rec.status == "committed" and rec.published_at is not None
+    assert led.unpublished("test") == []
+
+
+async def test_a_retried_commit_returns_the_first_result(ledger_url: str) -> None:
+    led = Ledger(ledger_url)
+    led.init_budget(_budget())
+    led.reserve("test", "r1", 2, 1.0)
+    hook = ledger_release_hook(led, "test")
+    first = await hook(_result("r1", 9.0), _unsigned)
+    assert first.privacy["epsilon_round"] == 1.0
+    again = await hook(_result("r1", 11.0), _unsigned)  # restarted: it estimated anew
+    assert again == first and again.estimate[0] == 9.0
+    assert led.unpublished("test") == [("r1", first.to_bytes().decode())]
+    led.mark_published("test", "r1")
+    led.mark_published("test", "r1")  # idempotent
+    assert led.unpublished("test") == []
+
+
+async def test_a_coordinator_that_missed_the_publish_takes_the_stored_result(
+    ledger_url: str,
+) -> None:
+    led = Ledger(ledger_url)
+    led.init_budget(_budget())
+    led.reserve("test", "r1", 2, 1.0)
+    stored = await ledger_release_hook(led, "test")(_result("r1", 9.0), _unsigned)
+    broker = MemoryBroker()
+    async with broker.connect() as t, broker.connect() as spy:
+        coord = Coordinator(
+            t, "test", led, [KeyPair.generate().public_b64()], "a", batch_timeout=0.1
+        )
+        async with spy.subscribe("shufflekit/test/round/r1/result") as s:
+            report = await within(coord._settle("r1", None, None), 10)  # no outcome arrives
+            msg = await within(s.get(), 5)
+    assert report.released and report.result == stored and report.abort is None
+    assert msg.payload == stored.to_bytes()  # published again, the very same bytes
+    assert [r.status for r in led.rounds_of("test")] == ["committed"]
