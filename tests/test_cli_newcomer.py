@@ -342,3 +342,29 @@ def test_demo_refuses_a_k_its_estimator_cannot_hold(tmp_path: Path) -> None:
     out = cli(["demo", "--users", "10", "--k", "65535", "--estimator", "mle"], tmp_path)
     assert out.returncode == 2 and "k <= 4,096" in out.stderr, out.stderr
     assert not (tmp_path / "state").exists()  # refused before the ledger is even opened
+
+
+def test_calibrating_users_past_the_supported_range_says_so(tmp_path: Path) -> None:
+    """The issue's command: no n up to 10^9 reaches epsilon 0.01 at eps0 = 20; the answer says
+    that in one line (the search at n ~ 10^9 built a PLD whose summed mass exceeded 1 by a
+    rounding 2.7e-9, which was refused as 'not a probability distribution')."""
+    out = run_cli(
+        [
+            "privacy",
+            "calibrate",
+            "--k",
+            "10",
+            "--rounds",
+            "1",
+            "--eps0",
+            "20",
+            "--epsilon",
+            "0.01",
+            "--delta",
+            "1e-6",
+        ],
+        tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: even n = 1000000000 users do not meet"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
