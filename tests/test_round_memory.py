@@ -175,3 +175,20 @@ async def test_a_round_without_outcome_is_aborted_and_refunded(tmp_path: Any) ->
     assert [a.round_id for a in aborts] == [rep.round_id]  # published, so hops stop too
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
     assert led.status("test").epsilon_spent_or_reserved == 0.0
+
+
+async def test_an_estimator_that_cannot_take_the_announced_k_aborts_the_round(
+    tmp_path: Any,
+) -> None:
+    """A served analyzer configured with a bootstrapped estimator and a round announced with
+    k = 5000: the k x k law would not fit, so the round is aborted (and refunded) before any
+    allocation, with a one-line reason, instead of the service dying of MemoryError."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1, estimator="mle")
+    pop, _ = population(50, k=5000)
+    rep = await dep.run_round(RoundParams(k=5000, eps0=1.0, n_min=10), pop)
+    assert not rep.released and rep.abort is not None, rep
+    assert "above k = 4096 use 'inv'" in rep.abort.reason, rep.abort.reason
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]

@@ -436,6 +436,10 @@ def estimate_bootstrapped(
     return _make_estimate(freqs, se, lo, hi, n, method, confidence, info)
 
 
+MAX_BOOTSTRAP_K = 4096
+"""The largest k for the non-INV estimators: their bootstrap and EM hold k x k arrays."""
+
+
 def estimate(
     hist: npt.ArrayLike,
     k: int,
@@ -460,6 +464,11 @@ def estimate(
         raise EstimatorInputError(f"target must be one of {TARGETS}, got {target!r}")
     if method == "inv":
         return estimate_inv(counts, k, eps0, confidence, target)
+    if k > MAX_BOOTSTRAP_K and method in ESTIMATORS:
+        raise EstimatorInputError(
+            f"estimator {method!r} works with a k x k law (k = {k}: "
+            f"{k * k * 8 / 2**30:.1f} GiB); above k = {MAX_BOOTSTRAP_K} use 'inv'"
+        )
     if method == "clip":
         return estimate_bootstrapped(
             counts, k, eps0, "clip", _point_clip, confidence, target, n_boot, seed

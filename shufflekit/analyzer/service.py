@@ -29,6 +29,7 @@ from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     ConfigError,
+    EstimatorInputError,
     InternalError,
     InvalidReport,
     RoundAborted,
@@ -165,7 +166,10 @@ class Analyzer(Hop[AnalyzerOutcome]):
             n = sum(hist)
             if n < ann.n_min:
                 raise RoundAborted(f"{n} valid reports, below the release threshold {ann.n_min}")
-            fields = self.estimates(hist, ann)
+            try:
+                fields = self.estimates(hist, ann)
+            except EstimatorInputError as exc:  # e.g. a k too large for this estimator
+                raise RoundAborted(f"cannot estimate this round: {exc}") from None
             notes: dict[str, float | str | None] = {}
             if ann.mechanism == "bits":
                 notes["accounting"] = f"{GENERIC_NOTE}; {PURE_EPSILON_NOTE}"
