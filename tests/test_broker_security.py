@@ -22,6 +22,7 @@ from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import TransportError
+from shufflekit.core.receipts import receipt_topic
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import BrokerAddress, MqttTransport, Subscription, drain
 from shufflekit.core.transport.mqtt import BrokerAccessDenied, BrokerAuthError, BrokerTLSError
@@ -292,6 +293,30 @@ async def test_acl_matrix(broker: SecureBroker, rule: Rule) -> None:
             if role in marks:
                 assert await first(marks[role]) == b"mark"
             assert drain(subs[role]) == [], f"{role} read {rule.kind} (or a forbidden write)"
+
+
+async def test_receipts_reach_only_the_connection_they_name(broker: SecureBroker) -> None:
+    """Only mix 0 writes receipts, and a receipt topic is readable by the one connection whose
+    MQTT client id it names (`pattern read ... %c`), not by another of the same account."""
+    topics, _ = fresh_topics()
+    async with AsyncExitStack() as stack:
+        c = await connect_all(stack, broker, ["client", "mix0"])
+        other = transport(broker, "client")
+        await stack.enter_async_context(other)
+        own_topic = receipt_topic(topics.deployment, c["client"].client_id)
+        mine = await stack.enter_async_context(c["client"].subscribe(own_topic))
+        snooped = await stack.enter_async_context(other.subscribe(own_topic))
+        control = await stack.enter_async_context(
+            other.subscribe(receipt_topic(topics.deployment, other.client_id))
+        )
+        for forger in (c["client"], other):
+            with pytest.raises(BrokerAccessDenied):
+                await forger.publish(own_topic, b"forged receipt")
+        await c["mix0"].publish(own_topic, b"receipt")
+        await c["mix0"].publish(receipt_topic(topics.deployment, other.client_id), b"control")
+        assert await first(mine) == b"receipt"
+        assert await first(control) == b"control"  # the snooped one would have come first
+        assert drain(snooped) == [] and drain(mine) == []
 
 
 # ----------------------------------------------------------------------------- a real round

@@ -56,8 +56,11 @@ def start_hops(procs: Procs, cfg: Path, mixes: int) -> list[str]:
     return names
 
 
-def run_clients(broker: str, users: int, bad_fraction: float) -> dict[str, Any]:
+def run_clients(
+    broker: str, users: int, bad_fraction: float, *, receipts: bool = False
+) -> dict[str, Any]:
     args = ["clients", "--broker", broker, "--deployment", DEPLOYMENT, "--users", str(users)]
+    args += ["--receipts"] if receipts else []
     args += ["--bad-fraction", str(bad_fraction), "--seed", "7", "--json"]
     done = subprocess.run(
         [sys.executable, "-m", "shufflekit", *args],
@@ -82,7 +85,7 @@ def test_a_round_across_processes_counts_each_accepted_client_once(
     cfg, ledger_url = write_deployment(tmp_path, mosquitto, mixes, n_min=100, deadline=120)
     hops = start_hops(procs, cfg, mixes)
     procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1")
-    sent = run_clients(mosquitto, users, bad_fraction=0.02)
+    sent = run_clients(mosquitto, users, bad_fraction=0.02, receipts=True)
     assert sent["sent"] == users and sent["bad"] == round(0.02 * users)
     assert sent["seconds_left_at_end"] > 0  # every report went out before the deadline
 
@@ -101,6 +104,7 @@ def test_a_round_across_processes_counts_each_accepted_client_once(
     [mix0] = procs.lines("mix0")
     good = sent["good"]
     assert mix0["accepted"] == good
+    assert sent["receipted"] == good  # every well-formed report holds mix 0's receipt
     assert sum(mix0["rejected"].values()) == sent["bad"]
     for i in range(1, mixes):
         [m] = procs.lines(f"mix{i}")

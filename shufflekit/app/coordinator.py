@@ -43,6 +43,7 @@ from shufflekit.app.rounds import (
     new_round_id,
     next_message,
 )
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import AccountantError, InvalidReport, RoundAborted, TransportError
 from shufflekit.base.offload import Offload, in_thread
@@ -59,12 +60,14 @@ log = logging.getLogger("shufflekit.coordinator")
 RETAINED_WAIT = 1.0  # seconds to wait for the retained announcement when recovering
 
 PREPARE_REPEAT = 1.0  # seconds between repeats of a prepare not every hop answered yet
+ABORT_PATIENCE = 30.0  # seconds an abort publish is retried before the round is left to recover
 
 
 class Coordinator:
     """The operator's side of a round: ledger, prepare/ready, announce, close, outcome, refund.
 
-    `mix_keys` and `analyzer_key` are the base64 public keys that go into the announcement.
+    `mix_keys` and `analyzer_key` are the base64 public keys that go into the announcement, with
+    `receipt_key`: mix 0's receipt key (clients verify their receipts with it).
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class Coordinator:
         mix_keys: Sequence[str],
         analyzer_key: str,
         *,
+        receipt_key: str | None = None,
         batch_timeout: float = 60.0,
         ready_timeout: float = 30.0,
         actor: str = "coordinator",
@@ -93,6 +97,7 @@ class Coordinator:
         self.ledger = ledger
         self.mix_keys = list(mix_keys)
         self.analyzer_key = analyzer_key
+        self.receipt_key = receipt_key
         self.result_key = result_key
         self.batch_timeout = batch_timeout
         self.ready_timeout = ready_timeout
@@ -123,6 +128,7 @@ class Coordinator:
             deadline=self.clock.time() + self.ready_timeout + params.deadline_seconds,
             mix_keys=self.mix_keys,
             analyzer_key=self.analyzer_key,
+            receipt_key=self.receipt_key,
             mechanism=params.mechanism,
             bits=params.bits,
             close_at=params.close_at,
@@ -175,11 +181,20 @@ class Coordinator:
                 if stored is not None:
                     outcome = stored
                 else:
-                    outcome = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
-                    with contextlib.suppress(TransportError):  # so that the hops stop too
-                        await self.transport.publish(
-                            self.topics.abort(rid), outcome.to_bytes(), retain=True
-                        )
+                    abort = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
+                    # retained and out before the refund: a hop resuming the round later finds
+                    # it (a lost publish here let a restarted mix 0 forward a refunded round)
+                    await with_backoff(
+                        lambda: self.transport.publish(
+                            self.topics.abort(rid), abort.to_bytes(), retain=True
+                        ),
+                        TransportError,
+                        clock=self.clock,
+                        patience=ABORT_PATIENCE,
+                        first=0.5,
+                        cap=5.0,
+                    )
+                    outcome = abort
         except BaseException:
             report.seconds = self.clock.monotonic() - started
             raise

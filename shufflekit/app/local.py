@@ -25,6 +25,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
+from shufflekit.core.receipts import receipt_public_key
 from shufflekit.core.results import result_public_key
 from shufflekit.core.transport.base import Transport
 from shufflekit.shuffler.mix import MixNode, MixOutcome
@@ -94,7 +95,8 @@ class LocalDeployment:
                 coord,
                 [k.public_b64() for k in self.mix_keys],
                 self.analyzer_key.public_b64(),
-                result_public_key(self.analyzer_key.private_b64()),
+                receipt_key=receipt_public_key(self.mix_keys[0].private_b64()),
+                result_key=result_public_key(self.analyzer_key.private_b64()),
             )
 
             async def answer(ann: Announcement) -> int:

@@ -112,10 +112,12 @@ class Wiring:
         transport: Transport,
         mix_keys: Sequence[str],
         analyzer_key: str,
+        receipt_key: str | None = None,
         result_key: str | None = None,
     ) -> Coordinator:
-        """The operator's coordinator, announcing these base64 public keys; it accepts only
-        results signed with `result_key` (the analyzer's, see core/results.py)."""
+        """The operator's coordinator, announcing these base64 public keys (and mix 0's
+        receipt key); it accepts only results signed with `result_key` (the analyzer's, see
+        core/results.py)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -124,6 +126,7 @@ class Wiring:
             self._ledger("coordinator"),
             mix_keys,
             analyzer_key,
+            receipt_key=receipt_key,
             batch_timeout=self.batch_timeout,
             ready_timeout=self.ready_timeout,
             clock=self.clock,

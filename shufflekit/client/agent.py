@@ -40,12 +40,19 @@ def build_onion(value: int, ann: Announcement, rng: Randomness | None = None) ->
 
 
 def wrap_envelope(
-    client_id: str, onion: bytes, ann: Announcement, credential: bytes | None
+    client_id: str,
+    onion: bytes,
+    ann: Announcement,
+    credential: bytes | None,
+    reply: str | None = None,
 ) -> bytes:
-    """The envelope to mix 0: with a credential it also names the round (version 2)."""
-    if credential is None:
+    """The envelope to mix 0: with a credential it also names the round (version 2); with a
+    `reply` id (the connection's MQTT client id) it asks for a receipt there (version 3)."""
+    if credential is None and reply is None:
         return Envelope(client_id=client_id, onion=onion).encode()
-    return Envelope(client_id, onion, credential=credential, round_id=ann.round_id).encode()
+    return Envelope(
+        client_id, onion, credential=credential, round_id=ann.round_id, reply=reply
+    ).encode()
 
 
 def build_envelope(
@@ -54,10 +61,12 @@ def build_envelope(
     ann: Announcement,
     credential: bytes | None = None,
     rng: Randomness | None = None,
+    reply: str | None = None,
 ) -> bytes:
     """What a client publishes: its randomized, onion-encrypted report in an envelope that
-    carries its identity and, if enrolled, its credential (both seen only by mix 0)."""
-    return wrap_envelope(client_id, build_onion(value, ann, rng), ann, credential)
+    carries its identity and, if enrolled, its credential (both seen only by mix 0), and the
+    reply id for its receipt if given."""
+    return wrap_envelope(client_id, build_onion(value, ann, rng), ann, credential, reply)
 
 
 class ClientAgent:
@@ -79,10 +88,10 @@ class ClientAgent:
         self.credential = credential
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
 
-    def envelope(self, ann: Announcement) -> bytes:
+    def envelope(self, ann: Announcement, reply: str | None = None) -> bytes:
         """This user's report for the announced round, ready for mix 0 (send it, or resend
-        the same bytes until it is acknowledged)."""
-        return build_envelope(self.client_id, self.value, ann, self.credential, self.rng)
+        the same bytes until it is receipted); `reply`: the connection's receipt id."""
+        return build_envelope(self.client_id, self.value, ann, self.credential, self.rng, reply)
 
     async def answer(self, transport: Transport, ann: Announcement) -> None:
         """Send this user's report for the announced round to mix 0."""

@@ -103,7 +103,18 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         """The durable inbox of hop `hop`'s input, every round, on this hop's transport:
         data and manifest, plus (mix 0) the coordinator's close."""
         filters = hop_filters(self.deployment, hop, close=hop == 0)
-        return Inbox(self.transport, self.spool, filters, self.classify, clock=self.clock)
+        return Inbox(
+            self.transport,
+            self.spool,
+            filters,
+            self.classify,
+            clock=self.clock,
+            after=self.after_spooled,
+        )
+
+    async def after_spooled(self, arrivals: list[Arrival]) -> None:
+        """Called with each batch of input once it is durably spooled and acked (mix 0 answers
+        with receipts here); nothing by default."""
 
     def classify(self, msg: Message) -> Arrival | None:
         """How the inbox keys an input message (see `classify_hop_input`)."""

@@ -73,6 +73,9 @@ class Announcement(_Control):
     deadline: float  # unix time after which mix 0 stops accepting (finite, as every number)
     mix_keys: list[Key] = Field(min_length=1, max_length=MAX_HOPS)
     analyzer_key: Key
+    # mix 0's receipt key (Ed25519, base64): clients verify its receipts (core/receipts.py);
+    # None: an older deployment without receipts, where clients can only count PUBACKs
+    receipt_key: Key | None = None
     mechanism: Literal["krr", "bits"] = "krr"
     bits: int | None = Field(default=None, ge=1, le=MAX_RECORD_BITS)
     result_key: Key | None = None  # the analyzer's result public key (core/results.py)

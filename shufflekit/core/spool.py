@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,9 @@ class Arrival:
     kind: str
     key: str
     payload: bytes
+    # a repeat of it is a sender's resend (an envelope awaiting its receipt), not a replay:
+    # counted as `resend` instead of `kind` in the duplicates table
+    resend: bool = False
 
 
 def digest_key(payload: bytes) -> str:
@@ -167,7 +170,7 @@ class Spool:
                     self._db.execute(
                         "insert into duplicates values (?, ?, 1) on conflict (round_id, kind) "
                         "do update set n = n + 1",
-                        (a.round_id, a.kind),
+                        (a.round_id, "resend" if a.resend else a.kind),
                     )
         return new
 
@@ -234,6 +237,13 @@ class Spool:
             "select state from rounds where round_id = ?", (round_id,)
         ).fetchone()
         return str(row[0]) if row else None
+
+    def announcement(self, round_id: str) -> Announcement | None:
+        """The announcement of a round this hop began, or None."""
+        row = self._db.execute(
+            "select announcement from rounds where round_id = ?", (round_id,)
+        ).fetchone()
+        return Announcement.model_validate_json(row[0]) if row else None
 
     def unfinished(self) -> list[Announcement]:
         """Announcements of the rounds this hop started and did not finish (to resume)."""
@@ -325,9 +335,10 @@ Classify = Callable[[Message], Arrival | None]
 class Inbox:
     """Spools every message of `filters` and acks it after the commit; wakes up readers.
 
-    `classify` turns a message into an Arrival (None: junk, acked and dropped). Run it with
-    `run()` for the lifetime of a connection; readers wait for news with `changed()`, for at
-    most a timeout measured on `clock`.
+    `classify` turns a message into an Arrival (None: junk, acked and dropped). `after` is
+    awaited with each batch of arrivals once it is committed and acked (mix 0 sends receipts
+    there). Run it with `run()` for the lifetime of a connection; readers wait for news with
+    `changed()`, for at most a timeout measured on `clock`.
     """
 
     def __init__(
@@ -338,8 +349,10 @@ class Inbox:
         classify: Classify,
         *,
         clock: Clock = system_clock,
+        after: Callable[[list[Arrival]], Awaitable[None]] | None = None,
     ) -> None:
         self.clock = clock
+        self.after = after
         self.transport = transport
         self.spool = spool
         self.filters = list(filters)
@@ -380,6 +393,8 @@ class Inbox:
             if ack is not None:
                 for m in msgs:
                     ack(m)
+            if arrivals and self.after is not None:
+                await self.after(arrivals)
             await self._notify(None)
 
     def _store(self, arrivals: list[Arrival]) -> None:

@@ -22,15 +22,17 @@ MAX_RECORD_BITS = 16  # an L-bit record fits the 2-byte value field: same 6 byte
 
 ENVELOPE_VERSION = 1
 ENVELOPE_VERSION_CREDENTIAL = 2  # adds the round id and the client's credential
+ENVELOPE_VERSION_REPLY = 3  # adds the reply id: mix 0 answers there with a signed receipt
 MAX_CLIENT_ID = 64
 MAX_ROUND_ID = 64
 MAX_CREDENTIAL = 128
+MAX_REPLY = 64
 
 CHUNK_VERSION = 1
 _CHUNK = struct.Struct(">BBIII")  # version, hop, chunk index, item size, item count
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the largest payload a hop sends (a forwarded chunk)
-# the shipped broker's max_packet_size: a chunk of MAX_MESSAGE_BYTES plus room for its topic
-# and properties (deploy/mosquitto/mosquitto.conf)
+# the largest MQTT packet a service accepts (declared to the broker) and the shipped broker's
+# max_packet_size: a chunk of MAX_MESSAGE_BYTES plus room for its topic and properties
 MAX_PACKET_BYTES = MAX_MESSAGE_BYTES + 64 * 1024
 
 
@@ -120,36 +122,45 @@ class Envelope:
 
     Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
     names the round and carries the client's credential (core/credentials.py), both outside
-    the onion: mix 0 checks them and forwards only the peeled onion.
+    the onion: mix 0 checks them and forwards only the peeled onion. Version 3 (`reply` set)
+    adds the reply id under which mix 0 sends the report's receipt (core/receipts.py).
     """
 
     client_id: str
     onion: bytes
     credential: bytes | None = None
     round_id: str | None = None
+    reply: str | None = None
 
     def encode(self) -> bytes:
         """v1: version | id length | id (ASCII) | onion.
         v2: version | id length | id | round length | round | credential length | credential |
-        onion."""
+        onion. v3: as v2, then reply length | reply, then the onion."""
         cid = self.client_id.encode("ascii")
         if not 1 <= len(cid) <= MAX_CLIENT_ID:
             raise InvalidInput(f"client id must be 1..{MAX_CLIENT_ID} ASCII bytes")
         if self.round_id is None:
-            if self.credential is not None:
-                raise InvalidInput("an envelope with a credential must name its round")
+            if self.credential is not None or self.reply is not None:
+                raise InvalidInput("an envelope with a credential or a reply must name its round")
             return bytes([ENVELOPE_VERSION, len(cid)]) + cid + self.onion
         rid = self.round_id.encode("ascii")
         cred = self.credential or b""
         if not 1 <= len(rid) <= MAX_ROUND_ID or len(cred) > MAX_CREDENTIAL:
             raise InvalidInput("round id or credential too long for an envelope")
-        head = bytes([ENVELOPE_VERSION_CREDENTIAL, len(cid)]) + cid + bytes([len(rid)]) + rid
-        return head + bytes([len(cred)]) + cred + self.onion
+        version = ENVELOPE_VERSION_CREDENTIAL if self.reply is None else ENVELOPE_VERSION_REPLY
+        head = bytes([version, len(cid)]) + cid + bytes([len(rid)]) + rid
+        head += bytes([len(cred)]) + cred
+        if self.reply is not None:
+            reply = self.reply.encode("ascii")
+            if not 1 <= len(reply) <= MAX_REPLY:
+                raise InvalidInput(f"reply id must be 1..{MAX_REPLY} ASCII bytes")
+            head += bytes([len(reply)]) + reply
+        return head + self.onion
 
     @staticmethod
     def max_size(onion_size: int) -> int:
         """The largest envelope around an onion of `onion_size` bytes; beyond it: `oversized`."""
-        return 4 + MAX_CLIENT_ID + MAX_ROUND_ID + MAX_CREDENTIAL + onion_size
+        return 5 + MAX_CLIENT_ID + MAX_ROUND_ID + MAX_CREDENTIAL + MAX_REPLY + onion_size
 
     @classmethod
     def decode(cls, data: bytes, onion_size: int) -> Envelope:
@@ -158,23 +169,27 @@ class Envelope:
             raise InvalidReport("oversized", f"envelope of {len(data)} bytes")
         if len(data) < 2:
             raise InvalidReport("malformed", "envelope shorter than its header")
-        if data[0] not in (ENVELOPE_VERSION, ENVELOPE_VERSION_CREDENTIAL):
+        if data[0] not in (ENVELOPE_VERSION, ENVELOPE_VERSION_CREDENTIAL, ENVELOPE_VERSION_REPLY):
             raise InvalidReport("bad_version", f"envelope version {data[0]}")
         cid_bytes, pos = _field(data, 1, MAX_CLIENT_ID, "client id")
         cid = _ascii(cid_bytes, "client id")
         round_id: str | None = None
         credential: bytes | None = None
-        if data[0] == ENVELOPE_VERSION_CREDENTIAL:
+        reply: str | None = None
+        if data[0] != ENVELOPE_VERSION:
             rid, pos = _field(data, pos, MAX_ROUND_ID, "round id")
             round_id = _ascii(rid, "round id")
             cred, pos = _field(data, pos, MAX_CREDENTIAL, "credential", minimum=0)
             credential = cred or None
+        if data[0] == ENVELOPE_VERSION_REPLY:
+            raw_reply, pos = _field(data, pos, MAX_REPLY, "reply id")
+            reply = _ascii(raw_reply, "reply id")
         onion = data[pos:]
         if len(onion) != onion_size:
             raise InvalidReport(
                 "bad_length", f"onion is {len(onion)} bytes, this round expects {onion_size}"
             )
-        return cls(client_id=cid, onion=onion, credential=credential, round_id=round_id)
+        return cls(cid, onion, credential=credential, round_id=round_id, reply=reply)
 
 
 def _field(

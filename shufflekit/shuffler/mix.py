@@ -17,12 +17,21 @@ is forwarded, so a mix restarted mid-round resumes it and forwards the same batc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import logging
+import sqlite3
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, RoundAborted, SpoolError
+from shufflekit.base.errors import (
+    ConfigError,
+    InvalidReport,
+    RoundAborted,
+    SpoolError,
+    TransportError,
+)
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
@@ -31,12 +40,21 @@ from shufflekit.core.crypto import KeyPair, onion_size
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement
 from shufflekit.core.peeling import InlinePeeler, Peeler, PeelJob
-from shufflekit.core.spool import Inbox, Spool
-from shufflekit.core.transport.base import Transport
+from shufflekit.core.receipts import (
+    MAX_RECEIPTS_PER_BATCH,
+    Receipt,
+    ReceiptBatch,
+    ReceiptSigner,
+    receipt_topic,
+)
+from shufflekit.core.spool import Arrival, Inbox, Spool, classify_hop_input
+from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
-from shufflekit.core.wire import REPORT_SIZE
+from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
 
-INGEST_STEP = 4096  # envelopes mix 0 checks in one go while a round is open
+log = logging.getLogger("shufflekit.mix")
+
+INGEST_STEP = 4096  # envelopes mix 0 checks in one go
 
 
 @dataclass
@@ -50,6 +68,7 @@ class MixOutcome:
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
     stages: dict[str, float] = field(default_factory=dict)  # wall seconds: peel, forward
+    resent: int = 0  # mix 0: envelopes delivered again while awaiting a receipt (stored once)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, kept in the spool with the round's stored output."""
@@ -73,6 +92,7 @@ class MixOutcome:
             counters,
             d["abort_reason"],
             dict(d.get("stages", {})),
+            int(d.get("resent", 0)),
         )
 
 
@@ -107,6 +127,10 @@ class MixNode(Hop[MixOutcome]):
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.peeler: Peeler = peeler if peeler is not None else InlinePeeler()
+        self.ingests: dict[str, _Ingest] = {}  # mix 0: rounds it collects, by id
+        self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
+        self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
+        self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
 
     def inbox(self) -> Inbox:
         """The durable inbox of this mix's input (every round) on its transport."""
@@ -132,10 +156,16 @@ class MixNode(Hop[MixOutcome]):
         outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
         try:
             if self.index == 0:
-                ingest = _Ingest(self._job(ann), self.peeler, outcome, self.clock)
-                close = await self._closed(ann, inbox, stop, ingest)
-                inbox.check(ann.round_id)  # every input up to the close was stored
-                items = await self._ingest(ann, close, ingest)
+                ingest = self._round_ingest(ann.round_id, ann) or _Ingest(
+                    self._job(ann), self.peeler, self.clock
+                )
+                try:
+                    await self._closed(ann, inbox, stop, ingest)  # the input is frozen
+                    inbox.check(ann.round_id)  # every input up to the close was stored
+                    await ingest.catch_up(self.spool)
+                finally:  # counted also when the round is aborted
+                    self._tally(ann, ingest, outcome)
+                items = list(ingest.items)
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
                 batch = await self.receive_batch(ann, size, inbox, stop, outcome.counters)
@@ -146,6 +176,7 @@ class MixNode(Hop[MixOutcome]):
             inbox.count_lost(ann.round_id, outcome.counters)
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            self.ingests.pop(ann.round_id, None)
             return outcome
         self.rng.shuffle(items)
         outcome.released = True
@@ -155,6 +186,7 @@ class MixNode(Hop[MixOutcome]):
         except SpoolError as exc:
             outcome.released, outcome.forwarded, outcome.abort_reason = False, 0, str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
+            self.ingests.pop(ann.round_id, None)
             return outcome
         return await self._forward(ann, items, outcome)
 
@@ -184,6 +216,7 @@ class MixNode(Hop[MixOutcome]):
         )
         out.stages["forward"] = self.clock.monotonic() - started
         self.spool.finish(ann.round_id, out.to_dict())
+        self.ingests.pop(ann.round_id, None)
         return out
 
     async def _closed(
@@ -207,18 +240,17 @@ class MixNode(Hop[MixOutcome]):
             left = ann.seconds_left(self.clock)
             if left <= 0:
                 return self._close_now(rid, inbox)  # the deadline: the normal end
-            batch = self.spool.messages(rid, "data", after=ingest.last, limit=INGEST_STEP)
-            if batch:
-                await ingest.take(batch)
-                if ann.close_at is not None and ingest.outcome.counters.accepted >= ann.close_at:
-                    return self._close_now(rid, inbox)  # the target count is stored: close now
+            took = await ingest.step(self.spool)  # receipts may have checked some already
+            if ann.close_at is not None and ingest.counters.accepted >= ann.close_at:
+                return self._close_now(rid, inbox)  # the target count is stored: close now
+            if took:
                 continue  # more may be spooled already; the close is checked again first
             seen = await inbox.changed(seen, left)
         return close
 
     def _close_now(self, rid: str, inbox: Inbox) -> int:
-        """Freeze the round's input at a close marker now; RoundAborted (through the inbox) if
-        the spool cannot store the marker."""
+        """Freeze the round's input at a close marker now (unless it already is); RoundAborted
+        (through the inbox) if the spool cannot store the marker."""
         try:
             return self.spool.close_round(rid)
         except SpoolError as exc:
@@ -226,17 +258,103 @@ class MixNode(Hop[MixOutcome]):
             inbox.check(rid)
             raise  # check raised already: the round's input is marked failed
 
-    async def _ingest(self, ann: Announcement, close: int, ingest: _Ingest) -> list[bytes]:
-        """Mix 0: the envelopes spooled before the close marker `close` not checked yet, then
-        the round's batch: one report per client and per ciphertext, each peeled."""
+    def _round_ingest(self, round_id: str, ann: Announcement | None = None) -> _Ingest | None:
+        """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
+        spool after a restart); None for a round it does not know or has finished."""
+        state = self.spool.state(round_id)
+        if state not in ("open", "output"):
+            self.ingests.pop(round_id, None)
+            return None
+        ingest = self.ingests.get(round_id)
+        if ingest is None:
+            ann = ann if ann is not None else self.spool.announcement(round_id)
+            if ann is None:
+                return None
+            ingest = self.ingests[round_id] = _Ingest(self._job(ann), self.peeler, self.clock)
+        return ingest
+
+    def classify(self, msg: Message) -> Arrival | None:
+        """Mix 0 spools reports only for a round it serves and has not closed: junk round ids
+        never fill its spool (dropped and counted as `unknown_round` / `round_closed`)."""
+        arrival = classify_hop_input(msg)
+        if self.index != 0 or arrival is None or arrival.kind != "data":
+            return arrival
+        state = self.spool.state(arrival.round_id)
+        ingest = self._round_ingest(arrival.round_id) if state == "open" else None
+        if ingest is not None and len(arrival.payload) > Envelope.max_size(ingest.size):
+            # larger than any envelope of the round: counted, never stored nor parsed
+            self.early.setdefault(arrival.round_id, RejectionCounter()).reject("oversized")
+            return None
+        if state == "open":  # after the close too: a resend may still want its receipt
+            resend = arrival.payload[:1] == bytes([ENVELOPE_VERSION_REPLY])
+            return dataclasses.replace(arrival, resend=resend)
+        self.dropped.reject("unknown_round" if state is None else "round_closed")
+        return None
+
+    async def after_spooled(self, arrivals: list[Arrival]) -> None:
+        """Mix 0: answer every spooled envelope that asks for a receipt (version 3) and that
+        the round counts, with mix 0's signed receipt, one batch per reply id."""
+        if self.index != 0 or self.signer is None:
+            return
+        try:
+            due = await self._receipts_due(arrivals)
+        except (SpoolError, sqlite3.Error) as exc:  # no receipt: the client resends
+            log.warning("mix 0: no receipts for this input: %s", exc)
+            return
+        await self._send_receipts(due)
+
+    async def _receipts_due(self, arrivals: list[Arrival]) -> dict[str, list[Receipt]]:
+        """The signed receipts owed for `arrivals`, by reply id: each envelope that asks for
+        one and is the report its round counts (stored before the close)."""
+        due: dict[str, list[Receipt]] = {}
+        if self.signer is None:
+            return due
+        for a in arrivals:
+            if a.kind != "data" or (ingest := self._round_ingest(a.round_id)) is None:
+                continue
+            try:
+                env = Envelope.decode(a.payload, ingest.size)
+            except InvalidReport:
+                continue
+            if env.reply is None:
+                continue
+            await ingest.catch_up(self.spool)
+            digest = hashlib.sha256(env.onion).digest()
+            if ingest.counts(env.client_id, digest):
+                receipt = ingest.receipts.get(env.client_id)
+                if receipt is None:  # signed once per report, sent again on every resend
+                    receipt = self.signer.receipt(a.round_id, env.client_id, digest.hex())
+                    ingest.receipts[env.client_id] = receipt
+                due.setdefault(env.reply, []).append(receipt)
+        return due
+
+    async def _send_receipts(self, due: dict[str, list[Receipt]]) -> None:
+        """Publish the receipts owed to each reply id, in batches."""
+        for reply, receipts in due.items():
+            try:
+                topic = receipt_topic(self.deployment, reply)
+            except ConfigError:
+                self.dropped.reject("bad_reply")
+                continue
+            for i in range(0, len(receipts), MAX_RECEIPTS_PER_BATCH):
+                batch = ReceiptBatch(receipts=receipts[i : i + MAX_RECEIPTS_PER_BATCH])
+                try:
+                    await self.transport.publish(topic, batch.to_bytes())
+                except TransportError as exc:  # the client resends; it is answered again
+                    log.info("mix 0: receipts to %s not sent: %s", reply, exc)
+
+    def _tally(self, ann: Announcement, ingest: _Ingest, outcome: MixOutcome) -> None:
+        """Mix 0: the round's counts by reason (checked reports, input dropped unstored, the
+        same bytes delivered again, resends) and the time spent peeling, into `outcome`."""
         rid = ann.round_id
-        while batch := self.spool.messages(
-            rid, "data", before=close, after=ingest.last, limit=INGEST_STEP
-        ):
-            await ingest.take(batch)
+        counters = outcome.counters
+        counters.accepted = ingest.counters.accepted
+        counters.rejected.update(ingest.counters.rejected)
+        counters.rejected.update(self.early.pop(rid, RejectionCounter()).rejected)
         for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
-            ingest.outcome.counters.reject("replayed")
-        return ingest.items
+            counters.reject("replayed")
+        outcome.resent = self.spool.duplicates(rid, "resend")
+        outcome.stages["peel"] = ingest.peel_seconds
 
     async def _peel_batch(
         self, ann: Announcement, batch: list[bytes], outcome: MixOutcome
@@ -263,37 +381,68 @@ class MixNode(Hop[MixOutcome]):
 
 
 class _Ingest:
-    """Mix 0's running state of one round: what was checked so far (up to spool seq `last`),
-    the clients and ciphertexts seen, the peeled items kept."""
+    """Mix 0's verdict on each envelope of one round, in the spool's arrival order.
 
-    def __init__(self, job: PeelJob, peeler: Peeler, outcome: MixOutcome, clock: Clock) -> None:
-        self.job, self.peeler, self.outcome, self.clock = job, peeler, outcome, clock
-        self.last = -1
-        self.seen_clients: set[str] = set()
-        self.seen_digests: set[bytes] = set()
+    A report is counted when it is the first valid one of its client and of its ciphertext
+    among the envelopes spooled before the round's close marker. That verdict depends only on
+    the spool (the bytes and their order), so it is computed once, incrementally as envelopes
+    arrive (checked and peeled in the peeler), and is the same after a restart: receipts are
+    sent from it (a receipted report is one it counts), and the batch released at the close is
+    exactly the reports it accepted.
+    """
+
+    def __init__(self, job: PeelJob, peeler: Peeler, clock: Clock) -> None:
+        self.job, self.peeler, self.clock = job, peeler, clock
+        self.size = job.onion_size
+        self.last = -1  # the last spool seq checked
+        self.clients: dict[str, bytes] = {}  # client id -> onion digest of its counted report
+        self.digests: set[bytes] = set()
         self.items: list[bytes] = []
+        self.counters = RejectionCounter()
+        self.peel_seconds = 0.0
+        self.receipts: dict[str, Receipt] = {}  # client id -> its signed receipt, once made
+        self._lock = asyncio.Lock()  # the round's task and the receipts both advance it
 
-    async def take(self, batch: list[tuple[int, bytes]]) -> None:
+    async def step(self, spool: Spool) -> bool:
+        """Check and peel the next envelopes spooled before the round's close marker (at most
+        INGEST_STEP); whether there were any."""
+        async with self._lock:
+            rid = self.job.round_id
+            batch = spool.messages(
+                rid, "data", before=spool.close_seq(rid), after=self.last, limit=INGEST_STEP
+            )
+            if batch:
+                await self._take(batch)
+            return bool(batch)
+
+    async def catch_up(self, spool: Spool) -> None:
+        """Check every envelope spooled so far before the round's close marker."""
+        while await self.step(spool):
+            pass
+
+    def counts(self, client_id: str, digest: bytes) -> bool:
+        """Whether the report of `client_id` with onion SHA-256 `digest` is one the round counts."""
+        return self.clients.get(client_id) == digest
+
+    async def _take(self, batch: list[tuple[int, bytes]]) -> None:
         """Check and peel `batch` ((seq, payload) in arrival order) in the peeler, then keep,
         in arrival order, one report per client and per ciphertext."""
         started = self.clock.monotonic()
         checked = await self.peeler.envelopes(self.job, [p for _, p in batch])
-        self.outcome.stages["peel"] = self.outcome.stages.get("peel", 0.0) + (
-            self.clock.monotonic() - started
-        )
+        self.peel_seconds += self.clock.monotonic() - started
         self.last = batch[-1][0]
-        counters = self.outcome.counters
+        counters = self.counters
         for c in checked:
             if c.refused is not None:
                 counters.reject(c.refused)
-            elif c.digest in self.seen_digests:
+            elif c.digest in self.digests:
                 counters.reject("replayed")
-            elif c.client_id in self.seen_clients:
+            elif c.client_id in self.clients:
                 counters.reject("duplicate_client")
             elif c.inner is None:
                 counters.reject(c.failed or "undecryptable")
             else:
-                self.seen_digests.add(c.digest)
-                self.seen_clients.add(c.client_id)
+                self.digests.add(c.digest)
+                self.clients[c.client_id] = c.digest
                 self.items.append(c.inner)
                 counters.accept()

@@ -20,8 +20,10 @@ from shufflekit.app.services.keys import (
     role_name,
     write_enrollment_key,
     write_key_pair,
+    write_receipt_public,
     write_result_public,
 )
+from shufflekit.core.receipts import receipt_public_key
 from shufflekit.core.results import result_public_key
 
 keys_app = typer.Typer(
@@ -127,6 +129,26 @@ def keys_enroll(
             typer.echo(f"{cid} {cred}")  # plain: no wrapping, no styling, whatever the width
 
 
+@keys_app.command("receipt")
+def keys_receipt(
+    key: Annotated[Path, typer.Option("--key", help="Mix 0's private key file (mix0.key).")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Write mix 0's receipt public key next to its key: mix0.receipt.pub (derived from it).
+
+    `keys new --role mix --index 0` writes it too; this is for a mix 0 key made before
+    receipts. The coordinator announces it, and clients check mix 0's receipts with it.
+    """
+    pair = load_private_key(key, "mix0")
+    public = key.with_name(key.name.removesuffix(".key") + ".pub")
+    path = write_receipt_public(public, pair.private_b64())
+    text = receipt_public_key(pair.private_b64())
+    if json_out:
+        print_json({"receipt_key": text, "receipt_key_file": str(path)})
+    else:
+        console.print(f"mix 0's receipt key {text} written to {path}", highlight=False)
+
+
 def _setup(config: Path, log_level: str) -> ServiceConfig:
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -222,6 +244,14 @@ def clients(
             "(needed when mix 0 checks credentials).",
         ),
     ] = None,
+    receipts: Annotated[
+        bool,
+        typer.Option(
+            "--receipts",
+            help="Resend each report until mix 0's signed receipt arrives (else: until the "
+            "broker's PUBACK); reports how many are receipted.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
@@ -239,6 +269,7 @@ def clients(
             wait=wait,
             id_prefix=id_prefix,
             enrollment=authority,
+            receipts=receipts,
         )
     )
     out = summary.as_dict()
@@ -247,7 +278,8 @@ def clients(
     else:
         console.print(
             f"round {summary.round_id}: sent {summary.sent} reports ({out['good']} good, "
-            f"{summary.bad} malformed {summary.bad_by_kind}) in {summary.seconds:.1f}s; "
+            f"{summary.bad} malformed {summary.bad_by_kind}), {summary.receipted} receipted by "
+            f"mix 0, in {summary.seconds:.1f}s; "
             f"{summary.seconds_left_at_end:.0f}s left before the deadline",
             highlight=False,
         )

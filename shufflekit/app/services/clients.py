@@ -6,8 +6,12 @@ ciphertext, a truncated one, or random bytes), which mix 0 must reject and count
 enrollment key, each simulated client is enrolled first and sends its credential.
 
 Each connection gets a fresh client id (two runs never take over each other's connections).
-When the broker goes away mid-send (a restart), they reconnect and resend what it had not
-acknowledged, until the round's deadline (`send_until_acked`).
+With `receipts`, a well-formed report counts as delivered only once mix 0's signed receipt for
+it arrives on the connection's receipt topic (`send_until_receipted`,
+shufflekit/client/receipts.py): until then, and until the round's deadline, the same bytes are
+resent, over a new connection with the same client id if the broker went away. Without it (and
+always for malformed reports, which get no receipt) a report is sent until the broker
+acknowledges it (`send_until_acked`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +27,7 @@ import numpy as np
 
 from shufflekit.base.errors import ConfigError, InvalidInput, TransportError
 from shufflekit.client.agent import build_onion, current_announcement, wrap_envelope
+from shufflekit.client.receipts import ReceiptBox
 from shufflekit.core.credentials import EnrollmentKey
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics, check_name
@@ -40,6 +46,7 @@ class ClientsSummary:
     users: int
     enrolled: bool = False
     sent: int = 0
+    receipted: int = 0  # well-formed reports holding mix 0's signed receipt
     bad: int = 0
     bad_by_kind: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -83,6 +90,7 @@ async def run_clients(
     wait: float = 60.0,
     id_prefix: str = "sim",
     enrollment: EnrollmentKey | None = None,
+    receipts: bool = False,
 ) -> ClientsSummary:
     """`users` simulated clients answer the current round; returns what was sent. With
     `enrollment`, each client is enrolled (given its credential) and sends it with its report."""
@@ -109,23 +117,67 @@ async def run_clients(
     bad = set(rng.choice(users, size=n_bad, replace=False).tolist())
     summary = ClientsSummary(deployment, ann.round_id, users, enrolled=enrollment is not None)
     topic = Topics(deployment).data(ann.round_id, 0)
-    payloads: list[bytes] = []
+    receipts = receipts and ann.receipt_key is not None  # an older coordinator has none
+    replies = [f"sk-{uuid.uuid4().hex[:12]}" for _ in range(connections)]
+    good: list[list[bytes]] = [[] for _ in range(connections)]
+    junk: list[bytes] = []
     for i in range(users):
         cid = f"{id_prefix}-{i}"
         cred = enrollment.issue(deployment, cid) if enrollment is not None else None
         if i in bad:
-            kind = MALFORMED_KINDS[len(payloads) % len(MALFORMED_KINDS)]
-            payloads.append(malformed(cid, int(values[i]), ann, kind, rng, cred))
+            kind = MALFORMED_KINDS[len(junk) % len(MALFORMED_KINDS)]
+            junk.append(malformed(cid, int(values[i]), ann, kind, rng, cred))
             summary.bad_by_kind[kind] = summary.bad_by_kind.get(kind, 0) + 1
         else:
-            payloads.append(wrap_envelope(cid, build_onion(int(values[i]), ann), ann, cred))
+            j = i % connections
+            reply = replies[j] if receipts else None
+            good[j].append(wrap_envelope(cid, build_onion(int(values[i]), ann), ann, cred, reply))
     summary.bad = n_bad
-    parts = [payloads[j::connections] for j in range(connections)]
-    await asyncio.gather(*(send_until_acked(addr, topic, part, ann) for part in parts))
+    sends = [send_until_acked(addr, topic, junk[j::connections], ann) for j in range(connections)]
+    if receipts:
+        counts = [send_until_receipted(addr, replies[j], good[j], ann) for j in range(connections)]
+        got, _ = await asyncio.gather(asyncio.gather(*counts), asyncio.gather(*sends))
+        summary.receipted = sum(got)
+    else:
+        sends += [send_until_acked(addr, topic, part, ann) for part in good]
+        await asyncio.gather(*sends)
     summary.sent = users
     summary.seconds = time.monotonic() - started
     summary.seconds_left_at_end = ann.seconds_left()
     return summary
+
+
+async def send_until_receipted(
+    addr: BrokerAddress, reply: str, payloads: list[bytes], ann: Announcement
+) -> int:
+    """Send every payload on one connection (MQTT client id `reply`) until mix 0's receipt for
+    it arrives or the round's deadline passes; returns how many hold a receipt. A lost
+    connection is opened again under the same client id (its receipts keep coming there)."""
+    conn: MqttTransport | None = None
+    opened = asyncio.Lock()
+
+    async def connect() -> MqttTransport:
+        nonlocal conn
+        async with opened:
+            if conn is None or not conn.connected:
+                fresh = MqttTransport(addr, client_id=reply)
+                await fresh.connect()
+                conn = fresh
+            return conn
+
+    try:
+        async with ReceiptBox(connect, ann, reply) as box:
+            await asyncio.gather(*(box.deliver(p, resend=5.0) for p in payloads))
+            if box.receipted < len(payloads):
+                log.warning(
+                    "%d report(s) without mix 0's receipt when round %s closed",
+                    len(payloads) - box.receipted,
+                    ann.round_id,
+                )
+            return box.receipted
+    finally:
+        if conn is not None:
+            await conn.close()
 
 
 async def send_until_acked(

@@ -25,6 +25,7 @@ from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair, public_from_b64
 from shufflekit.core.keytext import raw_key_from_b64
+from shufflekit.core.receipts import receipt_public_key
 from shufflekit.core.results import result_public_key
 
 
@@ -84,14 +85,17 @@ def _write_new(files: KeyFiles, key: K, force: bool, algo: str) -> K:
 def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None = None) -> KeyPair:
     """Write an HPKE (X25519) key pair for a mix or the analyzer: `pair`, or a new one from
     the OS CSPRNG (a simulation passes seeded ones); for the analyzer also its result public
-    key (`result_file`)."""
+    key (`result_file`), for mix 0 its receipt public key (`receipt_file`)."""
     key = _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
     if files.public.name == "analyzer.pub":
         write_result_public(files.public, key.private_b64())
+    if files.public.name == "mix0.pub":
+        write_receipt_public(files.public, key.private_b64())
     return key
 
 
 RESULT_NAME = "analyzer.result"  # the role name in the result key file's type line
+RECEIPT_NAME = "mix0.receipt"  # the role name in the receipt key file's type line
 
 
 def result_file(analyzer_public: Path) -> Path:
@@ -123,6 +127,39 @@ def load_result_key(analyzer_public: Path) -> str:
         raw_key_from_b64(b64, "a result key")
     except ValueError as exc:
         raise ConfigError(f"{path} is not a result public key: {exc}") from None
+    return b64
+
+
+def receipt_file(mix0_public: Path) -> Path:
+    """Mix 0's receipt public key file next to its public key: `mix0.pub` -> `mix0.receipt.pub`."""
+    return mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".receipt.pub")
+
+
+def write_receipt_public(mix0_public: Path, private_b64: str) -> Path:
+    """Write the receipt public key derived from mix 0's private key (core/receipts.py)."""
+    path = receipt_file(mix0_public)
+    head = HEADER.format(algo=ED25519, half="public", name=RECEIPT_NAME)
+    _write_atomic(path, f"{head}\n{receipt_public_key(private_b64)}\n", 0o644)
+    return path
+
+
+def load_receipt_key(mix0_public: Path) -> str:
+    """Mix 0's receipt public key (base64, for the announcement); ConfigError, saying how to
+    make it, if missing."""
+    path = receipt_file(mix0_public)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        key = mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".key")
+        raise ConfigError(
+            f"cannot read mix 0's receipt key {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys receipt --key {key}` (where mix 0's key is)"
+        ) from None
+    b64 = key_text(path, text, ED25519, "public", RECEIPT_NAME)
+    try:
+        raw_key_from_b64(b64, "a receipt key")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a receipt public key: {exc}") from None
     return b64
 
 

@@ -29,6 +29,7 @@ from shufflekit.app.services.keys import (
     load_credential_verifier,
     load_private_key,
     load_public_key,
+    load_receipt_key,
     load_result_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
@@ -41,6 +42,7 @@ from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.core.wire import MAX_PACKET_BYTES
 from shufflekit.shuffler.mix import MixNode, MixOutcome
 
 log = logging.getLogger("shufflekit.services")
@@ -117,7 +119,11 @@ def _connector(
     addr = BrokerAddress.parse(cfg.broker)
     expiry = cfg.session_expiry if durable else None
     return lambda: MqttTransport(
-        addr, client_id=cfg.client_id(name), session_expiry=expiry, durable_filters=durable
+        addr,
+        client_id=cfg.client_id(name),
+        session_expiry=expiry,
+        durable_filters=durable,
+        max_packet_size=MAX_PACKET_BYTES,  # larger input is dropped by the broker, unparsed
     )
 
 
@@ -171,7 +177,7 @@ def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
         return (
             {"service": "mix", "hop": out.hop, "released": out.released}
             | base
-            | {"forwarded": out.forwarded}
+            | {"forwarded": out.forwarded, "resent": out.resent}
         )
     r = out.result
     return (
@@ -312,6 +318,7 @@ async def serve_coordinator(
     mix_files, analyzer_file = cfg.public_keys()
     mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
     analyzer_key = load_public_key(analyzer_file, "analyzer")
+    receipt_key = load_receipt_key(mix_files[0])
     result_key = load_result_key(analyzer_file)
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
@@ -327,7 +334,9 @@ async def serve_coordinator(
     async def body(transport: Transport) -> None:
         nonlocal done, coord
         if coord is None:
-            coord = wiring.coordinator(transport, mix_keys, analyzer_key, result_key)
+            coord = wiring.coordinator(
+                transport, mix_keys, analyzer_key, receipt_key=receipt_key, result_key=result_key
+            )
             if metrics is not None:
                 coord.control.on_reject = metrics.control_rejection
         # One Coordinator across reconnects: it remembers the round it was driving when the

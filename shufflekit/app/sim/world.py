@@ -5,7 +5,7 @@ The mixes, the analyzer and the coordinator are the very `serve_*` loops of
 `shufflekit serve ...` (`ServiceEnv` hands them the simulated broker, the virtual clock,
 seeded randomness and inline ledger calls); the ledger is SQLite in a temporary folder; the
 clients are the real client agents, answering over one shared connection and retrying a
-report until the broker acknowledges it or the deadline passes. Only the transport, the
+report until mix 0's signed receipt comes or the deadline passes. Only the transport, the
 clock, the randomness, the cipher (the seeded stand-in unless `real_crypto`) and the process
 boundaries are simulated. A crash drops a role's memory (its task and connection) and keeps
 exactly what it committed to disk (spool, ledger).
@@ -42,15 +42,14 @@ from shufflekit.base.errors import (
     ConfigError,
     InvalidReport,
     LedgerBusy,
-    TransportError,
 )
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent
+from shufflekit.client.receipts import ReceiptBox
 from shufflekit.core import standin
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.peeling import InlinePeeler
-from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
 
@@ -94,7 +93,7 @@ class SeedOutcome:
     rounds_run: int = 0
     rounds_released: int = 0
     rounds_refunded: int = 0
-    reports_acknowledged: int = 0
+    reports_receipted: int = 0
     reports_counted: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
@@ -324,32 +323,35 @@ class World:
         return self.clients
 
     async def _answer(self, ann: Announcement) -> None:
-        """This round's users: each answers once at a random time, retrying until acked."""
+        """This round's users: each answers once at a random time, retrying until receipted."""
         crng = self.rng.fork(f"clients-{ann.round_id}")
         lo = max(N_MIN, self.spec.users // 4)
         n = lo + crng.randbelow(max(1, self.spec.users - lo + 1))
         facts = self.checker.round(ann.round_id)
+        facts.users = n
         self.event(CLIENTS, "users", round=ann.round_id, n=n)
         window = max(0.0, ann.seconds_left(self.clock))
-        users = []
-        for i in range(n):
-            agent = ClientAgent(f"u{i}", crng.randbelow(ann.k), rng=crng)
-            users.append(self._one_user(agent, ann, 0.8 * window * crng.random(), facts.acked))
-        await asyncio.gather(*users)
+        async with ReceiptBox(self._clients_connection, ann, CLIENTS, clock=self.clock) as box:
+            users = []
+            for i in range(n):
+                agent = ClientAgent(f"u{i}", crng.randbelow(ann.k), rng=crng)
+                arrive = 0.8 * window * crng.random()
+                users.append(self._one_user(agent, ann, arrive, box, facts.receipted))
+            await asyncio.gather(*users)
+        self.event(CLIENTS, "receipted", round=ann.round_id, n=box.receipted)
 
     async def _one_user(
-        self, agent: ClientAgent, ann: Announcement, arrive: float, acked: dict[str, float]
+        self,
+        agent: ClientAgent,
+        ann: Announcement,
+        arrive: float,
+        box: ReceiptBox,
+        receipted: dict[str, float],
     ) -> None:
+        """One user: arrives, then resends its report until mix 0's receipt comes."""
         await asyncio.sleep(arrive)
-        payload = agent.envelope(ann)
-        topic = Topics(ann.deployment).data(ann.round_id, 0)
-        while ann.seconds_left(self.clock) > 0:
-            with contextlib.suppress(TransportError):
-                conn = await self._clients_connection()
-                await conn.publish(topic, payload)
-                acked.setdefault(agent.client_id, self.clock.monotonic())
-                return
-            await asyncio.sleep(1.0)
+        if await box.deliver(agent.envelope(ann, reply=box.reply), resend=1.0) is not None:
+            receipted.setdefault(agent.client_id, self.clock.monotonic())
 
     # ------------------------------------------------------------------ the run
     def _schedule_faults(self) -> None:
@@ -397,7 +399,7 @@ class World:
             rounds_run=len(status.rounds),
             rounds_released=len(released),
             rounds_refunded=sum(1 for r in status.rounds if r.status == "refunded"),
-            reports_acknowledged=sum(len(f.acked) for f in facts.values()),
+            reports_receipted=sum(len(f.receipted) for f in facts.values()),
             reports_counted=sum(f.results[0] for f in facts.values() if f.results),
             faults=dict(sorted(self.broker.injected.items())),
             violations=list(self.checker.violations),

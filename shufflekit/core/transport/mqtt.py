@@ -230,11 +230,13 @@ class MqttTransport(Transport):
         timeout: float = 30.0,
         session_expiry: int | None = None,
         durable_filters: Sequence[str] = (),
+        max_packet_size: int | None = None,
     ) -> None:
         """`session_expiry` (seconds) asks for a persistent session under `client_id` (give a
         fixed one); messages matching `durable_filters` are acked only by `ack()`."""
         self._address = address
         self._session_expiry = session_expiry
+        self._max_packet = max_packet_size  # MQTT 5: the broker sends nothing larger
         self._durable = list(durable_filters)
         self._held: list[MqttMessage] = []
         self._client_id = client_id or f"sk-{uuid.uuid4().hex[:12]}"
@@ -255,7 +257,7 @@ class MqttTransport(Transport):
 
     @property
     def client_id(self) -> str:
-        """The MQTT client id this connection sends."""
+        """The MQTT client id of this connection (a receipt's reply id)."""
         return self._client_id
 
     @property
@@ -269,8 +271,11 @@ class MqttTransport(Transport):
         if addr.tls and tls is None:
             tls = addr.ssl_context()
         session: dict[str, Any] = {}
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        if self._max_packet is not None:
+            props.MaximumPacketSize = self._max_packet
+            session = {"properties": props}
         if self._session_expiry is not None:
-            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = self._session_expiry
             session = {"clean_start": False, "properties": props}
         client = aiomqtt.Client(
