@@ -14,7 +14,7 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from shufflekit.app.services.keys import KeyFiles, load_receipt_key, write_key_pair
+from shufflekit.app.services.keys import RECEIPT_KEY, KeyFiles, load_derived_key, write_key_pair
 from shufflekit.base.errors import ConfigError, InvalidReport
 from shufflekit.client.agent import ClientAgent
 from shufflekit.client.receipts import ReceiptBox
@@ -188,13 +188,13 @@ def test_keys_write_the_receipt_key_that_mix0_signs_with(tmp_path: Path) -> None
     pair = write_key_pair(files)  # what `keys new` calls
     text = (tmp_path / "mix0.receipt.pub").read_text()
     assert text.splitlines()[0] == "# shufflekit ed25519 public key: mix0.receipt"
-    written = load_receipt_key(files.public)
+    written = load_derived_key(RECEIPT_KEY, files.public)
     signer = ReceiptSigner(pair.private_b64(), DEP)
     assert written == signer.public_b64()
     signer.receipt("r1", "alice", "a" * 64).verify(DEP, written)
     (tmp_path / "mix0.receipt.pub").unlink()
     with pytest.raises(ConfigError, match="keys receipt"):
-        load_receipt_key(files.public)
+        load_derived_key(RECEIPT_KEY, files.public)
     again = run_cli(["keys", "receipt", "--key", str(tmp_path / "mix0.key"), "--json"])
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "mix0.receipt.pub").read_text() == text

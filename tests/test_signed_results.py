@@ -15,7 +15,7 @@ from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams, RoundTopics
-from shufflekit.app.services.keys import KeyFiles, load_result_key, result_file, write_key_pair
+from shufflekit.app.services.keys import RESULT_KEY, KeyFiles, load_derived_key, write_key_pair
 from shufflekit.base.errors import ConfigError, InvalidReport
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement, Ready, Result
@@ -125,11 +125,11 @@ def test_keys_new_writes_the_result_key_and_result_key_writes_it_for_an_old_key(
 ) -> None:
     files = KeyFiles.of(tmp_path, "analyzer")
     pair = write_key_pair(files)
-    assert load_result_key(files.public) == result_public_key(pair.private_b64())
-    result_file(files.public).unlink()
+    assert load_derived_key(RESULT_KEY, files.public) == result_public_key(pair.private_b64())
+    RESULT_KEY.file(files.public).unlink()
     with pytest.raises(ConfigError, match="keys result-key --key"):
-        load_result_key(files.public)
+        load_derived_key(RESULT_KEY, files.public)
     out = run_cli(["keys", "result-key", "--key", str(files.private), "--json"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["result_key"] == result_public_key(pair.private_b64())
-    assert load_result_key(files.public) == result_public_key(pair.private_b64())
+    assert load_derived_key(RESULT_KEY, files.public) == result_public_key(pair.private_b64())

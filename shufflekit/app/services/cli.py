@@ -14,17 +14,17 @@ from shufflekit.app.cli_common import JsonOpt, refuse
 from shufflekit.app.render import console, print_json
 from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
+    RECEIPT_KEY,
+    RESULT_KEY,
+    DerivedKey,
     KeyFiles,
     load_enrollment_key,
     load_private_key,
     role_name,
+    write_derived_public,
     write_enrollment_key,
     write_key_pair,
-    write_receipt_public,
-    write_result_public,
 )
-from shufflekit.core.receipts import receipt_public_key
-from shufflekit.core.results import result_public_key
 
 keys_app = typer.Typer(
     help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
@@ -93,14 +93,7 @@ def keys_result_key(
     anyone reading results check it against this file. `keys new --role analyzer` writes it
     too; this is for a key made before results were signed.
     """
-    pair = load_private_key(key, "analyzer")
-    public = key.with_name(key.name.removesuffix(".key") + ".pub")
-    path = write_result_public(public, pair.private_b64())
-    info = {"result_key": result_public_key(pair.private_b64()), "result_key_file": str(path)}
-    if json_out:
-        print_json(info)
-    else:
-        console.print(f"result key {path}: {info['result_key']}", highlight=False)
+    _write_derived(RESULT_KEY, key, json_out)
 
 
 @keys_app.command("enroll")
@@ -139,14 +132,19 @@ def keys_receipt(
     `keys new --role mix --index 0` writes it too; this is for a mix 0 key made before
     receipts. The coordinator announces it, and clients check mix 0's receipts with it.
     """
-    pair = load_private_key(key, "mix0")
+    _write_derived(RECEIPT_KEY, key, json_out)
+
+
+def _write_derived(kind: DerivedKey, key: Path, json_out: bool) -> None:
+    """Write `kind`'s public half next to the hop's key file `key` (checked to be that hop's)."""
+    pair = load_private_key(key, kind.hop)
     public = key.with_name(key.name.removesuffix(".key") + ".pub")
-    path = write_receipt_public(public, pair.private_b64())
-    text = receipt_public_key(pair.private_b64())
+    path = write_derived_public(kind, public, pair.private_b64())
+    text = kind.public_of(pair.private_b64())
     if json_out:
-        print_json({"receipt_key": text, "receipt_key_file": str(path)})
+        print_json({f"{kind.purpose}_key": text, f"{kind.purpose}_key_file": str(path)})
     else:
-        console.print(f"mix 0's receipt key {text} written to {path}", highlight=False)
+        console.print(f"{kind.what} {text} written to {path}", highlight=False)
 
 
 def _setup(config: Path, log_level: str) -> ServiceConfig:

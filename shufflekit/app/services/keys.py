@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -84,82 +85,68 @@ def _write_new(files: KeyFiles, key: K, force: bool, algo: str) -> K:
 
 def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None = None) -> KeyPair:
     """Write an HPKE (X25519) key pair for a mix or the analyzer: `pair`, or a new one from
-    the OS CSPRNG (a simulation passes seeded ones); for the analyzer also its result public
-    key (`result_file`), for mix 0 its receipt public key (`receipt_file`)."""
+    the OS CSPRNG (a simulation passes seeded ones); and the public half of every signing key
+    that hop derives from it (`DERIVED`: the analyzer's result key, mix 0's receipt key)."""
     key = _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
-    if files.public.name == "analyzer.pub":
-        write_result_public(files.public, key.private_b64())
-    if files.public.name == "mix0.pub":
-        write_receipt_public(files.public, key.private_b64())
+    for kind in DERIVED:
+        if files.public.name == f"{kind.hop}.pub":
+            write_derived_public(kind, files.public, key.private_b64())
     return key
 
 
-RESULT_NAME = "analyzer.result"  # the role name in the result key file's type line
-RECEIPT_NAME = "mix0.receipt"  # the role name in the receipt key file's type line
+@dataclass(frozen=True)
+class DerivedKey:
+    """An Ed25519 signing key a hop derives from its HPKE private key; its public half lives
+    next to the hop's public key, as `{hop}.{purpose}.pub` under its own type line."""
+
+    hop: str  # mix0, analyzer
+    purpose: str  # result, receipt
+    what: str  # for people: "the analyzer's result key"
+    command: str  # the `shufflekit keys` command that writes it for an older key
+    public_of: Callable[[str], str]  # the hop's private key text -> the public half (base64)
+
+    @property
+    def name(self) -> str:
+        """The role name in the type line: `analyzer.result`, `mix0.receipt`."""
+        return f"{self.hop}.{self.purpose}"
+
+    def file(self, hop_public: Path) -> Path:
+        """The public half's file next to the hop's public key file."""
+        return hop_public.with_name(hop_public.name.removesuffix(".pub") + f".{self.purpose}.pub")
 
 
-def result_file(analyzer_public: Path) -> Path:
-    """The analyzer's result key file next to its public key: `analyzer.result.pub`."""
-    return analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".result.pub")
+RESULT_KEY = DerivedKey(
+    "analyzer", "result", "the analyzer's result key", "result-key", result_public_key
+)
+RECEIPT_KEY = DerivedKey("mix0", "receipt", "mix 0's receipt key", "receipt", receipt_public_key)
+DERIVED = (RESULT_KEY, RECEIPT_KEY)
 
 
-def write_result_public(analyzer_public: Path, private_b64: str) -> Path:
-    """Write the result public key derived from the analyzer's private key (core/results.py)."""
-    path = result_file(analyzer_public)
-    head = HEADER.format(algo=ED25519, half="public", name=RESULT_NAME)
-    _write_atomic(path, f"{head}\n{result_public_key(private_b64)}\n", 0o644)
+def write_derived_public(kind: DerivedKey, hop_public: Path, private_b64: str) -> Path:
+    """Write the public half of `kind` derived from the hop's private key text."""
+    path = kind.file(hop_public)
+    head = HEADER.format(algo=ED25519, half="public", name=kind.name)
+    _write_atomic(path, f"{head}\n{kind.public_of(private_b64)}\n", 0o644)
     return path
 
 
-def load_result_key(analyzer_public: Path) -> str:
-    """The analyzer's result public key (base64); ConfigError, saying how to make it, if not."""
-    path = result_file(analyzer_public)
+def load_derived_key(kind: DerivedKey, hop_public: Path) -> str:
+    """The public half of `kind` (base64, for the announcement); ConfigError, saying how to
+    make it, if missing, of another type or malformed."""
+    path = kind.file(hop_public)
     try:
         text = path.read_text()
     except OSError as exc:
-        key = analyzer_public.with_name(analyzer_public.name.removesuffix(".pub") + ".key")
+        key = hop_public.with_name(hop_public.name.removesuffix(".pub") + ".key")
         raise ConfigError(
-            f"cannot read the analyzer's result key {path}: {exc.strerror}; write it with "
-            f"`shufflekit keys result-key --key {key}` (where the analyzer's key is)"
+            f"cannot read {kind.what} {path}: {exc.strerror}; write it with "
+            f"`shufflekit keys {kind.command} --key {key}`"
         ) from None
-    b64 = key_text(path, text, ED25519, "public", RESULT_NAME)
+    b64 = key_text(path, text, ED25519, "public", kind.name)
     try:
-        raw_key_from_b64(b64, "a result key")
+        raw_key_from_b64(b64, kind.what)
     except ValueError as exc:
-        raise ConfigError(f"{path} is not a result public key: {exc}") from None
-    return b64
-
-
-def receipt_file(mix0_public: Path) -> Path:
-    """Mix 0's receipt public key file next to its public key: `mix0.pub` -> `mix0.receipt.pub`."""
-    return mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".receipt.pub")
-
-
-def write_receipt_public(mix0_public: Path, private_b64: str) -> Path:
-    """Write the receipt public key derived from mix 0's private key (core/receipts.py)."""
-    path = receipt_file(mix0_public)
-    head = HEADER.format(algo=ED25519, half="public", name=RECEIPT_NAME)
-    _write_atomic(path, f"{head}\n{receipt_public_key(private_b64)}\n", 0o644)
-    return path
-
-
-def load_receipt_key(mix0_public: Path) -> str:
-    """Mix 0's receipt public key (base64, for the announcement); ConfigError, saying how to
-    make it, if missing."""
-    path = receipt_file(mix0_public)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        key = mix0_public.with_name(mix0_public.name.removesuffix(".pub") + ".key")
-        raise ConfigError(
-            f"cannot read mix 0's receipt key {path}: {exc.strerror}; write it with "
-            f"`shufflekit keys receipt --key {key}` (where mix 0's key is)"
-        ) from None
-    b64 = key_text(path, text, ED25519, "public", RECEIPT_NAME)
-    try:
-        raw_key_from_b64(b64, "a receipt key")
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not a receipt public key: {exc}") from None
+        raise ConfigError(f"{path} is not {kind.what}: {exc}") from None
     return b64
 
 
@@ -171,7 +158,8 @@ def write_enrollment_key(files: KeyFiles, *, force: bool = False) -> EnrollmentK
 def _describe(algo: str, half: str, name: str) -> str:
     """What a key is, for people: 'the enrollment private key', "mix0's HPKE public key"."""
     if algo == ED25519:
-        return "the analyzer's result key" if name == RESULT_NAME else f"the enrollment {half} key"
+        derived = [k.what for k in DERIVED if k.name == name]
+        return derived[0] if derived else f"the enrollment {half} key"
     return f"{name}'s HPKE {half} key"
 
 

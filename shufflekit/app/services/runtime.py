@@ -26,11 +26,12 @@ from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
+    RECEIPT_KEY,
+    RESULT_KEY,
     load_credential_verifier,
+    load_derived_key,
     load_private_key,
     load_public_key,
-    load_receipt_key,
-    load_result_key,
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
@@ -318,8 +319,8 @@ async def serve_coordinator(
     mix_files, analyzer_file = cfg.public_keys()
     mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
     analyzer_key = load_public_key(analyzer_file, "analyzer")
-    receipt_key = load_receipt_key(mix_files[0])
-    result_key = load_result_key(analyzer_file)
+    receipt_key = load_derived_key(RECEIPT_KEY, mix_files[0])
+    result_key = load_derived_key(RESULT_KEY, analyzer_file)
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
     params = c.round_params(budget.n_min)
