@@ -143,23 +143,8 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     try:
         progress(f"measuring the crypto floor on {cores} cores")
         floor = measure_floor(opts.mixes, seconds=opts.floor_seconds)
-        probe = LoadSettings(  # validates the fractions before anything starts
-            "127.0.0.1",
-            1,
-            False,
-            None,
-            None,
-            None,
-            "x",
-            opts.users,
-            opts.rounds,
-            connections,
-            opts.ramp,
-            opts.dropout,
-            opts.stragglers,
-            opts.bad_fraction,
-            opts.seed,
-        )
+        # validates the fractions before anything starts (no broker yet)
+        probe = _settings(opts, connections, work, "127.0.0.1", 1, False, None, None, None, "x")
         good = probe.counts()["good"]
         if opts.config is not None:
             settings = _existing(opts, connections, work)
@@ -179,25 +164,11 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
             )
             start_services(stack, monitor)
             b = stack.broker
-            settings = LoadSettings(
-                "127.0.0.1",
-                b.port,
-                b.tls,
-                str(b.ca) if b.ca else None,
-                "client",
-                b.passwords["client"],
-                "loadtest",
-                opts.users,
-                opts.rounds,
-                connections,
-                opts.ramp,
-                opts.dropout,
-                opts.stragglers,
-                opts.bad_fraction,
-                opts.seed,
-                enrollment_key=stack.enrollment_b64,
-                out_dir=str(work / "load"),
-            )
+            ca = str(b.ca) if b.ca else None
+            settings = _settings(
+                opts, connections, work, "127.0.0.1", b.port, b.tls, ca,
+                "client", b.passwords["client"], "loadtest", stack.enrollment_b64,
+            )  # fmt: skip
         settings_file = work / "load-settings.json"
         (work / "load").mkdir(exist_ok=True)
         settings.write(settings_file)
@@ -324,11 +295,32 @@ def _existing(opts: LoadTestOptions, connections: int, work: Path) -> LoadSettin
         enrol = load_enrollment_key(private).private_b64()
     if not addr.username:
         raise TransportError("the client account: set SHUFFLEKIT_MQTT_USERNAME and _PASSWORD")
+    ca = str(addr.ca_file) if addr.ca_file else None
+    return _settings(
+        opts, connections, work, addr.host, addr.port, addr.tls, ca,
+        addr.username, addr.password, cfg.deployment, enrol,
+    )  # fmt: skip
+
+
+def _settings(
+    opts: LoadTestOptions,
+    connections: int,
+    work: Path,
+    host: str,
+    port: int,
+    tls: bool,
+    ca_file: str | None,
+    username: str | None,
+    password: str | None,
+    deployment: str,
+    enrollment_key: str | None = None,
+) -> LoadSettings:
+    """What the Locust workers are told: this broker, account and deployment, and the load's
+    shape from `opts` (LoadSettings checks the fractions)."""
     return LoadSettings(
-        addr.host, addr.port, addr.tls, str(addr.ca_file) if addr.ca_file else None,
-        addr.username, addr.password, cfg.deployment, opts.users, opts.rounds, connections,
-        opts.ramp, opts.dropout, opts.stragglers, opts.bad_fraction, opts.seed,
-        enrollment_key=enrol, out_dir=str(work / "load"),
+        host, port, tls, ca_file, username, password, deployment,
+        opts.users, opts.rounds, connections, opts.ramp, opts.dropout, opts.stragglers,
+        opts.bad_fraction, opts.seed, enrollment_key=enrollment_key, out_dir=str(work / "load"),
     )  # fmt: skip
 
 
