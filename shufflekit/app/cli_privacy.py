@@ -211,6 +211,14 @@ def _show(row: dict[str, Any], json_out: bool, headline: Text, lower: str | None
     console.print(f"({row['seconds']:.3g} s)")
 
 
+def _epsilon_gap(row: dict[str, Any]) -> str | None:
+    """The lower-bound line of an epsilon answer: the attack's epsilon and the gap to it."""
+    if row["lower_bound"] is None:
+        return None
+    gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
+    return f"{row['lower_bound']:.6g}; gap {gap:.3g}%"
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.6g}"
 
@@ -259,10 +267,6 @@ def epsilon(
         refuse("give --n, --k, --eps0 and --delta (or --round N,K,EPS0[,COUNT], or --from-ledger)")
     mech = _mech(n, k, eps0)
     row = epsilon_row(get_method(method), mech, delta, rounds)
-    lower = None
-    if row["lower_bound"] is not None:
-        gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
-        lower = f"{row['lower_bound']:.6g}; gap {gap:.3g}%"
     _show(
         row,
         json_out,
@@ -271,7 +275,7 @@ def epsilon(
             (f"{row['epsilon']:.6g}", "bold"),
             f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}",
         ),
-        lower,
+        _epsilon_gap(row),
     )
 
 
@@ -307,10 +311,6 @@ def _epsilon_of_rounds(
     row = cli_rounds.rounds_row(parsed, delta, model, mode)
     if ledger_url is not None:
         row |= {"deployment": deployment, "ledger_epsilon_spent": ledger_spent}
-    lower = None
-    if row["lower_bound"] is not None:
-        gap = 100 * (row["epsilon"] / row["lower_bound"] - 1) if row["lower_bound"] else math.inf
-        lower = f"{row['lower_bound']:.6g}; gap {gap:.3g}%"
     kinds = ", ".join(
         f"{r['count']} x (n={r['n']}, k={r['mechanism']}, eps0={r['eps0']:g})"
         for r in row["round_list"][:6]
@@ -323,7 +323,7 @@ def _epsilon_of_rounds(
             (f"{row['epsilon']:.6g}", "bold"),
             f" at delta = {delta:g} for {row['rounds']} round(s): {kinds}",
         ),
-        lower,
+        _epsilon_gap(row),
     )
 
 
