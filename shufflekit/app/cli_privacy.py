@@ -198,11 +198,13 @@ def _label(soundness: str) -> Text:
     return styled(("NOT a DP guarantee", "red"))
 
 
-def _show(row: dict[str, Any], json_out: bool, headline: Text, lower: str | None) -> None:
-    """One answer of `privacy epsilon|delta`: the JSON row, or lines for people."""
+def _show(row: dict[str, Any], json_out: bool, quantity: str, tail: str, lower: str | None) -> None:
+    """One answer of `privacy epsilon|delta`: the JSON row, or lines for people that start with
+    `quantity = row[quantity]` in bold, then `tail`."""
     if json_out:
         print_json(row)
         return
+    headline = styled(f"{quantity} = ", (f"{row[quantity]:.6g}", "bold"), tail)
     console.print(styled(f"{row['method']} (", _label(row["soundness"]), "): ", headline))
     if lower is not None:
         console.print(f"lower bound (explicit attack): {lower}")
@@ -267,16 +269,8 @@ def epsilon(
         refuse("give --n, --k, --eps0 and --delta (or --round N,K,EPS0[,COUNT], or --from-ledger)")
     mech = _mech(n, k, eps0)
     row = epsilon_row(get_method(method), mech, delta, rounds)
-    _show(
-        row,
-        json_out,
-        styled(
-            "epsilon = ",
-            (f"{row['epsilon']:.6g}", "bold"),
-            f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}",
-        ),
-        _epsilon_gap(row),
-    )
+    tail = f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}"
+    _show(row, json_out, "epsilon", tail, _epsilon_gap(row))
 
 
 def _epsilon_of_rounds(
@@ -315,16 +309,8 @@ def _epsilon_of_rounds(
         f"{r['count']} x (n={r['n']}, k={r['mechanism']}, eps0={r['eps0']:g})"
         for r in row["round_list"][:6]
     ) + (", ..." if len(row["round_list"]) > 6 else "")
-    _show(
-        row,
-        json_out,
-        styled(
-            "epsilon = ",
-            (f"{row['epsilon']:.6g}", "bold"),
-            f" at delta = {delta:g} for {row['rounds']} round(s): {kinds}",
-        ),
-        _epsilon_gap(row),
-    )
+    tail = f" at delta = {delta:g} for {row['rounds']} round(s): {kinds}"
+    _show(row, json_out, "epsilon", tail, _epsilon_gap(row))
 
 
 @app.command()
@@ -342,16 +328,8 @@ def delta(
     mech = _mech(n, k, eps0)
     row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
     lower = row.get("lower_bound_log_delta")
-    _show(
-        row,
-        json_out,
-        styled(
-            "delta = ",
-            (f"{row['delta']:.6g}", "bold"),
-            f" (log delta = {row['log_delta']:.6g}) at epsilon = {epsilon:g} for {rounds} round(s)",
-        ),
-        None if lower is None else f"log delta = {lower:.6g}",
-    )
+    tail = f" (log delta = {row['log_delta']:.6g}) at epsilon = {epsilon:g} for {rounds} round(s)"
+    _show(row, json_out, "delta", tail, None if lower is None else f"log delta = {lower:.6g}")
 
 
 @app.command(name="calibrate")

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from shufflekit.base.errors import InvalidInput
 from shufflekit.base.random import Randomness, SystemRandomness
+from shufflekit.client.krr import population_array
 from shufflekit.core.wire import MAX_RECORD_BITS
 
 
@@ -64,9 +65,7 @@ class BitRR:
         self, records: npt.NDArray[np.integer], rng: np.random.Generator
     ) -> npt.NDArray[np.int64]:
         """Vectorised reports for a whole simulated population (same law as `randomize`)."""
-        v = np.asarray(records, dtype=np.int64)
-        if v.size and (v.min() < 0 or v.max() >= self.size):
-            raise InvalidInput(f"records must lie in [0, {self.size})")
+        v = population_array(records, self.size, "records")
         flips = rng.random((*v.shape, self.bits)) < self.q
         mask = (flips.astype(np.int64) << np.arange(self.bits, dtype=np.int64)).sum(axis=-1)
         out: npt.NDArray[np.int64] = np.bitwise_xor(v, mask)

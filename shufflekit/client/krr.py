@@ -18,6 +18,15 @@ from shufflekit.base.errors import InvalidInput
 from shufflekit.base.random import Randomness, SystemRandomness
 
 
+def population_array(values: npt.ArrayLike, size: int, what: str) -> npt.NDArray[np.int64]:
+    """`values` as int64, each in [0, size): what a vectorised randomizer may take (InvalidInput
+    naming `what` otherwise)."""
+    v = np.asarray(values, dtype=np.int64)
+    if v.size and (v.min() < 0 or v.max() >= size):
+        raise InvalidInput(f"{what} must lie in [0, {size})")
+    return v
+
+
 @dataclass(frozen=True)
 class KRR:
     """The k-RR mechanism with k >= 2 categories and local privacy eps0 > 0."""
@@ -55,9 +64,7 @@ class KRR:
         self, values: npt.NDArray[np.integer], rng: np.random.Generator
     ) -> npt.NDArray[np.int64]:
         """Vectorised reports for a whole simulated population (same law as `randomize`)."""
-        v = np.asarray(values, dtype=np.int64)
-        if v.size and (v.min() < 0 or v.max() >= self.k):
-            raise InvalidInput(f"values must lie in [0, {self.k})")
+        v = population_array(values, self.k, "values")
         keep = rng.random(v.shape) < self.p_keep
         other = rng.integers(0, self.k - 1, size=v.shape)
         other = other + (other >= v)

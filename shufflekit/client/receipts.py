@@ -19,9 +19,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 
 from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.closing import AsyncClosing
 from shufflekit.base.errors import InvalidReport, TransportError
 from shufflekit.core.crypto import onion_size
 from shufflekit.core.messages import Announcement
@@ -34,7 +34,7 @@ log = logging.getLogger("shufflekit.clients")
 RESEND = 2.0  # seconds between resends of a report still without its receipt
 
 
-class ReceiptBox:
+class ReceiptBox(AsyncClosing):
     """Receipts of one connection (`reply`) for the announced round, matched by digest."""
 
     def __init__(
@@ -66,12 +66,8 @@ class ReceiptBox:
         self._reader = asyncio.create_task(self._read(), name=f"receipts-{self.reply}")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
+        """Stop reading receipts (those filed stay in `receipts`)."""
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

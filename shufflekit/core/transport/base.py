@@ -11,9 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from types import TracebackType
 
 from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.closing import AsyncClosing
 from shufflekit.base.errors import TransportError
 from shufflekit.core.waiting import within
 
@@ -74,7 +74,7 @@ class Subscription:
             yield msg
 
 
-class Transport(abc.ABC):
+class Transport(AsyncClosing, abc.ABC):
     """A connection to a publish/subscribe bus; use as `async with transport: ...`."""
 
     @abc.abstractmethod
@@ -96,14 +96,6 @@ class Transport(abc.ABC):
     async def __aenter__(self) -> Transport:
         await self.connect()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 def drain(sub: Subscription) -> list[Message]:
