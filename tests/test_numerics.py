@@ -19,6 +19,7 @@ from shufflekit.accountant.numerics.logspace import (
     logsumexp,
     logsumexp_rows,
 )
+from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.numerics.roots import bisect
 from shufflekit.base.errors import InvalidParameters
 
@@ -110,3 +111,21 @@ def test_bisect_needs_one_stopping_rule() -> None:
     assert bisect(lambda x: x >= 0.3, 0.0, 1.0, iterations=3) == (0.25, 0.375)
     with pytest.raises(InvalidParameters):
         bisect(lambda x: True, 0.0, 1.0)
+
+
+def test_bounded_lru_evicts_least_recent_by_count_and_bytes_and_keeps_the_first_put() -> None:
+    by_count: BoundedLRU[str, int] = BoundedLRU(2)
+    by_count.put("a", 1)
+    by_count.put("b", 2)
+    assert by_count.get("a") == 1  # "b" is now the least recently used
+    by_count.put("c", 3)
+    assert (by_count.get("a"), by_count.get("b"), by_count.get("c")) == (1, None, 3)
+    assert by_count.put("c", 30) == 3  # another thread's value stored meanwhile wins
+    by_bytes: BoundedLRU[str, bytes] = BoundedLRU(100, max_bytes=5, nbytes=len)
+    by_bytes.put("x", b"abc")
+    by_bytes.put("y", b"de")
+    by_bytes.put("z", b"f")  # 6 bytes: "x" goes
+    assert by_bytes.get("x") is None and len(by_bytes) == 2
+    by_bytes.clear()
+    by_bytes.put("w", b"12345")  # the freed bytes count again
+    assert len(by_bytes) == 1

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from shufflekit.accountant.numerics.grid import (
     discretise,
     pld_fingerprint,
 )
+from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.base.errors import InvalidParameters
 
 ENGINES = ("dp_accounting", "fft")
@@ -317,11 +317,8 @@ def delta_for_epsilon(
 
 # ----------------------------------------------------------------------------- rounds
 
-_PLD_CACHE: OrderedDict[tuple[Any, int, int, float], PrivacyLossDistribution] = OrderedDict()
 PLD_CACHE_MAX_ITEMS = 128
 PLD_CACHE_MAX_BYTES = 256 * 1024 * 1024
-_PLD_CACHE_BYTES = [0]
-_PLD_LOCK = threading.Lock()
 
 
 def default_pld_fn() -> PldFn:
@@ -334,27 +331,15 @@ def round_pld(mech: Mechanism, pld_fn: PldFn | None = None) -> PrivacyLossDistri
     """pld_fn(mech), cached by (pld_fn, n, k, eps0)."""
     fn = pld_fn if pld_fn is not None else default_pld_fn()
     key = (fn, int(mech.n), int(mech.k), float(mech.eps0))
-    with _PLD_LOCK:
-        hit = _PLD_CACHE.get(key)
-        if hit is not None:
-            _PLD_CACHE.move_to_end(key)
-            return hit
+    hit = _PLD_CACHE.get(key)
+    if hit is not None:
+        return hit
     p = fn(mech)
     if not isinstance(p, PrivacyLossDistribution):
         raise InvalidParameters(
             f"pld_fn must return accountant.core.PrivacyLossDistribution, got {type(p).__name__}"
         )
-    with _PLD_LOCK:
-        if key in _PLD_CACHE:
-            return _PLD_CACHE[key]
-        _PLD_CACHE[key] = p
-        _PLD_CACHE_BYTES[0] += _nbytes(p)
-        while _PLD_CACHE and (
-            len(_PLD_CACHE) > PLD_CACHE_MAX_ITEMS or _PLD_CACHE_BYTES[0] > PLD_CACHE_MAX_BYTES
-        ):
-            _, old = _PLD_CACHE.popitem(last=False)
-            _PLD_CACHE_BYTES[0] -= _nbytes(old)
-    return p
+    return _PLD_CACHE.put(key, p)
 
 
 def _nbytes(p: PrivacyLossDistribution) -> int:
@@ -362,11 +347,14 @@ def _nbytes(p: PrivacyLossDistribution) -> int:
     return int(np.asarray(p.losses).nbytes + np.asarray(p.log_probs).nbytes) + extra
 
 
+_PLD_CACHE: BoundedLRU[tuple[Any, int, int, float], PrivacyLossDistribution] = BoundedLRU(
+    PLD_CACHE_MAX_ITEMS, PLD_CACHE_MAX_BYTES, _nbytes
+)
+
+
 def clear_caches() -> None:
     """Forget cached per-round PLDs and gridded PLDs."""
-    with _PLD_LOCK:
-        _PLD_CACHE.clear()
-        _PLD_CACHE_BYTES[0] = 0
+    _PLD_CACHE.clear()
     clear_cache()
 
 

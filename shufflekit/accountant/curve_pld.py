@@ -11,8 +11,6 @@ gets a bound of the right side.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -23,6 +21,7 @@ from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
 from shufflekit.accountant.k2_compose import MAX_N, K2Pair
 from shufflekit.accountant.numerics.grid import GridPLD, discretise
+from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
@@ -59,24 +58,14 @@ def _as_pld(g: GridPLD) -> tuple[np.ndarray, np.ndarray, float]:
 
 # ----------------------------------------------------------------------------- k = 2
 
-_K2: OrderedDict[tuple[int, float], K2Pair] = OrderedDict()
-_K2_LOCK = threading.Lock()
+_K2: BoundedLRU[tuple[int, float], K2Pair] = BoundedLRU(4)
 
 
 def k2_pair(mech: Mechanism) -> K2Pair:
     """The refined k = 2 leaves of `mech` (cached for the 4 most recent mechanisms)."""
     key = (int(mech.n), float(mech.eps0))
-    with _K2_LOCK:
-        hit = _K2.get(key)
-        if hit is not None:
-            _K2.move_to_end(key)
-            return hit
-    pair = K2Pair(mech)
-    with _K2_LOCK:
-        _K2[key] = pair
-        while len(_K2) > 4:
-            _K2.popitem(last=False)
-    return pair
+    hit = _K2.get(key)
+    return hit if hit is not None else _K2.put(key, K2Pair(mech))
 
 
 def k2_upper_pld(mech: Mechanism) -> CurvePLD:

@@ -3,6 +3,7 @@
 `logspace` (log-sum-exp and friends), `binomial` (log pmf, tails, partial expectations and
 truncation windows), `roots` (epsilon searches and monotone boundary searches), `krr` (the k-RR
 probabilities), `grid` (PLDs on a loss grid: binning and discretisation) and `maxload` (the
-expected maximum load of n balls in k bins, for the leakage of a shuffle). Only `base` and
-`accountant.core` are imported from here.
+expected maximum load of n balls in k bins, for the leakage of a shuffle); `lru` is the one
+bounded, thread-safe cache the costly PLDs are kept in. Only `base` and `accountant.core` are
+imported from here.
 """

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -51,6 +49,7 @@ from shufflekit.accountant.numerics.logspace import (
     logsumexp,
     logsumexp_rows,
 )
+from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 #: Largest number of grid points one round may span (a finer grid raises AccuracyError).
@@ -218,11 +217,9 @@ def discretise(
 
     fp = fingerprint if fingerprint is not None else pld_fingerprint(pld)
     key = f"{fp}:{step!r}:{side}:{method}:{keep_inf}:{tail_mass!r}"
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
 
     losses, lps, lim = validate_pld(pld)
     inf_log_terms = [lim] if keep_inf else []
@@ -285,15 +282,7 @@ def discretise(
         method=method,
         key=key,
     )
-    with _LOCK:
-        if key in _CACHE:  # computed meanwhile by another thread
-            return _CACHE[key]
-        _CACHE[key] = g
-        _CACHE_BYTES[0] += probs.nbytes
-        while _CACHE and (_CACHE_BYTES[0] > CACHE_MAX_BYTES or len(_CACHE) > CACHE_MAX_ITEMS):
-            _, old = _CACHE.popitem(last=False)
-            _CACHE_BYTES[0] -= old.probs.nbytes
-    return g
+    return _CACHE.put(key, g)
 
 
 def _binned(idx: IntArray, w: FloatArray, span: int) -> FloatArray:
@@ -459,16 +448,14 @@ def _trim(
 
 CACHE_MAX_BYTES = 256 * 1024 * 1024
 CACHE_MAX_ITEMS = 4096
-_CACHE: OrderedDict[str, GridPLD] = OrderedDict()
-_LOCK = threading.Lock()
-_CACHE_BYTES = [0]
+_CACHE: BoundedLRU[str, GridPLD] = BoundedLRU(
+    CACHE_MAX_ITEMS, CACHE_MAX_BYTES, lambda g: g.probs.nbytes
+)
 
 
 def clear_cache() -> None:
     """Forget every cached gridded PLD."""
-    with _LOCK:
-        _CACHE.clear()
-        _CACHE_BYTES[0] = 0
+    _CACHE.clear()
 
 
 def pld_fingerprint(pld: PrivacyLossDistribution) -> str:
