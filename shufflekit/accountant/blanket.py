@@ -81,6 +81,13 @@ STRONG = "blanket-strong"
 WEAK = "blanket-weak"
 SUMMARY_STRONG = "Koskela et al. Thm 8 blanket pair (target's blanket bit known), hockey-stick"
 SUMMARY_WEAK = "Koskela et al. Thm 10 blanket pair (others' blanket bits known), joint law"
+SUMMARY_STRONG_TAIL = "Koskela et al. Thm 8 literally: tail P(L >= eps) of the A_s pair (looser)"
+SUMMARY_STRONG_EXACT = (
+    "Koskela et al. A_s with the target's blanket bit (exact A_s view), hockey-stick"
+)
+SUMMARY_WEAK_TAIL = (
+    "Koskela et al. Thm 10/11 literally: tail P(L >= eps) of the A_w pair (looser, slow)"
+)
 
 _FORMS = ("hockey", "tail")
 _FORM_TEXT = {"hockey": "hockey-stick (eq. 2.3)", "tail": "tail P(L >= eps) (eq. 2.4, as printed)"}

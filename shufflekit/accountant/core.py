@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,8 @@ import numpy.typing as npt
 from shufflekit.accountant.numerics.krr import KRR, krr
 from shufflekit.accountant.numerics.logspace import log1mexp, logsumexp
 from shufflekit.base.errors import InvalidParameters
+
+T = TypeVar("T")
 
 EPS0_MAX = 700.0
 """Largest eps0 a Mechanism accepts: e^eps0 (and e^eps for eps < eps0) must be a finite double
@@ -163,3 +166,13 @@ def check_delta(delta: float, *, allow_zero: bool = False) -> float:
         interval = "[0, 1)" if allow_zero else "(0, 1)"
         raise InvalidParameters(f"delta must be a number in {interval}, got {delta!r}")
     return d
+
+
+def lookup(table: Mapping[str, T], name: str, unknown: str, names: Iterable[str] = ()) -> T:
+    """`table[name]`; otherwise InvalidParameters saying `unknown` and the names to choose from
+    (`names` in that order, or else the table's sorted)."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):  # TypeError: an unhashable name
+        valid = ", ".join(names or sorted(table))
+        raise InvalidParameters(f"{unknown}; choose one of {valid}") from None

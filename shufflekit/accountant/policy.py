@@ -20,7 +20,7 @@ from typing import Protocol
 
 from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
 from shufflekit.accountant.composition import ENGINES, PldFn, compose, compose_rounds, round_pld
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, lookup
 from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
 from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon
 from shufflekit.accountant.round_types import KRR, RoundType
@@ -73,13 +73,7 @@ def register_mechanism(cost: MechanismCost) -> None:
 
 def mechanism_cost(tag: str) -> MechanismCost:
     """The registered cost of a mechanism tag; InvalidParameters naming the known tags."""
-    try:
-        return MECHANISMS[tag]
-    except KeyError:
-        raise InvalidParameters(
-            f"mechanism {tag!r} has no cost model in this shufflekit (known: "
-            f"{', '.join(sorted(MECHANISMS))})"
-        ) from None
+    return lookup(MECHANISMS, tag, f"mechanism {tag!r} has no cost model in this shufflekit")
 
 
 def charges_epsilon(
@@ -208,12 +202,7 @@ COST_MODELS: dict[str, CostModel] = {"tight": TightCost(), "ldp": LdpSumCost()}
 
 def cost_model(name: str) -> CostModel:
     """The cost model a budget names; InvalidParameters listing the valid names otherwise."""
-    try:
-        return COST_MODELS[name]
-    except KeyError:
-        raise InvalidParameters(
-            f"unknown cost model {name!r}; choose one of {sorted(COST_MODELS)}"
-        ) from None
+    return lookup(COST_MODELS, name, f"unknown cost model {name!r}")
 
 
 def check_mode(mode: str) -> str:

@@ -45,10 +45,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from shufflekit.accountant import biswas, blanket, clones, closed_forms, ldp, tight
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, PrivacyResult, Soundness
-from shufflekit.base.errors import InvalidParameters
+from shufflekit.accountant.core import (
+    Mechanism,
+    PrivacyLossDistribution,
+    PrivacyResult,
+    Soundness,
+    lookup,
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,24 @@ def _tight_epsilon(mech: Mechanism, delta: float) -> PrivacyResult:
 
 
 # ----------------------------------------------------------------------------- table
+
+
+def _variant(
+    base: Method,
+    suffix: str,
+    summary: str,
+    pld: Callable[[Mechanism], PrivacyLossDistribution] | None,
+    **options: Any,
+) -> Method:
+    """Method `{base.name}-{suffix}`: `base`'s delta and epsilon given `options`, pair `pld`."""
+    return Method(
+        f"{base.name}-{suffix}",
+        base.soundness,
+        summary,
+        partial(base.delta, **options),
+        partial(base.epsilon, **options),
+        pld,
+    )
 
 
 def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
@@ -146,42 +170,20 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
         ),
         Method(ldp.METHOD, up, ldp.SUMMARY, ldp.ldp_delta, ldp.ldp_epsilon, ldp.ldp_pld),
     ]
+    named = {m.name: m for m in primary}
+    strong, weak, fmt = named[blanket.STRONG], named[blanket.WEAK], named[clones.METHOD]
+    exact_pld = partial(blanket.strong_pld, beta_mixture=True)
     variants = [
-        Method(
-            "blanket-strong-tail",
-            up,
-            "Koskela et al. Thm 8 literally: tail P(L >= eps) of the A_s pair (looser)",
-            partial(blanket.strong_delta, form="tail"),
-            partial(blanket.strong_epsilon, form="tail"),
-            blanket.strong_pld,
-        ),
-        Method(
-            "blanket-strong-exact",
-            up,
-            "Koskela et al. A_s with the target's blanket bit (exact A_s view), hockey-stick",
-            partial(blanket.strong_delta, beta_mixture=True),
-            partial(blanket.strong_epsilon, beta_mixture=True),
-            partial(blanket.strong_pld, beta_mixture=True),
-        ),
-        Method(
-            "blanket-weak-tail",
-            up,
-            "Koskela et al. Thm 10/11 literally: tail P(L >= eps) of the A_w pair (looser, slow)",
-            partial(blanket.weak_delta, form="tail"),
-            partial(blanket.weak_epsilon, form="tail"),
-            blanket.weak_pld,
-        ),
-        Method(
-            "clones-closed",
-            up,
-            clones.SUMMARY_CLOSED,
-            partial(clones.clones_delta, closed_form=True),
-            partial(clones.clones_epsilon, closed_form=True),
-            None,
-        ),
+        _variant(strong, "tail", blanket.SUMMARY_STRONG_TAIL, strong.pld, form="tail"),
+        _variant(strong, "exact", blanket.SUMMARY_STRONG_EXACT, exact_pld, beta_mixture=True),
+        _variant(weak, "tail", blanket.SUMMARY_WEAK_TAIL, weak.pld, form="tail"),
+        _variant(fmt, "closed", clones.SUMMARY_CLOSED, None, closed_form=True),
     ]
-    table = {m.name: m for m in primary + variants}
-    return table, tuple(m.name for m in primary), tuple(m.name for m in variants)
+    return (
+        named | {m.name: m for m in variants},
+        tuple(m.name for m in primary),
+        tuple(m.name for m in variants),
+    )
 
 
 _TABLE, PRIMARY_NAMES, VARIANT_NAMES = _build()
@@ -189,11 +191,7 @@ _TABLE, PRIMARY_NAMES, VARIANT_NAMES = _build()
 
 def get_method(name: str) -> Method:
     """The method called `name`; InvalidParameters (listing the valid names) otherwise."""
-    try:
-        return _TABLE[name]
-    except (KeyError, TypeError):
-        valid = ", ".join(PRIMARY_NAMES + VARIANT_NAMES)
-        raise InvalidParameters(f"unknown method {name!r}; valid names: {valid}") from None
+    return lookup(_TABLE, name, f"unknown method {name!r}", PRIMARY_NAMES + VARIANT_NAMES)
 
 
 def all_methods(include_variants: bool = False) -> list[Method]:
