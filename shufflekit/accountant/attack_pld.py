@@ -16,17 +16,18 @@ from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
 from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp_rows
 from shufflekit.base.errors import InvalidParameters
 
+AtomChunks = Iterator[tuple[FloatArray, FloatArray]]
+"""A pair's atoms, chunk by chunk: (losses, their log masses under the first law)."""
+AtomLists = tuple[list[FloatArray], list[FloatArray]]
+"""A pair's atoms as two lists of chunks: losses, log masses."""
 
-def _pld_all_at_x0(
-    mech: Mechanism, reverse: bool, log_tau: float
-) -> tuple[list[FloatArray], list[FloatArray]]:
+
+def _pld_all_at_x0(mech: Mechanism, reverse: bool, log_tau: float) -> AtomLists:
     """Atoms (loss, log mass under the first law) of "all others at x0"; reverse: x1|x0."""
     return _collect(_iter_all_at_x0(mech, reverse, log_tau))
 
 
-def _collect(
-    chunks: Iterator[tuple[FloatArray, FloatArray]],
-) -> tuple[list[FloatArray], list[FloatArray]]:
+def _collect(chunks: AtomChunks) -> AtomLists:
     """The chunks of atoms as two lists (losses, log masses)."""
     ls: list[FloatArray] = []
     ms: list[FloatArray] = []
@@ -36,9 +37,7 @@ def _collect(
     return ls, ms
 
 
-def _iter_all_at_x0(
-    mech: Mechanism, reverse: bool, log_tau: float
-) -> Iterator[tuple[FloatArray, FloatArray]]:
+def _iter_all_at_x0(mech: Mechanism, reverse: bool, log_tau: float) -> AtomChunks:
     """`_pld_all_at_x0`'s atoms, chunk by chunk (memory stays small at large n)."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
@@ -73,17 +72,13 @@ def _iter_all_at_x0(
         yield loss[ok], lm[ok]
 
 
-def _pld_all_at_z(
-    mech: Mechanism, log_tau: float, z_bins: int
-) -> tuple[list[FloatArray], list[FloatArray]]:
+def _pld_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomLists:
     """Atoms of "all others at z" (k >= 3); for k >= 4 the adversary sees h_z in z_bins bins
     per T (a post-processing of the histogram, so still a lower bound)."""
     return _collect(_iter_all_at_z(mech, log_tau, z_bins))
 
 
-def _iter_all_at_z(
-    mech: Mechanism, log_tau: float, z_bins: int
-) -> Iterator[tuple[FloatArray, FloatArray]]:
+def _iter_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomChunks:
     """`_pld_all_at_z`'s atoms, chunk by chunk."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
@@ -136,9 +131,7 @@ def _iter_all_at_z(
             yield loss[ok], lm[ok]
 
 
-def _pld_k2_m(
-    mech: Mechanism, m: int, reverse: bool, log_tau: float
-) -> tuple[list[FloatArray], list[FloatArray]]:
+def _pld_k2_m(mech: Mechanism, m: int, reverse: bool, log_tau: float) -> AtomLists:
     """Atoms of k = 2, "m others at x0, the rest at x1" (the output is the count of x0)."""
     n = mech.n
     rr = mech.krr
@@ -237,7 +230,7 @@ def dataset_atoms(
     m: int | None = None,
     log_tau: float = -36.0,
     z_bins: int = 4,
-) -> Iterator[tuple[FloatArray, FloatArray]]:
+) -> AtomChunks:
     """The exact atoms (losses, log P-masses) of the pair of `dataset_pld` (same arguments),
     chunk by chunk and before any rounding: for curves computed exactly (`curve_pld`)."""
     check_query(mech)

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shufflekit.accountant.bits import BitsMechanism, RoundMechanism
@@ -56,20 +56,10 @@ class Budget:
     migrated_from: int | None = None  # the schema version a migrated budget was created under
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form (`budget init --json`, `budget status --json`, the audit log)."""
-        return {
-            "deployment": self.deployment,
-            "epsilon_total": self.epsilon_total,
-            "delta_total": self.delta_total,
-            "n_min": self.n_min,
-            "max_corrupt": self.max_corrupt,
-            "max_round_epsilon": self.max_round_epsilon,
-            "reservation_ttl": self.reservation_ttl,
-            "cost_model": self.cost_model,
-            "mode": self.mode,
-            "schedule": [schedule_entry_dict(e) for e in self.schedule],
-            "migrated_from": self.migrated_from,
-        }
+        """JSON form (`budget init --json`, `budget status --json`, the audit log): every field,
+        in order, the schedule as plain entries."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return d | {"schedule": [schedule_entry_dict(e) for e in self.schedule]}
 
     def guarantee(self) -> str:
         """One sentence: which guarantee the ledger enforces for this budget, and why it holds."""

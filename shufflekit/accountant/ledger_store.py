@@ -176,19 +176,8 @@ class LedgerStore:
         row = conn.execute(q).first()
         if row is None:
             return None
-        return Budget(
-            deployment=row.deployment,
-            epsilon_total=row.epsilon_total,
-            delta_total=row.delta_total,
-            n_min=row.n_min,
-            max_corrupt=row.max_corrupt,
-            max_round_epsilon=row.max_round_epsilon,
-            reservation_ttl=row.reservation_ttl,
-            cost_model=row.cost_model,
-            mode=row.mode,
-            schedule=tuple(schedule_from_json(row.schedule)),
-            migrated_from=row.migrated_from,
-        )
+        columns = {f.name: getattr(row, f.name) for f in dataclasses.fields(Budget)}
+        return Budget(**columns | {"schedule": tuple(schedule_from_json(row.schedule))})
 
     def _expire(self, conn: Connection, deployment: str) -> None:
         """Reservations past their expiry stop counting. Safe because a result is published
