@@ -44,6 +44,7 @@ import math
 import time
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TypedDict, Unpack
 
 import numpy as np
 from scipy import special
@@ -243,9 +244,16 @@ def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArra
 # ----------------------------------------------------------------------------- public API
 
 
-def _resolve_printed(
-    mech: Mechanism, n_x0: int | None, histogram: Sequence[int] | None
-) -> list[int]:
+class PrintedDataset(TypedDict, total=False):
+    """Where Theorem 4.1 as printed is read: `n_x0` users holding x0 (default
+    `default_n_x0(n)`), or a whole `histogram` of the n values (eq. (15): the max over them)."""
+
+    n_x0: int | None
+    histogram: Sequence[int] | None
+
+
+def _resolve_printed(mech: Mechanism, dataset: PrintedDataset) -> list[int]:
+    histogram, n_x0 = dataset.get("histogram"), dataset.get("n_x0")
     if histogram is not None:
         h = [int(x) for x in histogram]
         if len(h) != mech.k or sum(h) != mech.n or min(h) < 0:
@@ -259,60 +267,45 @@ def _resolve_printed(
     return [nx0]
 
 
-def biswas_log_delta(
-    mech: Mechanism,
-    epsilon: float,
-    *,
-    n_x0: int | None = None,
-    histogram: Sequence[int] | None = None,
-) -> float:
+def biswas_log_delta(mech: Mechanism, epsilon: float, **dataset: Unpack[PrintedDataset]) -> float:
     """log delta of Thm 4.1 as printed (max over the histogram's values for eq. (15))."""
     return max(
         printed_log_delta(mech.n, x, mech.eps0, mech.k, epsilon)
-        for x in _resolve_printed(mech, n_x0, histogram)
+        for x in _resolve_printed(mech, dataset)
     )
 
 
 def biswas_delta(
-    mech: Mechanism,
-    epsilon: float,
-    *,
-    n_x0: int | None = None,
-    histogram: Sequence[int] | None = None,
+    mech: Mechanism, epsilon: float, **dataset: Unpack[PrintedDataset]
 ) -> PrivacyResult:
     """delta(epsilon) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee (see module)."""
     t0 = time.perf_counter()
     check_query(mech, epsilon)
-    details = _printed_details(mech, n_x0, histogram)
-    ld = biswas_log_delta(mech, epsilon, n_x0=n_x0, histogram=histogram)
+    details = _printed_details(mech, dataset)
+    ld = biswas_log_delta(mech, epsilon, **dataset)
     return delta_result(mech, epsilon, ld, _PRINTED, t0, details)
 
 
 def biswas_epsilon(
-    mech: Mechanism,
-    delta: float,
-    *,
-    n_x0: int | None = None,
-    histogram: Sequence[int] | None = None,
+    mech: Mechanism, delta: float, **dataset: Unpack[PrintedDataset]
 ) -> PrivacyResult:
     """epsilon(delta) of Biswas et al. Theorem 4.1 as printed: NOT a guarantee."""
     t0 = time.perf_counter()
     check_query(mech, delta=delta)
-    details = _printed_details(mech, n_x0, histogram)
+    details = _printed_details(mech, dataset)
 
     def curve(e: float) -> float:
-        return biswas_log_delta(mech, e, n_x0=n_x0, histogram=histogram)
+        return biswas_log_delta(mech, e, **dataset)
 
     return solved_epsilon_result(
         mech, delta, curve, _PRINTED, t0, details, cap_note="capped by the LDP bound"
     )
 
 
-def _printed_details(
-    mech: Mechanism, n_x0: int | None, histogram: Sequence[int] | None
-) -> dict[str, object]:
-    nx = _resolve_printed(mech, n_x0, histogram)
-    return {"n_x0": nx if histogram is not None else nx[0], "eq15": histogram is not None}
+def _printed_details(mech: Mechanism, dataset: PrintedDataset) -> dict[str, object]:
+    nx = _resolve_printed(mech, dataset)
+    eq15 = dataset.get("histogram") is not None
+    return {"n_x0": nx if eq15 else nx[0], "eq15": eq15}
 
 
 def _corrected_candidates(mech: Mechanism, n_x0: int | None) -> list[int]:
