@@ -21,7 +21,7 @@ from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
-from shufflekit.app.cli_common import refuse
+from shufflekit.app.cli_common import JsonOpt, refuse
 from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
@@ -36,7 +36,6 @@ K = Annotated[int, typer.Option("--k", help="Categories.")]
 EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
 ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
 METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(method_names(True)))]
-JSON = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
 
 def _mech(n: int, k: int, eps0: float) -> Mechanism:
@@ -252,7 +251,7 @@ def epsilon(
     deployment: Annotated[
         str, typer.Option("--deployment", help="Deployment (budget) name, with --from-ledger.")
     ] = DEFAULT_DEPLOYMENT,
-    json_out: JSON = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
     if round_spec or from_ledger is not None:
@@ -322,7 +321,7 @@ def delta(
     rounds: ROUNDS = 1,
     method: METHOD = "tight",
     nx0: Annotated[int | None, typer.Option("--nx0", help="biswas: users holding x0.")] = None,
-    json_out: JSON = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """delta at a given epsilon (natural log given too: it may underflow)."""
     mech = _mech(n, k, eps0)
@@ -344,7 +343,7 @@ def calibrate_cmd(
     eps0: Annotated[
         float | None, typer.Option("--eps0", help="Local epsilon: find the smallest n.")
     ] = None,
-    json_out: JSON = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
     if (n is None) == (eps0 is None):
@@ -416,7 +415,7 @@ def compare(
         bool,
         typer.Option(help="Also the printed variants (tail forms, closed forms); some are slow."),
     ] = False,
-    json_out: JSON = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
