@@ -224,20 +224,11 @@ def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArra
     p = rr.p  # keep (1 - p = (k - 1) q, computed as such: p rounds to 1 above eps0 ~ 37)
     pb = rr.q  # report one given other value
     s = np.arange(n + 1, dtype=np.int64)
-    if nx0 == 0:  # others each report x0 w.p. pb
-        base_m1 = log_pmf(s - 1, n - 1, pb)
-        base_0 = log_pmf(s, n - 1, pb)
-        lp0 = np.logaddexp(
-            math.log(p) + base_m1, math.log((k - 1) * pb) + base_0
-        )  # 1 - p = (k-1) q
-        lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
-    else:  # others each report x0 w.p. p
-        base_m1 = log_pmf(s - 1, n - 1, p)
-        base_0 = log_pmf(s, n - 1, p)
-        lp0 = np.logaddexp(
-            math.log(p) + base_m1, math.log((k - 1) * pb) + base_0
-        )  # 1 - p = (k-1) q
-        lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
+    others = pb if nx0 == 0 else p  # each other user reports x0 w.p. pb (elsewhere) or p (at x0)
+    base_m1 = log_pmf(s - 1, n - 1, others)
+    base_0 = log_pmf(s, n - 1, others)
+    lp0 = np.logaddexp(math.log(p) + base_m1, math.log((k - 1) * pb) + base_0)  # 1-p = (k-1) q
+    lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     return lp0, lp1
 
 
