@@ -69,9 +69,12 @@ def compose_fft(
         offset, probs, alias, fp, details = _convolve(rs, alias_target, max_points, window)
         details["seconds"] = time.perf_counter() - t0
     return ComposedGrid(
-        **rs.shared_fields(),
+        step=rs.step,
         offset=offset,
         probs=probs,
+        inf_mass=rs.inf_mass,
+        log_inf_mass=rs.log_inf_mass,
+        upper=rs.upper,
         rounds=rs.total,
         alias_error=alias,
         truncation_slack=rs.truncated_mass,

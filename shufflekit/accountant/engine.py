@@ -108,15 +108,6 @@ class GridRounds:
         """Number of rounds composed."""
         return sum(self.counts)
 
-    def shared_fields(self) -> dict[str, Any]:
-        """The fields every composition of these rounds has in common (step, side, inf mass)."""
-        return {
-            "step": self.step,
-            "inf_mass": self.inf_mass,
-            "log_inf_mass": self.log_inf_mass,
-            "upper": self.upper,
-        }
-
 
 def grid_rounds(grids: Sequence[GridPLD], counts: Sequence[int]) -> GridRounds:
     """`GridRounds` of counts[i] copies of grids[i]; InvalidParameters unless they can be
