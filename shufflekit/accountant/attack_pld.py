@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TypedDict
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -161,10 +161,15 @@ def _pld_k2_m(mech: Mechanism, m: int, reverse: bool, log_tau: float) -> AtomLis
     return [lp0[ok] - lp1[ok]], [lp0[ok]]
 
 
+N_ATOMS = 20000  # default: the loss span is cut into this many grid steps
+LOG_TAU = -36.0  # default: binomial windows keep all but mass e^LOG_TAU
+Z_BINS = 4  # default: "all_at_z" lets the adversary see h_z in this many bins per T (k >= 4)
+
+
 class AttackPldOptions(TypedDict, total=False):
     """How an attack's PLD is discretised (`dataset_pld`): loss grid `loss_step` (default: the
-    loss span / `n_atoms`, 20000), windows at tail level e^`log_tau` (-36), and for k >= 4 the
-    number of h_z bins per T of "all_at_z" (`z_bins`, 4)."""
+    loss span / `n_atoms`, N_ATOMS), windows at tail level e^`log_tau` (LOG_TAU), and for k >= 4
+    the number of h_z bins per T of "all_at_z" (`z_bins`, Z_BINS)."""
 
     loss_step: float | None
     n_atoms: int
@@ -188,10 +193,7 @@ def dataset_pld(
     dataset: str,
     direction: str = "x0|x1",
     m: int | None = None,
-    loss_step: float | None = None,
-    n_atoms: int = 20000,
-    log_tau: float = -36.0,
-    z_bins: int = 4,
+    **options: Unpack[AttackPldOptions],
 ) -> PrivacyLossDistribution:
     """PLD of an explicit worst-case dataset: composing it gives a LOWER bound.
 
@@ -204,6 +206,8 @@ def dataset_pld(
     also only lowers every delta. For k >= 4, "all_at_z" lets the adversary see h_z only in
     `z_bins` bins per T (a post-processing, hence still a lower bound; more bins are tighter).
     """
+    log_tau, z_bins = options.get("log_tau", LOG_TAU), options.get("z_bins", Z_BINS)
+    loss_step, n_atoms = options.get("loss_step"), options.get("n_atoms", N_ATOMS)
     check_query(mech)
     check_options(direction, log_tau, z_bins)
     ls, ms, desc = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
@@ -228,8 +232,8 @@ def dataset_atoms(
     dataset: str,
     direction: str = "x0|x1",
     m: int | None = None,
-    log_tau: float = -36.0,
-    z_bins: int = 4,
+    log_tau: float = LOG_TAU,
+    z_bins: int = Z_BINS,
 ) -> AtomChunks:
     """The exact atoms (losses, log P-masses) of the pair of `dataset_pld` (same arguments),
     chunk by chunk and before any rounding: for curves computed exactly (`curve_pld`)."""

@@ -37,7 +37,13 @@ from typing import Any, Unpack
 import numpy as np
 
 from shufflekit.accountant.attack import attack_log_delta
-from shufflekit.accountant.attack_pld import AttackPldOptions, check_options, dataset_pld
+from shufflekit.accountant.attack_pld import (
+    LOG_TAU,
+    Z_BINS,
+    AttackPldOptions,
+    check_options,
+    dataset_pld,
+)
 from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
@@ -351,7 +357,7 @@ def attack_pld(
     with its direction; any other value is passed on with `direction`, `m` and `options`
     (`AttackPldOptions`: loss_step, n_atoms, log_tau, z_bins)."""
     check_query(mech)
-    check_options(direction, options.get("log_tau", -36.0), options.get("z_bins", 4))
+    check_options(direction, options.get("log_tau", LOG_TAU), options.get("z_bins", Z_BINS))
     if dataset == "auto":
         res = tight_epsilon(mech, ref_delta)
         eps_ref = min(res.lower_epsilon or 0.0, mech.eps0 * (1 - 1e-9))
