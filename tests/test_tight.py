@@ -322,3 +322,56 @@ def test_scalar_tail_window_is_the_vectorised_one() -> None:
     ]:
         lo, hi = tail_window(n, p, log_tau)
         assert tail_window_int(n, p, log_tau) == (int(lo[0]), int(hi[0]))
+
+
+def _blanket_pld_by_enumeration(
+    mech: Mechanism, log_tau: float, n_atoms: int = 20000
+) -> tuple[dict[int, float], float, float]:
+    """The blanket pair's atoms on `tight_pld`'s support, one by one (scipy's binomial pmf):
+    {grid index: P-mass}, log infinite mass, step. An independent check of the fast kernel."""
+    from scipy.stats import binom
+
+    from shufflekit.accountant.numerics.logspace import LOG_FLOAT_FLOOR, logsumexp
+
+    g, k = mech.gamma, mech.k
+    grid = tight_upper.blanket_grid(mech, log_tau, -14.0, bucket_scale=4.0)
+    b, t, lw = grid.b_rep, grid.t, grid.log_weight
+    lo, hi = tail_window(t, 0.5, log_tau)
+    beta = g * (b + 1) / ((1 - g) * k)
+    alpha = (1 - g) * k / (b + 1)
+    with np.errstate(divide="ignore"):
+        below = np.where(lo > 0, binom.logcdf(lo - 1, t, 0.5), -np.inf)
+        above = np.where(t >= 1, binom.logsf(hi - 1, np.maximum(t - 1, 0), 0.5), -np.inf)
+    drop = [grid.log_dropped, *(lw + np.logaddexp(below, above)).tolist()]
+    span = float(np.max(2 * np.log((hi + beta) / (t - hi + beta))))
+    width = (hi - lo + 1).astype(np.int64)
+    row = np.repeat(np.arange(t.size), width)
+    c = lo[row] + np.arange(row.size) - np.repeat(np.cumsum(width) - width, width)
+    be = beta[row]
+    loss = np.log(c + be) - np.log(t[row] - c + be)
+    lm = lw[row] + binom.logpmf(c, t[row], 0.5) + np.log(alpha[row] * (c + be))
+    step = max(1e-9, min(span, 2 * mech.eps0) / n_atoms)
+    tiny = lm < LOG_FLOAT_FLOOR
+    drop.extend(lm[tiny].tolist())
+    j = np.ceil(loss[~tiny] / step - 1e-9).astype(np.int64)
+    keys, inv = np.unique(j, return_inverse=True)
+    mass = np.zeros(keys.size)
+    np.add.at(mass, inv, np.exp(lm[~tiny]))
+    out = dict(zip(keys.tolist(), mass.tolist(), strict=True))
+    return out, logsumexp(np.array(drop)), step
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "eps0", "log_tau"),
+    [(40, 3, 1.0, -32.0), (301, 10, 4.0, -32.0), (500, 4, 2.0, -32.0), (60, 3, 0.5, -900.0)],
+)
+def test_tight_pld_equals_its_atoms_one_by_one(n: int, k: int, eps0: float, log_tau: float) -> None:
+    mech = Mechanism(n, k, eps0)
+    want, want_inf, step = _blanket_pld_by_enumeration(mech, log_tau)
+    got = tight.tight_pld(mech, log_tau=log_tau)
+    idx = np.rint((got.losses - 1e-9 * step) / step).astype(np.int64)
+    assert np.allclose(idx * step + 1e-9 * step, got.losses, rtol=0, atol=1e-15)
+    assert sorted(want) == idx.tolist()
+    w = np.array([want[j] for j in idx.tolist()])
+    assert np.allclose(np.exp(got.log_probs), w, rtol=1e-11, atol=0)
+    assert got.log_inf_mass == pytest.approx(want_inf, rel=1e-9)

@@ -47,7 +47,12 @@ from shufflekit.accountant.numerics.binomial import (
     tail_window,
 )
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
-from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
+from shufflekit.accountant.numerics.logspace import (
+    LOG_FLOAT_FLOOR,
+    FloatArray,
+    IntArray,
+    logsumexp,
+)
 from shufflekit.base.errors import AccuracyError, InvalidParameters, NotApplicable
 
 SAFETY = 1e-7
@@ -205,6 +210,99 @@ def _thresholds(
     return tau_down, gap
 
 
+_CHUNK = 1 << 16  # atoms per block of the PLD kernel (its temporaries stay in the CPU cache)
+
+
+def _blanket_atoms(
+    grid: BlanketGrid,
+    clo: FloatArray,
+    chi: FloatArray,
+    beta: FloatArray,
+    alpha: FloatArray,
+    step: float,
+    tol: float,
+) -> tuple[IntArray, FloatArray, float]:
+    """The blanket pair's atoms summed by loss grid index (rounded up): (indices, P-masses,
+    log of the mass too small for a float, which the caller counts as infinite loss).
+
+    Atom (b, T, c0) has loss log(c0 + beta) - log(T - c0 + beta) and P-mass w(b, T)
+    Bin(T, 1/2)(c0) alpha (c0 + beta). The c0-window [clo, chi] is symmetric about T/2
+    (`tail_window` at p = 1/2), and c0 <-> T - c0 negates the loss and keeps the binomial term,
+    so each row is computed from c0 >= T/2 only: the mirror's index -floor(x + tol) is the same
+    float as ceil(-x - tol), its own loss rounded up. log(c + beta) comes from a per-bucket
+    table, the binomial from its ratio recurrence started at the centre (`log_pmf` there).
+    Masses with log below LOG_FLOAT_FLOOR are left out of the grid, as in `LossBinner`.
+    """
+    t = grid.t
+    if not np.array_equal(clo, t - chi):
+        raise AccuracyError("tight_pld: the c0-window is not symmetric about T/2")
+    cm = np.ceil(t / 2.0)
+    width = (chi - cm + 1).astype(np.int64)
+    tmax = int(t.max())
+    _, first, bucket = np.unique(grid.b_rep, return_index=True, return_inverse=True)
+    cs = np.arange(tmax + 1, dtype=np.float64)
+    log_cb = np.log(cs[None, :] + beta[first][:, None]).ravel()  # log(c + beta) per bucket
+    with np.errstate(divide="ignore"):
+        log_int = np.log(np.arange(tmax + 2, dtype=np.float64))  # log m, m = 0 .. tmax + 1
+    lstart = log_pmf(cm, t, 0.5) + grid.log_weight + np.log(alpha)
+    acc = _DenseSum()
+    tiny_terms = [-math.inf]
+    order = np.argsort(width, kind="stable")
+    s0 = 0
+    while s0 < t.size:
+        rows = order[s0 : s0 + max(1, _CHUNK // int(width[order[s0]]))]
+        s0 += rows.size
+        ti = t[rows].astype(np.int64)[:, None]
+        c_mid = cm[rows].astype(np.int64)[:, None]
+        c = c_mid + np.arange(int(width[rows[-1]]))[None, :]
+        valid = c <= chi[rows].astype(np.int64)[:, None]
+        c = np.where(valid, c, c_mid)  # padding: the centre (a finite loss in range)
+        off = (bucket[rows] * (tmax + 1))[:, None]
+        lcb = log_cb[off + c]
+        lcb_m = log_cb[off + ti - c]
+        x = (lcb - lcb_m) / step
+        ratio = log_int[np.maximum(ti - c, 1)] - log_int[c + 1]  # log pmf(c+1)/pmf(c)
+        lbin = np.empty(c.shape)
+        lbin[:, 0] = 0.0
+        np.cumsum(ratio[:, :-1], axis=1, out=lbin[:, 1:])
+        lbin += lstart[rows][:, None]
+        mirror = valid & (2 * c > ti)
+        for lm, keep, idx in (
+            (lbin + lcb, valid, np.ceil(x - tol)),
+            (lbin + lcb_m, mirror, -np.floor(x + tol)),
+        ):
+            tiny = lm < LOG_FLOAT_FLOOR
+            if np.any(tiny & keep):
+                tiny_terms.append(logsumexp(lm[tiny & keep]))
+                keep = keep & ~tiny
+            acc.add(idx.astype(np.int64), np.exp(lm) * keep)
+    idx, mass = acc.nonzero()
+    return idx, mass, logsumexp(np.array(tiny_terms))
+
+
+class _DenseSum:
+    """Masses summed by integer index on a dense array that grows as indices arrive."""
+
+    def __init__(self) -> None:
+        self.lo = 0
+        self.w = np.zeros(0)
+
+    def add(self, idx: IntArray, mass: FloatArray) -> None:
+        """Add `mass[i]` at index `idx[i]` (same shapes)."""
+        lo = min(int(idx.min()), self.lo if self.w.size else int(idx.min()))
+        hi = max(int(idx.max()) + 1, self.lo + self.w.size)
+        if lo < self.lo or hi > self.lo + self.w.size:
+            grown = np.zeros(hi - lo)
+            grown[self.lo - lo : self.lo - lo + self.w.size] = self.w
+            self.lo, self.w = lo, grown
+        self.w += np.bincount((idx - self.lo).ravel(), weights=mass.ravel(), minlength=self.w.size)
+
+    def nonzero(self) -> tuple[IntArray, FloatArray]:
+        """(indices with mass > 0, their masses), indices ascending."""
+        nz = np.flatnonzero(self.w > 0)
+        return (nz + self.lo).astype(np.int64), self.w[nz]
+
+
 class TooBigError(Exception):
     """A truncation window would need more elements than the evaluation budget."""
 
@@ -303,27 +401,10 @@ def tight_pld(
     if not (step > 0 and math.isfinite(step)):
         raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
     binner = LossBinner(step, up=True)
-    width = (chi - clo + 1).astype(np.int64)
-    order = np.argsort(width)
-    chunk_rows = max(1, int(4_000_000 // max(int(width.max()), 1)))
-    for s0 in range(0, t.size, chunk_rows):
-        rows = order[s0 : s0 + chunk_rows]
-        w_max = int(width[rows].max())
-        tt = t[rows][:, None]
-        c = clo[rows][:, None] + np.arange(w_max)[None, :]
-        valid = c <= chi[rows][:, None]
-        # log Bin(T, 1/2)(c) by the ratio recurrence from the window start
-        start = log_pmf(clo[rows], t[rows], 0.5)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            steps = np.log(np.maximum(tt - c[:, :-1], 0.0) / (c[:, :-1] + 1.0))
-        lp = np.concatenate([start[:, None], start[:, None] + np.cumsum(steps, axis=1)], axis=1)
-        be = beta[rows][:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lcb = np.log(c + be)
-            loss = lcb - np.log(tt - c + be)
-            lm = lp + lcb + (grid.log_weight[rows] + np.log(alpha[rows]))[:, None]
-        binner.add(loss[valid], lm[valid])
+    idx, mass, log_tiny = _blanket_atoms(grid, clo, chi, beta, alpha, step, binner.tolerance)
+    binner.add_indexed(idx, mass)
     binner.add_inf(log_inf)
+    binner.add_inf(log_tiny)
     return binner.build(
         f"tight upper: blanket pair (others' blanket bits revealed), n={mech.n}, k={k}, "
         f"eps0={mech.eps0}, {grid.n_buckets} B-buckets at their smallest B, losses rounded "

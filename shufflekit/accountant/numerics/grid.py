@@ -379,6 +379,14 @@ class LossBinner:
         self._idx.append(i)
         self._masses.append(w)
 
+    def add_indexed(self, idx: IntArray, mass: FloatArray) -> None:
+        """Add masses (linear, > 0) already at grid indices `idx` (rounded the binner's way)."""
+        if self.step is None:
+            raise InvalidParameters("add_indexed needs a binner with a step")
+        if idx.size:
+            self._idx.append(np.asarray(idx, dtype=np.int64))
+            self._masses.append(np.asarray(mass, dtype=np.float64))
+
     def add_inf(self, log_mass: float) -> None:
         """Add P-mass at infinite loss (e.g. truncated mass, for an upper bound)."""
         if log_mass > NEG_INF:
