@@ -375,3 +375,22 @@ def test_tight_pld_equals_its_atoms_one_by_one(n: int, k: int, eps0: float, log_
     w = np.array([want[j] for j in idx.tolist()])
     assert np.allclose(np.exp(got.log_probs), w, rtol=1e-11, atol=0)
     assert got.log_inf_mass == pytest.approx(want_inf, rel=1e-9)
+
+
+def test_thinned_grid_only_locates_and_keeps_the_weight() -> None:
+    from shufflekit.accountant.numerics.logspace import logsumexp
+
+    mech = Mechanism(10**7, 10, 1.0)
+    grid = tight_upper.blanket_grid(mech, -30.0, math.log(1e-6), bucket_scale=4.0)
+    small = tight_upper.thinned(grid, 2_000)
+    assert small.t.size <= 2 * 2_000 < grid.t.size
+    assert logsumexp(small.log_weight) == pytest.approx(logsumexp(grid.log_weight), abs=1e-12)
+    res = tight.tight_epsilon(mech, 1e-6)
+    for eps in (0.7 * res.epsilon, res.epsilon, 1.3 * res.epsilon):  # delta ~ 1e-4 .. 1e-9
+        fine = tight_upper.blanket_eval(mech, grid, eps)[0]
+        assert tight_upper.blanket_eval(mech, small, eps)[0] == pytest.approx(fine, abs=1e-6)
+    assert tight_upper.thinned(grid, 10**9) is grid
+    # the answer is certified on the full grid: delta_upper(epsilon) <= delta there
+    full = tight_upper.blanket_grid(mech, -30.0, math.log(1e-6))
+    body = tight_upper.blanket_eval(mech, full, res.epsilon)[0]
+    assert np.logaddexp(body, full.log_dropped) + tight_upper.SAFETY <= math.log(1e-6)

@@ -61,6 +61,7 @@ from shufflekit.accountant.tight_upper import (
     blanket_eval,
     blanket_grid,
     check_supported,
+    thinned,
     tight_pld,
     upper_bound,
     upper_log_delta,
@@ -238,7 +239,8 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     log_tau = min(-30.0, ld - 16.0)
 
     # ---- upper: grids (windows and buckets independent of eps), evaluated along the search:
-    # a coarse grid (4x wider buckets) locates the root, the fine grid certifies it in ~2 steps
+    # a coarse grid (4x wider buckets, `thinned` in T) locates the root, the fine grid certifies
+    # it in ~2 steps
     try:
         coarse = blanket_grid(mech, log_tau, hint, bucket_scale=4.0)
         grid = blanket_grid(mech, log_tau, hint)
@@ -269,10 +271,11 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
 
         return fg_upper
 
-    if coarse.n_buckets == grid.n_buckets:  # the same grid (huge n: one bucket): one search
+    locate = thinned(coarse)
+    if locate is coarse and coarse.n_buckets == grid.n_buckets:  # the same grid: one search
         eps_c = _guess_epsilon(mech, ld)
     else:
-        eps_c, _ = newton_root(fg_on(coarse), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
+        eps_c, _ = newton_root(fg_on(locate), _guess_epsilon(mech, ld), -1.0, top, rtol, "up")
     eps_u, _ = newton_root(fg_on(grid), min(eps_c, top), last_slope[0], top, rtol, "up")
     if eps_u >= top:
         eps_u = eps0  # no amplification at this delta: the LDP bound
