@@ -1,7 +1,8 @@
 """`shufflekit loadtest` through a real Mosquitto (TLS, accounts, the shipped ACL), real
-services as processes and Locust: the JSON has exactly the documented keys and a faulty round
-adds up (counted = good reports sent before the close, rejections by reason = bad reports,
-late = stragglers, nothing lost)."""
+services as processes and Locust: the JSON has exactly the documented keys, every good report
+holds mix 0's verified receipt and is counted, and a faulty round adds up (counted = good
+reports sent before the close, rejections by reason = bad reports, late = stragglers, nothing
+lost). The load generator refuses receipts mix 0 did not sign for that report."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from pathlib import Path
 import pytest
 
 from shufflekit.app.loadtest.broker import acl_for
+from shufflekit.app.loadtest.outstanding import Outstanding, Sent
 from shufflekit.app.loadtest.plan import LoadSettings, round_plan
 from shufflekit.app.loadtest.report import REPORT_KEYS, percentiles
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.receipts import ReceiptBatch, ReceiptSigner
 from tests.broker_security import DEPLOY_ACL, require_secure_broker
 from tests.cli_run import run_cli
+from tests.test_receipts import DEP, announcement
 
 pytestmark = [pytest.mark.services, pytest.mark.mqtt, pytest.mark.slow]
 
@@ -44,6 +49,13 @@ def test_faulty_load_adds_up_and_the_report_has_exactly_its_keys(tmp_path: Path)
     assert out["reports_sent"] == users - c["dropout"]
     assert out["reports_acknowledged"] == out["reports_sent"]
     assert out["reports_counted"] == c["good"]
+    # every good report sent before the close holds mix 0's verified receipt, and is counted;
+    # stragglers (after the close) and bad reports hold none
+    assert out["reports_receipted"] == out["reports_counted"]
+    for series in ("publish_latency_ms", "puback_latency_ms"):
+        assert 0 < out[series]["p50"] <= out[series]["max"]
+    # a report is receipted after its PUBACK (mix 0 spools it first): the receipt is slower
+    assert out["publish_latency_ms"]["p50"] >= out["puback_latency_ms"]["p50"]
     rejected = dict(out["reports_rejected"])
     assert rejected.pop("late") == c["straggler"]
     assert sum(rejected.values()) == c["bad"]
@@ -56,7 +68,44 @@ def test_faulty_load_adds_up_and_the_report_has_exactly_its_keys(tmp_path: Path)
     assert json.loads((report / "report.json").read_text()) == out
     page = (report / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 4
-    assert (report / "locust_stats.csv").read_text().count("report (PUBACK)") == 1
+    stats = (report / "locust_stats.csv").read_text()
+    assert stats.count("report (PUBACK)") == stats.count("report (receipt)") == 1
+    receipt_row = next(x for x in stats.splitlines() if "report (receipt)" in x).split(",")
+    assert receipt_row[2:4] == [str(c["good"]), "0"]  # requests, failures
+    assert f"{c['good']} receipted by mix 0" in page
+
+
+def test_the_load_generator_counts_only_receipts_mix0_signed_for_that_report() -> None:
+    """A receipt is taken only if mix 0's announced key signed it for the report's round and
+    digest, under the client tag of that logical client: a forged one (another key), one for
+    another round, another client's, or junk is refused and its report stays unreceipted."""
+    mix0, other = KeyPair.generate(), KeyPair.generate()
+    real, forger = ReceiptSigner(mix0.private_b64(), DEP), ReceiptSigner(other.private_b64(), DEP)
+    box = Outstanding(resend=1.0)
+    box.round(announcement(mix0, 2e9))
+    box.round(announcement(mix0, 2e9, "r2"))
+    d1, d2, d3 = "1" * 64, "2" * 64, "3" * 64
+    for j, d in enumerate((d1, d2, d3)):
+        box.add(d, Sent("r1", j, b"payload", first=100.0, timely_good=True))
+
+    def batch(*receipts: object) -> bytes:
+        return ReceiptBatch(receipts=list(receipts)).to_bytes()  # type: ignore[arg-type]
+
+    assert box.receive(batch(forger.receipt("r1", "lt-0", d1))) == []  # wrong key
+    assert box.receive(batch(real.receipt("r2", "lt-0", d1))) == []  # another round
+    assert box.receive(b"not a receipt batch") == []
+    assert box.refused == 3 and set(box.sent) == {d1, d2, d3}
+    got = box.receive(batch(real.receipt("r1", "lt-0", d1), real.receipt("r1", "lt-1", d2)))
+    assert [s.client for s in got] == [0, 1] and set(box.sent) == {d3}
+    assert box.receive(batch(real.receipt("r1", "lt-0", d1))) == [] and box.repeated == 1
+    # client 0 again in round 2: a receipt under client 1's tag is not its receipt
+    box.add("4" * 64, Sent("r2", 0, b"p", first=100.0, timely_good=True))
+    assert box.receive(batch(real.receipt("r2", "lt-1", "4" * 64))) == []
+    assert [s.round_id for s in box.receive(batch(real.receipt("r2", "lt-0", "4" * 64)))] == ["r2"]
+    # still waiting: resent at 101 s, then twice as late; given up when its round is over
+    assert [s.client for s in box.due(101.0)] == [2] and box.due(101.5) == []
+    assert [s.client for s in box.due(103.0)] == [2]
+    assert [s.client for s in box.give_up({"r1"})] == [2] and not box.sent
 
 
 def test_round_plan_draws_exact_counts_the_same_everywhere() -> None:

@@ -111,22 +111,27 @@ def _line(text: str) -> None:
 
 
 def _print(out: dict[str, Any], report: Path | None) -> None:
-    lat, rl = out["publish_latency_ms"], out["round_latency_s"]
+    lat, ack, rl = out["publish_latency_ms"], out["puback_latency_ms"], out["round_latency_s"]
+    receipted = out["reports_receipted"]
     _line(
         f"{out['users_per_round']:,} users x {out['rounds']} rounds: "
         f"{out['rounds_released']} released; {out['reports_sent']:,} reports sent, "
-        f"{out['reports_acknowledged']:,} acknowledged, {out['reports_counted']:,} counted, "
-        f"{out['reports_lost']} lost"
+        f"{out['reports_acknowledged']:,} acknowledged, "
+        f"{'no receipts' if receipted is None else f'{receipted:,} receipted'}, "
+        f"{out['reports_counted']:,} counted, {out['reports_lost']} lost"
     )
     _line(f"rejected: {out['reports_rejected']}")
     _line(
         f"throughput {out['throughput_reports_per_s']:,} reports/s = {out['floor_ratio']} of "
         f"the crypto floor ({out['crypto_floor_reports_per_s']:,} reports/s)"
     )
+    until = "PUBACK" if receipted is None else "receipt"
     _line(
-        f"publish latency (PUBACK) ms: p50 {lat['p50']}, p95 {lat['p95']}, p99 {lat['p99']}, "
-        f"max {lat['max']}; round latency s: p50 {rl['p50']}, max {rl['max']}"
+        f"publish latency (until the {until}) ms: p50 {lat['p50']}, p95 {lat['p95']}, "
+        f"p99 {lat['p99']}, max {lat['max']}; until the PUBACK: p50 {ack['p50']}, "
+        f"p99 {ack['p99']}"
     )
+    _line(f"round latency s: p50 {rl['p50']}, max {rl['max']}")
     _line("stages (s/round): " + ", ".join(f"{k} {v}" for k, v in out["stages_s"].items()))
     _line("peak RSS (MB): " + ", ".join(f"{k} {v}" for k, v in out["peak_rss_mb"].items()))
     if report is not None:

@@ -25,13 +25,40 @@ from shufflekit.base.closing import AsyncClosing
 from shufflekit.base.errors import InvalidReport, TransportError
 from shufflekit.core.crypto import onion_size
 from shufflekit.core.messages import Announcement
-from shufflekit.core.receipts import Receipt, ReceiptBatch, onion_digest, receipt_topic
+from shufflekit.core.receipts import (
+    Receipt,
+    ReceiptBatch,
+    onion_digest,
+    receipt_key,
+    receipt_topic,
+)
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import REPORT_SIZE, Envelope
 
 log = logging.getLogger("shufflekit.clients")
 RESEND = 2.0  # seconds between resends of a report still without its receipt
+
+
+class ReceiptCheck:
+    """Whether a receipt is mix 0's for the announced round: it names that round and carries
+    a signature by the announced receipt key (parsed once). Without an announced key (an
+    older coordinator) only the round is checked."""
+
+    def __init__(self, ann: Announcement) -> None:
+        self.ann = ann
+        self.key = receipt_key(ann.receipt_key) if ann.receipt_key is not None else None
+
+    def valid(self, r: Receipt) -> bool:
+        """`r` names this round and (with a key) is signed by mix 0."""
+        if r.round_id != self.ann.round_id:
+            return False
+        if self.key is not None:
+            try:
+                r.verify(self.ann.deployment, self.key)
+            except InvalidReport:
+                return False
+        return True
 
 
 class ReceiptBox(AsyncClosing):
@@ -51,6 +78,7 @@ class ReceiptBox(AsyncClosing):
         self.clock = clock
         self.topic = receipt_topic(ann.deployment, reply)
         self.data_topic = Topics(ann.deployment).data(ann.round_id, 0)
+        self.check = ReceiptCheck(ann)
         self.receipts: dict[str, Receipt] = {}  # digest -> verified receipt
         self.rejected = 0  # receipts refused (bad signature, another round, malformed)
         self._waiting: dict[str, asyncio.Event] = {}
@@ -102,17 +130,11 @@ class ReceiptBox(AsyncClosing):
         assert isinstance(batch, ReceiptBatch)
         new = 0
         for r in batch.receipts:
-            if r.round_id != self.ann.round_id:
-                self.rejected += 1
-                continue
             if self.receipts.get(r.digest) == r:  # a receipt sent again: checked already
                 continue
-            if self.ann.receipt_key is not None:
-                try:
-                    r.verify(self.ann.deployment, self.ann.receipt_key)
-                except InvalidReport:
-                    self.rejected += 1
-                    continue
+            if not self.check.valid(r):
+                self.rejected += 1
+                continue
             if r.digest not in self.receipts:
                 new += 1
             self.receipts[r.digest] = r

@@ -63,14 +63,20 @@ class Receipt(_Control):
     digest: str = Field(pattern=_HEX64)
     signature: str = Field(min_length=1, max_length=100)
 
-    def verify(self, deployment: str, public_b64: str) -> None:
-        """InvalidReport('bad_receipt') unless mix 0's receipt key (base64) signed it."""
-        key = Ed25519PublicKey.from_public_bytes(raw_key_from_b64(public_b64, "a receipt key"))
+    def verify(self, deployment: str, public: str | Ed25519PublicKey) -> None:
+        """InvalidReport('bad_receipt') unless mix 0's receipt key (base64 text, or the key
+        itself: a client checking many receipts parses it once) signed it."""
+        key = receipt_key(public) if isinstance(public, str) else public
         try:
             sig = base64.b64decode(self.signature, validate=True)
             key.verify(sig, signed_text(deployment, self.round_id, self.client, self.digest))
         except (InvalidSignature, ValueError):
             raise InvalidReport("bad_receipt", "receipt signature is not mix 0's") from None
+
+
+def receipt_key(public_b64: str) -> Ed25519PublicKey:
+    """Mix 0's receipt public key from its base64 text (InvalidKey if malformed)."""
+    return Ed25519PublicKey.from_public_bytes(raw_key_from_b64(public_b64, "a receipt key"))
 
 
 class ReceiptBatch(_Control):

@@ -53,6 +53,9 @@ create table if not exists inbox (
     round_id text not null, kind text not null, key text not null,
     payload blob not null, at real not null,
     unique (round_id, kind, key));
+-- a round's messages after a seq (mix 0 reads its new input as it arrives): a range seek,
+-- not a scan of the whole round
+create index if not exists inbox_round_seq on inbox (round_id, kind, seq);
 create table if not exists duplicates (
     round_id text not null, kind text not null, n integer not null,
     primary key (round_id, kind));

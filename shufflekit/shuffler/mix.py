@@ -309,6 +309,7 @@ class MixNode(Hop[MixOutcome]):
         due: dict[str, list[Receipt]] = {}
         if self.signer is None:
             return due
+        caught_up: set[str] = set()
         for a in arrivals:
             if a.kind != "data" or (ingest := self._round_ingest(a.round_id)) is None:
                 continue
@@ -318,7 +319,9 @@ class MixNode(Hop[MixOutcome]):
                 continue
             if env.reply is None:
                 continue
-            await ingest.catch_up(self.spool)
+            if a.round_id not in caught_up:  # once per round: covers every arrival spooled
+                await ingest.catch_up(self.spool)
+                caught_up.add(a.round_id)
             digest = hashlib.sha256(env.onion).digest()
             if ingest.counts(env.client_id, digest):
                 receipt = ingest.receipts.get(env.client_id)

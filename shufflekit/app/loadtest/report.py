@@ -29,6 +29,7 @@ REPORT_KEYS = (
     "reports_lost",
     "throughput_reports_per_s",
     "publish_latency_ms",
+    "puback_latency_ms",  # beyond the issue's list: until the broker's PUBACK (the 2nd series)
     "round_latency_s",
     "stages_s",
     "crypto_floor_reports_per_s",
@@ -62,6 +63,10 @@ class RoundFacts:
     sent: int = 0
     acked: int = 0
     acked_good: int = 0  # good reports sent before the close, acknowledged by the broker
+    receipts: bool = False  # the round announced mix 0's receipt key: reports asked for one
+    receipted: int = 0  # reports holding mix 0's verified receipt
+    unreceipted: int = 0  # good reports sent before the close given up without a receipt
+    resent: int = 0  # publishes again of reports still awaiting their receipt
     late: int = 0
     counted: int | None = None
     latency_s: float | None = None
@@ -69,31 +74,47 @@ class RoundFacts:
     rejected: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class Latencies:
+    """Every report's latency (ms): until mix 0's receipt, and until the broker's PUBACK."""
+
+    receipt: list[float] = field(default_factory=list)
+    puback: list[float] = field(default_factory=list)
+
+
 def gather_rounds(
     users: list[dict[str, Any]], services: dict[str, list[dict[str, Any]]], workers: int
-) -> tuple[list[RoundFacts], list[float]]:
+) -> tuple[list[RoundFacts], Latencies]:
     """Per-round facts from every user's summary and the services' JSON lines; and every
-    publish latency (ms)."""
+    report's latencies."""
     by_id: dict[str, RoundFacts] = {}
     first: dict[str, float] = {}
     last_result: dict[str, float] = {}
     first_send: dict[str, float] = {}
     last_ack: dict[str, float] = {}
     encrypt: dict[str, float] = {}
-    latencies: list[float] = []
+    latencies = Latencies()
     for u in users:
         for rid, st in u["rounds"].items():
             f = by_id.setdefault(rid, RoundFacts(st["round"], rid))
             f.sent += st["sent"]
             f.acked += st["acked"]
             f.acked_good += st["acked_good"]
+            f.receipts = bool(st["receipts"])
+            f.receipted += st["receipted"]
+            f.unreceipted += st["unreceipted"]
+            f.resent += st["resent"]
             f.late += st["late"]
-            latencies.extend(st["latency_ms"])
+            latencies.receipt.extend(st["receipt_ms"])
+            latencies.puback.extend(st["puback_ms"])
             first[rid] = min(first.get(rid, st["announced"]), st["announced"])
             encrypt[rid] = encrypt.get(rid, 0.0) + st["encrypt_s"]
             if st["first_send"] is not None and st["sent"]:
                 first_send[rid] = min(first_send.get(rid, st["first_send"]), st["first_send"])
-                last_ack[rid] = max(last_ack.get(rid, 0.0), st["last_ack"])
+                # the publish stage ends when the last report sent before the close is
+                # delivered: receipted (or, without receipts, acknowledged by the broker)
+                end = st["last_receipt"] if f.receipts else st["last_ack"]
+                last_ack[rid] = max(last_ack.get(rid, 0.0), end)
             res = st.get("result")
             if res is not None:
                 last_result[rid] = max(last_result.get(rid, 0.0), res["t"])
@@ -123,13 +144,14 @@ def build_report(
     *,
     users_per_round: int,
     rounds: list[RoundFacts],
-    latencies: list[float],
+    latencies: Latencies,
     floor: float,
     workers: int,
     peak_rss_mb: dict[str, float],
-    receipts: bool = False,
 ) -> dict[str, Any]:
-    """The report object, keys exactly `REPORT_KEYS`."""
+    """The report object, keys exactly `REPORT_KEYS`. With receipts (every round announced
+    mix 0's receipt key), publish latency runs until the receipt and `reports_lost` counts
+    receipted reports not counted; without, PUBACKs stand in for receipts."""
     released = [f for f in rounds if f.counted is not None]
     counted = sum(f.counted or 0 for f in released)
     wall = sum(f.latency_s for f in released if f.latency_s is not None)
@@ -147,19 +169,24 @@ def build_report(
     }
     throughput = counted / wall if wall > 0 else 0.0
     acked = sum(f.acked for f in rounds)
+    receipts = bool(rounds) and all(f.receipts for f in rounds)
+    delivered = [f.receipted if receipts else f.acked_good for f in rounds]
     out: dict[str, Any] = {
         "users_per_round": users_per_round,
         "rounds": len(rounds),
         "rounds_released": len(released),
         "reports_sent": sum(f.sent for f in rounds),
         "reports_acknowledged": acked,
-        # mix 0's receipts are not on this branch yet: the broker's PUBACK stands in for them
-        "reports_receipted": sum(f.acked_good for f in rounds) if receipts else None,
+        "reports_receipted": sum(delivered) if receipts else None,
         "reports_counted": counted,
         "reports_rejected": dict(sorted(rejected.items())),
-        "reports_lost": sum(f.acked_good for f in rounds) - counted,
+        # per round: delivered (receipted) beyond what its released batch counted
+        "reports_lost": sum(
+            max(d - (f.counted or 0), 0) for d, f in zip(delivered, rounds, strict=True)
+        ),
         "throughput_reports_per_s": round(throughput, 1),
-        "publish_latency_ms": percentiles(latencies),
+        "publish_latency_ms": percentiles(latencies.receipt if receipts else latencies.puback),
+        "puback_latency_ms": percentiles(latencies.puback),
         "round_latency_s": percentiles([f.latency_s for f in rounds if f.latency_s is not None]),
         "stages_s": stages,
         "crypto_floor_reports_per_s": round(floor, 1),
@@ -171,28 +198,38 @@ def build_report(
     return out
 
 
-def _history(csv_path: Path) -> tuple[list[float], dict[str, list[float]]]:
-    """Locust's per-second history (Aggregated rows): seconds since start, and columns."""
+def _history(csv_path: Path) -> dict[str, tuple[list[float], dict[str, list[float]]]]:
+    """Locust's per-second history by request name (and "Aggregated"): seconds since the
+    load started, and the rate and percentile columns."""
     if not csv_path.exists():
-        return [], {}
-    rows = [r for r in csv.DictReader(csv_path.open()) if r.get("Name") == "Aggregated"]
+        return {}
+    rows = list(csv.DictReader(csv_path.open()))
     if not rows:
-        return [], {}
-    t0 = float(rows[0]["Timestamp"])
-    t = [float(r["Timestamp"]) - t0 for r in rows]
-    cols = {}
-    for c in ("Requests/s", "50%", "95%", "99%"):
-        vals = [float(r[c]) if r.get(c) not in (None, "", "N/A") else float("nan") for r in rows]
-        if c != "Requests/s":  # no request in Locust's window: no percentile (not 0 ms)
-            vals = [v if v > 0 else float("nan") for v in vals]
-        cols[c] = vals
-    return t, cols
+        return {}
+    t0 = min(float(r["Timestamp"]) for r in rows)
+    out: dict[str, tuple[list[float], dict[str, list[float]]]] = {}
+    for name in {r.get("Name", "") for r in rows}:
+        mine = [r for r in rows if r.get("Name") == name]
+        cols = {}
+        for c in ("Requests/s", "50%", "95%", "99%"):
+            vals = [
+                float(r[c]) if r.get(c) not in (None, "", "N/A") else float("nan") for r in mine
+            ]
+            if c != "Requests/s":  # no request in Locust's window: no percentile (not 0 ms)
+                vals = [v if v > 0 else float("nan") for v in vals]
+            cols[c] = vals
+        out[name] = ([float(r["Timestamp"]) - t0 for r in mine], cols)
+    return out
 
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+# Locust's request names (locustfile.py): the receipt series, and the PUBACK series
+SERIES = (("report (receipt)", "mix 0's receipt", "-"), ("report (PUBACK)", "broker PUBACK", "--"))
 
 
 def plots(report: dict[str, Any], rounds: list[RoundFacts], history: Path) -> list[tuple[str, str]]:
@@ -203,26 +240,30 @@ def plots(report: dict[str, Any], rounds: list[RoundFacts], history: Path) -> li
     import matplotlib.pyplot as plt
 
     out = []
-    t, cols = _history(history)
+    hist = _history(history)
+    series = [(hist[name], label, ls) for name, label, ls in SERIES if name in hist]
     fig, ax = plt.subplots(figsize=(7, 3))
-    if t:
-        ax.plot(t, cols["Requests/s"], color="#1f77b4")
+    for (t, cols), label, ls in series:
+        ax.plot(t, cols["Requests/s"], ls=ls, color="#1f77b4", label=label)
+    if series:
+        ax.legend()
     ax.set_xlabel("seconds since the load started")
-    ax.set_ylabel("acknowledged reports / s")
-    ax.set_title("Throughput over time (Locust's current rate: acknowledgements, recent window)")
+    ax.set_ylabel("reports / s")
+    ax.set_title("Throughput over time: reports receipted and acknowledged per second")
     ax.grid(alpha=0.3)
     out.append(("Throughput over time", _png(fig)))
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 3))
-    if t:
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for (t, cols), label, ls in series:
         for c, color in (("50%", "#2ca02c"), ("95%", "#ff7f0e"), ("99%", "#d62728")):
-            ax.plot(t, cols[c], label=f"p{c[:-1]}", color=color)
-        ax.legend()
+            ax.plot(t, cols[c], ls=ls, color=color, label=f"p{c[:-1]} {label}")
+    if series:
+        ax.legend(fontsize=7, ncol=2)
     ax.set_yscale("log")
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("ms")
-    ax.set_title("Publish latency percentiles over time (until the broker's PUBACK)")
+    ax.set_title("Publish latency: until mix 0's receipt (solid) and the PUBACK (dashed)")
     ax.grid(alpha=0.3, which="both")
     out.append(("Publish latency", _png(fig)))
     plt.close(fig)
@@ -264,10 +305,13 @@ def write_html(
     path: Path, report: dict[str, Any], rounds: list[RoundFacts], history: Path, notes: list[str]
 ) -> None:
     """One self-contained page (plots embedded as PNG) people can read and mail around."""
+    r = report["reports_receipted"]
+    receipted = "no receipts (PUBACKs only)" if r is None else f"{r:,} receipted by mix 0"
     head = (
         f"{report['users_per_round']:,} users x {report['rounds']} rounds: "
-        f"{report['rounds_released']} released, {report['reports_counted']:,} reports counted, "
-        f"{report['reports_lost']} lost; {report['throughput_reports_per_s']:,} reports/s = "
+        f"{report['rounds_released']} released, {receipted}, "
+        f"{report['reports_counted']:,} counted, {report['reports_lost']} lost; "
+        f"{report['throughput_reports_per_s']:,} reports/s = "
         f"{report['floor_ratio']} of the crypto floor "
         f"({report['crypto_floor_reports_per_s']:,} reports/s)"
     )
@@ -277,7 +321,8 @@ def write_html(
     )
     per_round = "".join(
         f"<tr><td>{f.index + 1}</td><td>{html.escape(f.round_id)}</td><td>{f.sent:,}</td>"
-        f"<td>{f.acked:,}</td><td>{'-' if f.counted is None else f'{f.counted:,}'}</td>"
+        f"<td>{f.acked:,}</td><td>{f'{f.receipted:,}' if f.receipts else '-'}</td>"
+        f"<td>{f.resent:,}</td><td>{'-' if f.counted is None else f'{f.counted:,}'}</td>"
         f"<td>{html.escape(json.dumps(f.rejected))}</td>"
         f"<td>{'-' if f.latency_s is None else f'{f.latency_s:.2f}'}</td></tr>"
         for f in rounds
@@ -294,7 +339,8 @@ text-align:left;font-size:.9em}} figure{{margin:1em 0}} img{{max-width:100%}}
 <ul>{note_html}</ul>
 {figs}
 <h2>Rounds</h2><table><tr><th>#</th><th>round id</th><th>sent</th><th>acknowledged</th>
-<th>counted</th><th>rejected</th><th>latency (s)</th></tr>{per_round}</table>
+<th>receipted</th><th>resent</th><th>counted</th><th>rejected</th><th>latency (s)</th></tr>
+{per_round}</table>
 <h2>report.json</h2>{_table(report)}
 </body></html>"""
     path.write_text(page)
