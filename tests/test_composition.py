@@ -634,3 +634,20 @@ def test_pmf_constructor_is_dense() -> None:
     g = discretise(blanket_like(2000, 1.0), 1e-3)
     p = to_dp_accounting(g)
     assert isinstance(p._pmf_remove, pld_pmf.DensePLDPmf)
+
+
+@pytest.mark.parametrize("count", [2, 7, 64, 1000])
+def test_self_composition_equals_dp_accountings_own(count: int) -> None:
+    from shufflekit.accountant.compose_dpa import self_compose_upper
+
+    rng = np.random.default_rng(count)
+    for size, inf in [(1, 0.0), (300, 1e-9), (2500, 0.0)]:
+        probs = rng.random(size) ** 8
+        probs *= (1.0 - inf) / probs.sum()
+        pmf = pld_pmf.DensePLDPmf(5e-4, -size // 2, probs, inf, True)
+        want = dpa_pld.PrivacyLossDistribution(pmf).self_compose(count, 1e-17)._pmf_remove
+        got = self_compose_upper(dpa_pld.PrivacyLossDistribution(pmf), count, 1e-17)._pmf_remove
+        assert isinstance(got, pld_pmf.DensePLDPmf) and isinstance(want, pld_pmf.DensePLDPmf)
+        assert got._lower_loss == want._lower_loss
+        assert np.allclose(got._probs, want._probs, rtol=0, atol=1e-15)
+        assert got._infinity_mass == want._infinity_mass

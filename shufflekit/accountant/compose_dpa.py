@@ -9,7 +9,8 @@ ours (`numerics.grid`): dp_accounting's own constructors take rounded dictionari
 avoids a Python dictionary per round.
 
 Composition, as dp_accounting does it:
-- identical rounds: `.self_compose(count)` for an upper bound. dp_accounting's self-composition
+- identical rounds: `.self_compose(count)` for an upper bound (`self_compose_upper`: the same
+  computation with its Chernoff window vectorised). dp_accounting's self-composition
   always adds its `tail_mass_truncation` to the infinity mass, which is right for an upper bound
   and wrong for a lower bound, so a lower bound self-composes by repeated squaring with
   `.compose` (whose truncation moves the right tail *down* when `pessimistic_estimate=False`);
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.fft as sfft
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
@@ -82,6 +84,53 @@ def _size(p: dpa_pld.PrivacyLossDistribution) -> int:
     return int(_dense(p)._probs.size)
 
 
+_ORDERS = np.concatenate((np.arange(-20, 0), np.arange(1, 21)))  # dp_accounting's, / size
+
+
+def _chernoff_window(probs: np.ndarray, count: int, tau: float) -> tuple[int, int]:
+    """dp_accounting's `common.compute_self_convolve_bounds` (the same orders and bounds), with
+    the 40 log moment generating functions in one array operation instead of 40 scipy
+    `logsumexp` calls (which dominated the self-composition of small rounds)."""
+    size = probs.size
+    lower, upper = 0, (size - 1) * count
+    if tau == 0:
+        return lower, upper
+    orders = _ORDERS / size
+    a = orders[:, None] * np.arange(size)[None, :]
+    a_max = np.max(a, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_mgf = np.log(np.sum(probs[None, :] * np.exp(a - a_max[:, None]), axis=1)) + a_max
+    log_two_over_tau = math.log(2 / tau)
+    for order, lm in zip(orders.tolist(), log_mgf.tolist(), strict=True):
+        bound = (count * lm + log_two_over_tau) / order
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper = min(upper, math.ceil(bound))
+        else:
+            lower = max(lower, math.floor(bound))
+    return lower, upper
+
+
+def self_compose_upper(
+    p: dpa_pld.PrivacyLossDistribution, count: int, tau: float
+) -> dpa_pld.PrivacyLossDistribution:
+    """`p.self_compose(count, tail_mass_truncation=tau)` of dp_accounting (a pessimistic dense
+    PLD): the same window, FFT power and infinity mass, with a faster window computation."""
+    pmf = _dense(p)
+    probs = np.asarray(pmf._probs, dtype=np.float64)
+    lo, hi = _chernoff_window(probs, count, tau)
+    out_len = hi - lo + 1
+    fast = sfft.next_fast_len(max(out_len, probs.size))
+    conv = np.real(sfft.ifft(sfft.fft(probs, fast) ** count))
+    out = np.array(np.roll(conv, -lo)[:out_len])
+    inf = tau - math.expm1(count * math.log1p(-pmf._infinity_mass))
+    dense = pld_pmf.DensePLDPmf(
+        pmf._discretization, pmf._lower_loss * count + lo, out, inf, pmf._pessimistic_estimate
+    )
+    return dpa_pld.PrivacyLossDistribution(dense)
+
+
 def _self_compose(
     p: dpa_pld.PrivacyLossDistribution, count: int, upper: bool, tr: _Tracker
 ) -> dpa_pld.PrivacyLossDistribution:
@@ -89,7 +138,7 @@ def _self_compose(
         return p
     if upper:
         a_l2 = _l2(p)
-        out = p.self_compose(count, tail_mass_truncation=tr.tau)
+        out = self_compose_upper(p, count, tr.tau)
         # adds tau to +inf; the mass outside its Chernoff window (<= tau) is dropped or wraps
         # around in its FFT (only adds mass): the bound loosens by at most 2 tau
         tr.trunc += 2.0 * tr.tau
