@@ -56,6 +56,8 @@ def test_faulty_load_adds_up_and_the_report_has_exactly_its_keys(tmp_path: Path)
         assert 0 < out[series]["p50"] <= out[series]["max"]
     # a report is receipted after its PUBACK (mix 0 spools it first): the receipt is slower
     assert out["publish_latency_ms"]["p50"] >= out["puback_latency_ms"]["p50"]
+    # every report sent is counted or rejected by reason (stragglers as `late`), none twice
+    assert out["reports_sent"] == out["reports_counted"] + sum(out["reports_rejected"].values())
     rejected = dict(out["reports_rejected"])
     assert rejected.pop("late") == c["straggler"]
     assert sum(rejected.values()) == c["bad"]
