@@ -25,8 +25,9 @@ from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
-#: Base step of the curves: every default composition step (1e-4, 2e-4, 5e-4) is a multiple.
-BASE_STEP = 1e-4
+#: Base step of the curves: every default composition step (`composition.GRID_STEPS`) is a
+#: multiple.
+BASE_STEP = 5e-5
 _MAX_BASE_CELLS = 4_000_000
 
 
