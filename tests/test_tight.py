@@ -394,3 +394,19 @@ def test_thinned_grid_only_locates_and_keeps_the_weight() -> None:
     full = tight_upper.blanket_grid(mech, -30.0, math.log(1e-6))
     body = tight_upper.blanket_eval(mech, full, res.epsilon)[0]
     assert np.logaddexp(body, full.log_dropped) + tight_upper.SAFETY <= math.log(1e-6)
+
+
+def test_all_at_z_without_hz_is_a_close_lower_bound() -> None:
+    from shufflekit.accountant import attack
+
+    # beyond its budget of runs "all others at z" ignores h_z (a post-processing): below the
+    # exact sum over h_z's runs, and close to it
+    mech = Mechanism(100_000, 10, 1.0)
+    for eps in (0.003, 0.006, 0.01):  # delta ~ 1e-4 .. 2e-9
+        exact = attack._attack_all_at_z(mech, eps, -40.0, None)
+        blind = attack._attack_all_at_z(mech, eps, -40.0, 1)
+        assert exact - 2e-4 <= blind <= exact
+    # and below the brute-force oracle at small n
+    small = Mechanism(9, 4, 1.3)
+    want = dataset_delta((0, 0, 8, 0), 4, 1.3, 0.3, 0, 1)
+    assert math.exp(attack._attack_all_at_z(small, 0.3, -60.0, 1)) <= want * (1 + 1e-12)

@@ -297,9 +297,8 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
             val, name, cands = attack_log_delta(mech, x, log_tau=tau)
             with_z.append("all others at z" in cands)
         else:
-            val, name, _ = attack_log_delta(
-                mech, x, log_tau=tau, cheap=not with_z[0], every=with_z[0]
-            )
+            # (within its budget "all others at z" is always there: exact, or without h_z)
+            val, name, _ = attack_log_delta(mech, x, log_tau=tau, cheap=not with_z[0])
         seen[x] = name
         return val - ld, None
 
