@@ -78,7 +78,7 @@ def timings() -> list[str]:
         low = res.lower_epsilon or 0.0
         gap = (res.epsilon / low - 1) * 100 if low > 0 else math.inf
         lines.append(
-            f"n = 1e9, k = {k}: epsilon {res.epsilon:.6g} (lower {low:.6g}, gap {gap:.1f}%) "
+            f"n = 1e9, k = {k}: epsilon {res.epsilon:.6g} (lower {low:.6g}, gap {gap:.3f}%) "
             f"in {sec:.2f} s -> ratio to reference {sec / ref:.0f}"
         )
     return lines

@@ -6,7 +6,8 @@ adversary can carry out), so that every upper bound states its gap.
     (h_x0, h_x1, h_z), and delta = E[(linear form)^+] / (n q) over Mult_n(q, q, p, ...). Given
     T = h_x0 + h_x1, h_x0 ~ Bin(T, 1/2) and h_z ~ Bin(n - T, p/(1-2q)) are independent; the sum
     over h_z is done exactly by runs of constant integer threshold (first and second binomial
-    moments over each run), so the whole thing is a 1-D sum of closed forms. Exact at any n.
+    moments over each run), so the whole thing is a 1-D sum of closed forms. Exact at any n;
+    beyond Z_MAX_PIECES runs (k >= 4, n ~ 10^9) the adversary ignores h_z (a lower bound).
   * "all others at x0" in both orders (the reverse order is "all others at x1"): a 1-D sum over
     h_x0 of closed-form partial expectations of h_x1 | h_x0. Exact at any n.
   * "m others at x0, the rest at z" (k >= 3) and "m others at x0, the rest at x1", over every m,
@@ -39,8 +40,10 @@ from shufflekit.accountant.tight_k2 import k2_log_delta_m
 from shufflekit.accountant.tight_upper import SAFETY
 
 DENSE_N = 24  # exact enumeration of the m-family up to this n
-X0_BLOCKS = 1 << 20
-"""Largest number of h0 values summed one by one in "all others at x0" (see there)."""
+X0_BLOCKS = 8192
+"""Largest number of h0 values summed one by one in "all others at x0" (see there) for k >= 3,
+where each is a binomial partial expectation; for k = 2 (one logarithm each) X0_BLOCKS_K2."""
+X0_BLOCKS_K2 = 1 << 20
 Z_MAX_PIECES = 60_000
 """"all others at z" (k >= 4) costs ~40 us per closed-form piece (a window of T times the runs
 of h_z): beyond this many pieces (n = 10^9 needs millions: minutes) the adversary ignores h_z
@@ -175,9 +178,10 @@ def _run_moments(
 def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool) -> float:
     """Exact log delta of "all other users hold x0"; reverse=True is H(P_x1 || P_x0).
 
-    The sum over h0 (count of x0) is exact up to X0_BLOCKS values; a wider window is cut into
-    X0_BLOCKS blocks, each term taken where it is smallest in its block: at the start in the
-    order x0|x1 (the term grows with h0), at the end in the reverse order: a lower bound.
+    The sum over h0 (count of x0) is exact up to X0_BLOCKS (k = 2: X0_BLOCKS_K2) values; a
+    wider window is cut into that many blocks, each term taken where it is smallest in its
+    block: at the start in the order x0|x1 (the term grows with h0), at the end in the reverse
+    order: a lower bound.
     """
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
@@ -186,11 +190,12 @@ def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool
     r = math.exp(-eps0)
     c = math.expm1(eps) * g / k
     lo, hi = tail_window(n, p, log_tau)
-    if hi[0] - lo[0] + 1 <= X0_BLOCKS:
+    blocks = X0_BLOCKS_K2 if k == 2 else X0_BLOCKS
+    if hi[0] - lo[0] + 1 <= blocks:
         h0 = np.arange(lo[0], hi[0] + 1)
         lp = log_pmf(h0, n, p)
     else:
-        starts = np.unique(np.floor(np.linspace(lo[0], hi[0] + 1, X0_BLOCKS + 1)))
+        starts = np.unique(np.floor(np.linspace(lo[0], hi[0] + 1, blocks + 1)))
         ends = starts[1:] - 1
         starts = starts[:-1]
         h0 = ends if reverse else starts
@@ -291,9 +296,10 @@ def attack_log_delta(
     """Best exact attack: (log delta, worst dataset description, log delta of each dataset).
 
     cheap: skip "all others at z", whose windows grow with depth (tens of seconds at n = 1e5
-    for delta below 1e-300, where only its log could be reported anyway); it is also skipped
-    beyond Z_MAX_PIECES (n = 10^9 took minutes) unless `every` (one evaluation that must see
-    every dataset, e.g. to pick the dataset whose PLD is composed).
+    for delta below 1e-300, where only its log could be reported anyway); beyond Z_MAX_PIECES
+    it ignores h_z, beyond Z3_MAX_PIECES values of T it is skipped, unless `every` (one
+    evaluation that must see every dataset exactly, e.g. to pick the dataset whose PLD is
+    composed).
     """
     check_query(mech, epsilon)
     eps = float(epsilon)
