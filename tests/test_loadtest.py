@@ -172,3 +172,29 @@ def test_bit_vector_load_tests_configure_a_bits_deployment(
     ]:
         out = run_cli(["loadtest", *args], tmp_path)
         assert out.returncode == 2 and out.stderr.startswith(f"error: {msg}"), out.stderr
+
+
+def test_queued_packets_are_written_in_one_go_except_those_paho_acts_on() -> None:
+    """The load generator's client joins runs of queued packets (a partly written one keeps
+    only its remainder), but leaves a QoS 0 publish and a DISCONNECT on their own."""
+    import collections
+
+    from paho.mqtt.client import DISCONNECT, PUBACK, PUBLISH
+
+    from shufflekit.app.loadtest.wire_client import _coalesce
+
+    def pkt(command: int, qos: int, data: bytes, pos: int = 0) -> dict[str, object]:
+        return {"command": command, "qos": qos, "pos": pos, "packet": data, "to_process": len(data)}
+
+    queue = collections.deque(
+        [
+            pkt(PUBLISH, 1, b"abcdef", pos=3),
+            pkt(PUBACK, 0, b"XY"),
+            pkt(PUBLISH, 0, b"q0"),
+            pkt(PUBLISH, 1, b"z"),
+            pkt(PUBLISH, 1, b"w"),
+            pkt(DISCONNECT, 0, b"D"),
+        ]
+    )
+    out = [(bytes(p["packet"]), p["pos"], p["to_process"]) for p in _coalesce(queue)]
+    assert out == [(b"defXY", 0, 5), (b"q0", 0, 2), (b"zw", 0, 2), (b"D", 0, 1)]

@@ -14,6 +14,7 @@ from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, ne
 from shufflekit.base.errors import ConfigError, InvalidReport, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Announcement, Ready
+from shufflekit.core.peeling import ProcessPeeler
 from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
 from shufflekit.core.waiting import within
@@ -104,6 +105,9 @@ class HopRunner:
                 await asyncio.wait({work, readied}, return_when=asyncio.FIRST_COMPLETED)
                 readied.cancel()
                 if ready.is_set():
+                    pool = self.node.peeler if isinstance(self.node, MixNode) else None
+                    if isinstance(pool, ProcessPeeler):  # its workers up before the clock runs
+                        await asyncio.to_thread(pool.start)
                     msg = Ready(round_id=ann.round_id, hop=hop, key=self.node.key.public_b64())
                     await self.transport.publish(self.topics.ready(ann.round_id), msg.to_bytes())
                 watcher = asyncio.create_task(aborted_elsewhere(abort_sub, ann.round_id, hop))

@@ -127,6 +127,11 @@ def peel_layers(job: PeelJob, items: Sequence[bytes]) -> list[bytes | str]:
     return out
 
 
+def _started() -> bool:
+    """A worker's first task: it is up, with this module (and the crypto) imported."""
+    return True
+
+
 class Peeler(Protocol):
     """Where a mix's crypto runs: `envelopes` (mix 0) and `layers` (later mixes), in order."""
 
@@ -164,6 +169,15 @@ class ProcessPeeler:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
             self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
         return self._pool
+
+    def start(self) -> None:
+        """Start every worker process now (once) and wait until each has imported the peeling
+        code, so a round does not pay for that (a second per worker) while its reports arrive."""
+        if self._pool is not None:
+            return
+        pool = self._executor()
+        for f in [pool.submit(_started) for _ in range(self.workers)]:
+            f.result()
 
     def _slices(self, n: int) -> list[slice]:
         per = max(MIN_PER_TASK, -(-n // (2 * self.workers)))

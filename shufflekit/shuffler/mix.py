@@ -258,10 +258,13 @@ class MixNode(Hop[MixOutcome]):
             inbox.check(rid)
             raise  # check raised already: the round's input is marked failed
 
-    def _round_ingest(self, round_id: str, ann: Announcement | None = None) -> _Ingest | None:
+    def _round_ingest(
+        self, round_id: str, ann: Announcement | None = None, state: str | None = None
+    ) -> _Ingest | None:
         """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
-        spool after a restart); None for a round it does not know or has finished."""
-        state = self.spool.state(round_id)
+        spool after a restart); None for a round it does not know or has finished. `state`:
+        the round's spool state if the caller just read it (one query per envelope, not two)."""
+        state = state or self.spool.state(round_id)
         if state not in ("open", "output"):
             self.ingests.pop(round_id, None)
             return None
@@ -280,7 +283,7 @@ class MixNode(Hop[MixOutcome]):
         if self.index != 0 or arrival is None or arrival.kind != "data":
             return arrival
         state = self.spool.state(arrival.round_id)
-        ingest = self._round_ingest(arrival.round_id) if state == "open" else None
+        ingest = self._round_ingest(arrival.round_id, state=state) if state == "open" else None
         if ingest is not None and len(arrival.payload) > Envelope.max_size(ingest.size):
             # larger than any envelope of the round: counted, never stored nor parsed
             self.early.setdefault(arrival.round_id, RejectionCounter()).reject("oversized")
@@ -309,9 +312,14 @@ class MixNode(Hop[MixOutcome]):
         due: dict[str, list[Receipt]] = {}
         if self.signer is None:
             return due
+        ingests: dict[str, _Ingest | None] = {}  # by round, looked up once per batch
         caught_up: set[str] = set()
         for a in arrivals:
-            if a.kind != "data" or (ingest := self._round_ingest(a.round_id)) is None:
+            if a.kind != "data":
+                continue
+            if a.round_id not in ingests:
+                ingests[a.round_id] = self._round_ingest(a.round_id)
+            if (ingest := ingests[a.round_id]) is None:
                 continue
             try:
                 env = Envelope.decode(a.payload, ingest.size)

@@ -50,6 +50,7 @@ from shufflekit.app.loadtest.plan import (
     clients_of,
     round_plan,
 )
+from shufflekit.app.loadtest.wire_client import CoalescingClient
 from shufflekit.app.services.clients import malformed
 from shufflekit.client.agent import build_onion, wrap_envelope
 from shufflekit.core.credentials import EnrollmentKey
@@ -60,6 +61,7 @@ from shufflekit.core.wire import Envelope
 
 RECEIPT_NAME = "report (receipt)"  # Locust's series: latency until mix 0's receipt
 PUBACK_NAME = "report (PUBACK)"  # and until the broker's acknowledgement
+YIELD_EVERY = 8  # reports built between yields: the MQTT loop then writes them in one go
 GRACE = 3.0  # seconds after a round's result (or the withdrawal of its announcement) that
 # reports still without a receipt are given up: mix 0 sends receipts before it closes
 log = logging.getLogger("shufflekit.loadtest")
@@ -134,7 +136,9 @@ class ShufflekitUser(User):
             gevent.sleep(1.0)
 
     def _connect(self) -> mqtt.Client:
-        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.reply, protocol=mqtt.MQTTv5)
+        c = CoalescingClient(
+            CallbackAPIVersion.VERSION2, client_id=self.reply, protocol=mqtt.MQTTv5
+        )
         if self.s.username:
             c.username_pw_set(self.s.username, self.s.password)
         if self.s.tls:
@@ -352,7 +356,8 @@ class ShufflekitUser(User):
             payload, digest = self._payload(ann, j, role, int(plan.value[j]), rng)
             st["encrypt_s"] += time.perf_counter() - t
             self._send(ann, j, payload, digest, role != BAD, False)
-            gevent.sleep(0)  # let the MQTT loop, the other connections and heartbeats run
+            if st["sent"] % YIELD_EVERY == 0:  # the MQTT loop, other connections, heartbeats
+                gevent.sleep(0)
         if late:
             self.phase = f"round {r + 1}: stragglers wait for the close"
             while ann.round_id not in self.withdrawn:  # stragglers: after the round is over
