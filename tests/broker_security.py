@@ -7,6 +7,7 @@ deploy. Certificates are made with cryptography.x509 into a temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
@@ -244,6 +245,7 @@ class SecureBroker:
     passwords: dict[str, str]
     log: Path
     service_port: int = 0
+    process: BrokerProcess | None = None  # to kill -9 and restart it
 
     def url(self, user: str | None = None, host: str = "127.0.0.1") -> str:
         """`mqtts://` URL of the clients' listener, with `user`'s name (not password) if given."""
@@ -254,17 +256,60 @@ class SecureBroker:
         return f"mqtts://{user}@{host}:{self.service_port}"
 
 
-def _wait_running(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    """Wait for Mosquitto's "running" log line (printed once its listeners are open)."""
+RUNNING = r"mosquitto version \S+ running"
+
+
+def _wait_running(proc: subprocess.Popen[bytes], log: Path, timeout: float, seen: int = 0) -> None:
+    """Wait for Mosquitto's "running" log line (printed once its listeners are open): the
+    `seen` + 1st in `log` (a restart appends to the same log)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
         if proc.poll() is not None:
             raise RuntimeError(f"mosquitto exited ({proc.returncode}):\n{text}")
-        if re.search(r"mosquitto version \S+ running", text):
+        if len(re.findall(RUNNING, text)) > seen:
             return
         time.sleep(0.02)
     raise RuntimeError(f"mosquitto did not start within {timeout} s:\n{log.read_text()}")
+
+
+@dataclass
+class BrokerProcess:
+    """The Mosquitto process of a `SecureBroker`: a test may kill -9 it and start it again on
+    the same ports, with the same configuration (and persistence folder)."""
+
+    binary: str
+    conf: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (again) and wait until its listeners are open."""
+        seen = (
+            len(re.findall(RUNNING, self.log.read_text(errors="replace")))
+            if self.log.exists()
+            else 0
+        )
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [self.binary, "-c", str(self.conf)], stdout=out, stderr=subprocess.STDOUT
+            )
+        _wait_running(self.proc, self.log, timeout=10.0, seen=seen)
+
+    def kill9(self) -> None:
+        """SIGKILL: nothing is written on the way out (only what an autosave wrote survives)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM (it saves its persistence file), SIGKILL if it does not exit in 10 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self.kill9()
 
 
 @contextmanager
@@ -301,17 +346,16 @@ def secure_broker(folder: Path) -> Iterator[SecureBroker]:
         )
     )
     log = folder / "mosquitto.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT)
+    process = BrokerProcess(binary, conf, log)
     try:
-        _wait_running(proc, log, timeout=10.0)
+        process.start()
         yield SecureBroker(
-            port=port, pki=pki, passwords=passwords, log=log, service_port=service_port
+            port=port,
+            pki=pki,
+            passwords=passwords,
+            log=log,
+            service_port=service_port,
+            process=process,
         )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        process.stop()

@@ -246,7 +246,10 @@ RULES = [
     Rule("hop1-manifest", frozenset({"mix0"}), frozenset({"mix1"})),
     Rule("hop2-data", frozenset({"mix1"}), frozenset({"analyzer"})),
     Rule("hop2-manifest", frozenset({"mix1"}), frozenset({"analyzer"})),
-    Rule("close", frozenset({"coordinator"}), SERVICES),
+    # mix 0 closes through the broker too, behind its session's backlog (docs/simulation.md)
+    Rule("close", frozenset({"coordinator", "mix0"}), SERVICES),
+    Rule("go_request", frozenset({"mix0", "mix1"}), frozenset({"coordinator"})),
+    Rule("go", frozenset({"coordinator"}), frozenset({"mix0", "mix1"})),
     Rule("abort", SERVICES | {"coordinator"}, SERVICES | {"coordinator"}),
     Rule("result", frozenset({"analyzer"}), frozenset({"client", "coordinator"})),
 ]

@@ -108,7 +108,10 @@ def test_config_resolves_paths_and_takes_environment_overrides(
     monkeypatch.setenv("SHUFFLEKIT_COORDINATOR__N_MIN", "77")
     monkeypatch.setenv("SHUFFLEKIT_BROKER", "mqtt://127.0.0.1:1999")
     monkeypatch.setenv("SHUFFLEKIT_STATE", "/elsewhere")  # another setting's variable: ignored
+    monkeypatch.setenv("SHUFFLEKIT_MIX__SPOOL_ROUND_BYTES", "65536")
     cfg = load_config(f)
+    # mix 0's spool bounds (deploy/README.md): the round's from the environment, the default
+    assert (cfg.mix.spool_round_bytes, cfg.mix.spool_total_bytes) == (65536, 4 << 30)
     c = cfg.coordinator_settings()
     assert (cfg.broker, c.n_min, c.k, cfg.mix.batch_timeout) == ("mqtt://127.0.0.1:1999", 77, 4, 10)
     assert cfg.mix_private_key(1) == tmp_path / "conf" / "keys" / "mix1.key"

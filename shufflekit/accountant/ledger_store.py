@@ -154,6 +154,12 @@ class LedgerStore:
         """Every recorded round of the deployment, oldest first (expiry as of now)."""
         return self._snapshot(deployment)[1]
 
+    def round_of(self, deployment: str, round_id: str) -> RoundRecord | None:
+        """One round's record (a reservation past its expiry reads as expired), or None."""
+        with self._tx(write=False) as conn:
+            recs = self._rounds(conn, deployment, round_id)
+        return self._as_of_now(recs)[0] if recs else None
+
     # ---------------------------------------------------------------- helpers
     def _snapshot(self, deployment: str) -> tuple[Budget, list[RoundRecord]]:
         """The budget and its rounds, read without the write lock; reservations past their
@@ -161,8 +167,12 @@ class LedgerStore:
         with self._tx(write=False) as conn:
             b = self._require_budget(conn, deployment, lock=False)
             recs = self._rounds(conn, deployment)
+        return b, self._as_of_now(recs)
+
+    def _as_of_now(self, recs: list[RoundRecord]) -> list[RoundRecord]:
+        """`recs` with reservations past their expiry shown as expired."""
         now = self.clock.time()
-        return b, [
+        return [
             dataclasses.replace(r, status="expired")
             if r.status == "reserved" and r.expires_at is not None and r.expires_at < now
             else r
@@ -208,12 +218,14 @@ class LedgerStore:
             )
         return b
 
-    def _rounds(self, conn: Connection, deployment: str) -> list[RoundRecord]:
-        rows = conn.execute(
-            sa.select(rounds)
-            .where(rounds.c.deployment == deployment)
-            .order_by(rounds.c.created_at, rounds.c.round_id)
-        ).all()
+    def _rounds(
+        self, conn: Connection, deployment: str, round_id: str | None = None
+    ) -> list[RoundRecord]:
+        """The deployment's rounds (only `round_id`, if given), oldest first."""
+        q = sa.select(rounds).where(rounds.c.deployment == deployment)
+        if round_id is not None:
+            q = q.where(rounds.c.round_id == round_id)
+        rows = conn.execute(q.order_by(rounds.c.created_at, rounds.c.round_id)).all()
         return [
             RoundRecord(
                 r.round_id,
@@ -234,7 +246,7 @@ class LedgerStore:
         ]
 
     def _round(self, conn: Connection, deployment: str, round_id: str) -> RoundRecord:
-        return find_round(self._rounds(conn, deployment), round_id, deployment)
+        return find_round(self._rounds(conn, deployment, round_id), round_id, deployment)
 
     def _audit(
         self,

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from shufflekit.accountant.ledger import Ledger
+from shufflekit.app.go_keeper import GoKeeper
 from shufflekit.app.rounds import (
     COORDINATOR_HOP,
     RoundParams,
@@ -106,6 +107,8 @@ class Coordinator:
         self.offload = offload
         self.rng = rng or SystemRandomness()
         self.control = RejectionCounter()  # invalid ready/result/abort messages, by reason
+        # goes for mixes to forward (shufflekit.core.go): a lease lasts one batch timeout
+        self.goes = GoKeeper(ledger, self.deployment, batch_timeout, clock, offload, self.control)
         # The announcement of the round this coordinator is driving, from just before it is
         # announced until the round is settled. It outlives a lost connection: `recover` on
         # the next one resumes that round even if the broker lost the retained announcement.
@@ -166,6 +169,18 @@ class Coordinator:
                 params.eps0,
                 self.actor,
             )
+        self.goes.own.add(rid)
+        async with self.goes.answering(self.transport):
+            return await self._run_reserved(rid, params, answer, stop)
+
+    async def _run_reserved(
+        self,
+        rid: str,
+        params: RoundParams,
+        answer: Callable[[Announcement], Awaitable[int]] | None,
+        stop: asyncio.Event | None,
+    ) -> RoundReport:
+        """`run_round` once its cost is reserved: drive it, then settle it (charge or refund)."""
         started = self.clock.monotonic()
         report = RoundReport(rid, released=False, result=None, abort=None)
         outcome: Result | Abort
@@ -203,6 +218,7 @@ class Coordinator:
         else:
             report.abort = outcome
             await self._refund(rid, report, f"hop {outcome.hop} aborted: {outcome.reason}")
+        self.goes.settled(rid)
         self.driving = None
         report.seconds = self.clock.monotonic() - started
         return report
@@ -236,8 +252,10 @@ class Coordinator:
                 )
                 known[current.round_id] = current
         reports = []
-        for rid in reserved:
-            reports.append(await self._settle(rid, known.get(rid), stop))
+        async with self.goes.answering(self.transport):
+            for rid in reserved:
+                reports.append(await self._settle(rid, known.get(rid), stop))
+                self.goes.settled(rid)
         if any(rid in known for rid in reserved):
             await self.transport.publish(self.topics.announce, b"", retain=True)
         self.driving = None  # kept until here: a connection lost while settling resumes again
@@ -299,7 +317,9 @@ class Coordinator:
     async def _refund(self, rid: str, report: RoundReport, reason: str) -> None:
         """Refund a round that released nothing. If the ledger refuses because the analyzer
         committed meanwhile (its result was published, or is on its way), the round counts as
-        released; a refunded round can no longer be committed, so nothing goes out after."""
+        released; a refunded round can no longer be committed, so nothing goes out after. No
+        go is granted for it from here on, and it waits for the last one granted to run out."""
+        await self.goes.quiesce(rid)
         try:
             await self.offload(self.ledger.refund, self.deployment, rid, self.actor, reason)
         except AccountantError:

@@ -81,6 +81,7 @@ class Wiring:
             clock=self.clock,
             rng=self.rng,
             peeler=peeler,
+            go=True,  # the deployment's coordinator lets each batch go on
         )
 
     def analyzer(

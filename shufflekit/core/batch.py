@@ -30,10 +30,21 @@ async def send_batch(
     items: list[bytes],
     item_size: int,
     per_chunk: int = DEFAULT_CHUNK,
+    *,
+    until: float | None = None,
+    clock: Clock = system_clock,
 ) -> Manifest:
-    """Publish `items` (already permuted) to hop `hop`: the chunks first, then the manifest."""
+    """Publish `items` (already permuted) to hop `hop`: the chunks first, then the manifest.
+    With `until` (unix time on `clock`: the end of the coordinator's go), nothing is published
+    after it: RoundAborted instead (the next hop then refuses the incomplete batch)."""
+
+    def in_time() -> None:
+        if until is not None and clock.time() >= until:
+            raise RoundAborted("the coordinator's go ran out before the batch was out")
+
     chunks = split_chunks(items, hop, per_chunk)
     for chunk in chunks:
+        in_time()
         await transport.publish(topics.data(round_id, hop), chunk.encode(item_size))
     manifest = Manifest(
         round_id=round_id,
@@ -43,6 +54,7 @@ async def send_batch(
         item_size=item_size,
         digest=batch_digest(items),
     )
+    in_time()
     await transport.publish(topics.manifest(round_id, hop), manifest.to_bytes())
     return manifest
 

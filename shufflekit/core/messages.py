@@ -175,3 +175,28 @@ class Ready(_Control):
     round_id: Name
     hop: int = Field(ge=0, le=MAX_HOPS)
     key: Key
+
+
+class GoRequest(_Control):
+    """Mix `hop` holds round `round_id`'s permuted batch and asks the coordinator whether it
+    may forward it (it never forwards without a `Go`: a lost retained abort cannot matter)."""
+
+    round_id: Name
+    hop: int = Field(ge=0, le=MAX_HOPS)
+
+
+class Go(_Control):
+    """The coordinator's answer to a `GoRequest`, from its ledger: `go` (forward, only until
+    `until`, unix time: the coordinator refunds nothing before it), `committed` (the analyzer
+    has the batch already: nothing to forward) or `refused` (aborted or refunded: never)."""
+
+    round_id: Name
+    hop: int = Field(ge=0, le=MAX_HOPS)
+    verdict: Literal["go", "committed", "refused"]
+    until: float | None = None
+
+    @model_validator(mode="after")
+    def _go_has_an_end(self) -> Self:
+        if (self.verdict == "go") != (self.until is not None):
+            raise ValueError("a go (and only a go) has an end")
+        return self

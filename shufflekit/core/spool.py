@@ -90,6 +90,10 @@ class Spool:
     """SQLite spool of one service (`path`), or in memory (`None`: in-process deployments).
 
     `clock` stamps arrivals and rounds, and expires input of rounds this hop never served.
+    `round_bytes` and `total_bytes` bound the input payload bytes kept for one round and for
+    all rounds: a new arrival that would pass one is not kept, and is counted by reason in
+    `refused` (`spool_round_full`, `spool_full`); mix 0 then never receipts it.
+    `max_bytes` bounds the file itself: beyond it writes fail, as on a full disk.
     """
 
     def __init__(
@@ -98,9 +102,12 @@ class Spool:
         *,
         clock: Clock = system_clock,
         max_bytes: int | None = None,
+        round_bytes: int | None = None,
+        total_bytes: int | None = None,
     ) -> None:
         self.clock = clock
         self.path = path
+        self.round_bytes, self.total_bytes = round_bytes, total_bytes
         self.quarantined: Path | None = None  # where a corrupted spool was moved
         try:
             self._db = self._open()
@@ -119,6 +126,33 @@ class Spool:
         if max_bytes is not None:  # a bound on the whole spool: beyond it, writes fail (full)
             page = int(self._db.execute("pragma page_size").fetchone()[0])
             self._db.execute(f"pragma max_page_count = {max(2, max_bytes // page)}")
+        self._sizes: dict[str, int] = {}  # input payload bytes kept, by round
+        self.refused: dict[str, RejectionCounter] = {}  # arrivals past a bound, by round
+        self._count_sizes()
+
+    def _count_sizes(self) -> None:
+        """Recount the input payload bytes kept by round (after input was deleted)."""
+        rows = self._db.execute(
+            "select round_id, sum(length(payload)) from inbox group by round_id"
+        ).fetchall()
+        self._sizes = {str(r): int(n or 0) for r, n in rows}
+
+    def _over(self, a: Arrival) -> str | None:
+        """`spool_round_full` or `spool_full` if keeping `a` would pass `round_bytes` or
+        `total_bytes`, else None."""
+        n = len(a.payload)
+        if self.round_bytes is not None and self._sizes.get(a.round_id, 0) + n > self.round_bytes:
+            return "spool_round_full"
+        if self.total_bytes is not None and sum(self._sizes.values()) + n > self.total_bytes:
+            return "spool_full"
+        return None
+
+    def _kept(self, a: Arrival) -> bool:
+        row = self._db.execute(
+            "select 1 from inbox where round_id = ? and kind = ? and key = ?",
+            (a.round_id, a.kind, a.key),
+        ).fetchone()
+        return row is not None
 
     def _open(self) -> sqlite3.Connection:
         """Connect, make the file private, check it is a sound SQLite file, create the tables."""
@@ -154,14 +188,28 @@ class Spool:
         except sqlite3.OperationalError as exc:
             raise SpoolError(f"spool {self.path or ':memory:'}: cannot {what}: {exc}") from None
 
+    @contextlib.contextmanager
+    def _recounting_on_failure(self) -> Iterator[None]:
+        """A failed write was rolled back: the byte counts are taken again from the file."""
+        try:
+            yield
+        except SpoolError:
+            self._count_sizes()
+            raise
+
     # ---------------------------------------------------------------- the inbox
     def add(self, arrivals: Sequence[Arrival]) -> int:
         """Spool `arrivals` in one transaction; those already spooled are counted as
-        duplicates instead. Returns how many were new; SpoolError if it cannot (none kept)."""
+        duplicates instead, those past a bound as `refused`. Returns how many were new;
+        SpoolError if it cannot (none kept)."""
         new = 0
         now = self.clock.time()
-        with self._writing("store input"):
+        with self._recounting_on_failure(), self._writing("store input"):
             for a in arrivals:
+                full = self._over(a)
+                if full is not None and not self._kept(a):  # past a bound: refused, counted
+                    self.refused.setdefault(a.round_id, RejectionCounter()).reject(full)
+                    continue
                 cur = self._db.execute(
                     "insert or ignore into inbox (round_id, kind, key, payload, at) "
                     "values (?, ?, ?, ?, ?)",
@@ -169,6 +217,7 @@ class Spool:
                 )
                 if cur.rowcount:
                     new += 1
+                    self._sizes[a.round_id] = self._sizes.get(a.round_id, 0) + len(a.payload)
                 else:
                     self._db.execute(
                         "insert into duplicates values (?, ?, 1) on conflict (round_id, kind) "
@@ -271,6 +320,7 @@ class Spool:
                 "update rounds set state = 'output', outcome = ? where round_id = ?",
                 (json.dumps(outcome), round_id),
             )
+        self._sizes.pop(round_id, None)
 
     def output(self, round_id: str) -> tuple[list[bytes], dict[str, Any]]:
         """The stored output batch and outcome of a round in state `output`."""
@@ -289,6 +339,7 @@ class Spool:
     def finish(self, round_id: str, outcome: dict[str, Any] | None) -> None:
         """The round is over here: keep its outcome (for a week), drop its input and output,
         and drop input of rounds this hop never served that is older than a day."""
+        self.refused.pop(round_id, None)
         with self._writing("finish the round"):
             self._db.execute(
                 "update rounds set state = 'done', outcome = ? where round_id = ?",
@@ -304,6 +355,7 @@ class Spool:
                 "delete from rounds where state = 'done' and at < ?",
                 (self.clock.time() - FINISHED_TTL,),
             )
+        self._count_sizes()
 
 
 def _private_file(path: Path) -> None:

@@ -6,6 +6,8 @@ shufflekit/{deployment}/round/{round}/hop/{i}/manifest   i = L: the analyzer)
 shufflekit/{deployment}/round/{round}/close            coordinator: stop accepting, release
 shufflekit/{deployment}/round/{round}/abort            a hop released nothing
 shufflekit/{deployment}/round/{round}/result           the analyzer's published result
+shufflekit/{deployment}/round/{round}/go-request       a mix -> coordinator: may I forward?
+shufflekit/{deployment}/round/{round}/go               coordinator -> mixes: the answer
 
 The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/app/coordinator.py):
 
@@ -57,3 +59,9 @@ class Topics:
 
     def result(self, round_id: str) -> str:
         return f"{self._round(round_id)}/result"
+
+    def go_request(self, round_id: str) -> str:
+        return f"{self._round(round_id)}/go-request"
+
+    def go(self, round_id: str) -> str:
+        return f"{self._round(round_id)}/go"

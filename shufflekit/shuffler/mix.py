@@ -11,12 +11,15 @@ the analyzer (hop L).
 
 Input is spooled before it is acknowledged (shufflekit.core.spool): mix 0's batch is exactly the
 envelopes spooled before the round's close marker, and the permuted output is stored before it
-is forwarded, so a mix restarted mid-round resumes it and forwards the same batch, once.
+is forwarded, so a mix restarted mid-round resumes it and forwards the same batch, once. A mix
+of a deployment with a coordinator (`go`) forwards only under the coordinator's go
+(shufflekit.core.go), so a round refunded meanwhile never goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -37,8 +40,9 @@ from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair, onion_size
+from shufflekit.core.go import await_go
 from shufflekit.core.hop import Hop
-from shufflekit.core.messages import Announcement
+from shufflekit.core.messages import Announcement, Close
 from shufflekit.core.peeling import InlinePeeler, Peeler, PeelJob
 from shufflekit.core.receipts import (
     MAX_RECEIPTS_PER_BATCH,
@@ -55,6 +59,7 @@ from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
 log = logging.getLogger("shufflekit.mix")
 
 INGEST_STEP = 4096  # envelopes mix 0 checks in one go
+DRAIN_REPEAT = 1.0  # seconds between repeats of mix 0's own close while it drains its session
 
 
 @dataclass
@@ -100,7 +105,8 @@ class MixNode(Hop[MixOutcome]):
     """One mix of the cascade (hop `index`); `run_round` (see `Hop`) serves one round.
 
     `rng` draws the permutation: the OS CSPRNG by default, as production needs; a simulation
-    may inject a seeded one. `spool`, `clock` and `batch_timeout`: see `Hop`.
+    may inject a seeded one. `spool`, `clock` and `batch_timeout`: see `Hop`. With `go`, the
+    mix forwards a batch only under the coordinator's go (a deployment with a coordinator).
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class MixNode(Hop[MixOutcome]):
         clock: Clock = system_clock,
         rng: Randomness | None = None,
         peeler: Peeler | None = None,
+        go: bool = False,
     ) -> None:
         super().__init__(
             transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
@@ -124,6 +131,7 @@ class MixNode(Hop[MixOutcome]):
         self.index = index
         self.name = f"mix {index}"
         self.per_chunk = per_chunk
+        self.go = go
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.peeler: Peeler = peeler if peeler is not None else InlinePeeler()
@@ -152,7 +160,7 @@ class MixNode(Hop[MixOutcome]):
         holds as forwarding (`state` output) is forwarded again, as stored."""
         if state == "output":
             items, stored = self.spool.output(ann.round_id)
-            return await self._forward(ann, items, MixOutcome.from_dict(stored))
+            return await self._forward(ann, items, MixOutcome.from_dict(stored), stop)
         outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
         try:
             if self.index == 0:
@@ -188,7 +196,7 @@ class MixNode(Hop[MixOutcome]):
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
             self.ingests.pop(ann.round_id, None)
             return outcome
-        return await self._forward(ann, items, outcome)
+        return await self._forward(ann, items, outcome, stop)
 
     def _job(self, ann: Announcement) -> PeelJob:
         """What the peeler needs for this mix's layer of round `ann`."""
@@ -201,19 +209,52 @@ class MixNode(Hop[MixOutcome]):
             verifier=self.credentials,
         )
 
-    async def _forward(self, ann: Announcement, items: list[bytes], out: MixOutcome) -> MixOutcome:
-        """Send the stored permuted batch to the next hop, then mark the round done."""
+    async def _forward(
+        self, ann: Announcement, items: list[bytes], out: MixOutcome, stop: asyncio.Event | None
+    ) -> MixOutcome:
+        """Send the stored permuted batch to the next hop (under the coordinator's go, if this
+        mix needs one), then mark the round done. A refused or missing go, or one that runs out
+        mid-batch, aborts the round: nothing more of it goes out."""
         next_hop = self.index + 1
         started = self.clock.monotonic()
-        await send_batch(
-            self.transport,
-            self.topics,
-            ann.round_id,
-            next_hop,
-            items,
-            onion_size(REPORT_SIZE, ann.hops + 1 - next_hop),
-            self.per_chunk,
-        )
+        try:
+            until = None
+            if self.go:
+                patience = max(ann.seconds_left(self.clock), 0.0) + 2 * self.batch_timeout
+                answer = await unless_stopped(
+                    await_go(
+                        self.transport,
+                        self.topics,
+                        ann.round_id,
+                        self.index,
+                        patience,
+                        clock=self.clock,
+                        counters=out.counters,
+                    ),
+                    stop,
+                    self.name,
+                )
+                if answer.verdict == "committed":  # the analyzer has it: nothing to send
+                    self.spool.finish(ann.round_id, out.to_dict())
+                    self.ingests.pop(ann.round_id, None)
+                    return out
+                until = answer.until
+            await send_batch(
+                self.transport,
+                self.topics,
+                ann.round_id,
+                next_hop,
+                items,
+                onion_size(REPORT_SIZE, ann.hops + 1 - next_hop),
+                self.per_chunk,
+                until=until,
+                clock=self.clock,
+            )
+        except RoundAborted as exc:
+            out.released, out.forwarded, out.abort_reason = False, 0, str(exc)
+            await self.abort(ann, str(exc), out.counters.accepted, out.to_dict())
+            self.ingests.pop(ann.round_id, None)
+            return out
         out.stages["forward"] = self.clock.monotonic() - started
         self.spool.finish(ann.round_id, out.to_dict())
         self.ingests.pop(ann.round_id, None)
@@ -239,14 +280,35 @@ class MixNode(Hop[MixOutcome]):
             inbox.check(rid)  # input was lost: the round is aborted now
             left = ann.seconds_left(self.clock)
             if left <= 0:
-                return self._close_now(rid, inbox)  # the deadline: the normal end
+                return await self._drained_close(rid, inbox)  # the deadline: the normal end
             took = await ingest.step(self.spool)  # receipts may have checked some already
             if ann.close_at is not None and ingest.counters.accepted >= ann.close_at:
-                return self._close_now(rid, inbox)  # the target count is stored: close now
+                return await self._drained_close(rid, inbox)  # the target count is stored
             if took:
                 continue  # more may be spooled already; the close is checked again first
             seen = await inbox.changed(seen, left)
         return close
+
+    async def _drained_close(self, rid: str, inbox: Inbox) -> int:
+        """Mix 0 closes the round itself: it sends its own close through the broker on its
+        session (again each second) and freezes the input when that close is spooled, so
+        every report queued in the session before it (a restart's backlog) is in the batch.
+        If it does not come back within half a batch timeout, the input is frozen here."""
+        close = Close(round_id=rid, reason="mix 0: its deadline or close_at").to_bytes()
+        end = self.clock.monotonic() + self.batch_timeout / 2
+        seen, next_send = -1, self.clock.monotonic()
+        while (seq := self.spool.close_seq(rid)) is None:
+            inbox.check(rid)
+            now = self.clock.monotonic()
+            if now >= end:
+                log.warning("mix 0: round %s: its own close did not come back; closing", rid)
+                return self._close_now(rid, inbox)
+            if now >= next_send:
+                with contextlib.suppress(TransportError):  # lost: sent again in a second
+                    await self.transport.publish(self.topics.close(rid), close)
+                next_send = now + DRAIN_REPEAT
+            seen = await inbox.changed(seen, min(end, next_send) - now)
+        return seq
 
     def _close_now(self, rid: str, inbox: Inbox) -> int:
         """Freeze the round's input at a close marker now (unless it already is); RoundAborted
@@ -355,13 +417,15 @@ class MixNode(Hop[MixOutcome]):
                     log.info("mix 0: receipts to %s not sent: %s", reply, exc)
 
     def _tally(self, ann: Announcement, ingest: _Ingest, outcome: MixOutcome) -> None:
-        """Mix 0: the round's counts by reason (checked reports, input dropped unstored, the
-        same bytes delivered again, resends) and the time spent peeling, into `outcome`."""
+        """Mix 0: the round's counts by reason (checked reports, input dropped unstored or
+        past the spool's bounds, the same bytes delivered again, resends) and the time spent
+        peeling, into `outcome`."""
         rid = ann.round_id
         counters = outcome.counters
         counters.accepted = ingest.counters.accepted
         counters.rejected.update(ingest.counters.rejected)
         counters.rejected.update(self.early.pop(rid, RejectionCounter()).rejected)
+        counters.rejected.update(self.spool.refused.pop(rid, RejectionCounter()).rejected)
         for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
             counters.reject("replayed")
         outcome.resent = self.spool.duplicates(rid, "resend")

@@ -60,6 +60,16 @@ class MixSettings(_Section):
         le=256,
         description="worker processes that peel reports as they arrive (0: in the service)",
     )
+    spool_round_bytes: int = Field(
+        default=1 << 30,
+        ge=1024,
+        description="input bytes the spool keeps for one round; a report past it is refused",
+    )
+    spool_total_bytes: int = Field(
+        default=4 << 30,
+        ge=1024,
+        description="input bytes the spool keeps for all rounds; a report past it is refused",
+    )
 
 
 class AnalyzerSettings(_Section):

@@ -243,7 +243,12 @@ async def serve_mix(
         log.warning("mix 0: no [mix] enrollment_key: client credentials are NOT checked")
 
     env = env or DEFAULT_ENV
-    spool = Spool(cfg.spool_path(f"mix{i}"), clock=env.clock)
+    spool = Spool(
+        cfg.spool_path(f"mix{i}"),
+        clock=env.clock,
+        round_bytes=cfg.mix.spool_round_bytes,
+        total_bytes=cfg.mix.spool_total_bytes,
+    )
     wiring = env.wiring(cfg, per_chunk=cfg.mix.per_chunk, batch_timeout=cfg.mix.batch_timeout)
 
     peeler = env.peeler(cfg.mix.peel_workers)

@@ -423,12 +423,13 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def run_seed(spec: SimSpec) -> SeedOutcome:
-    """Simulate one seed in a temporary folder on virtual time; what it did and found."""
+def run_seed(spec: SimSpec, world_type: type[World] = World) -> SeedOutcome:
+    """Simulate one seed in a temporary folder on virtual time; what it did and found.
+    `world_type` may be a World with a scenario's own fault schedule (tests)."""
     with _quiet(), tempfile.TemporaryDirectory(prefix="shufflekit-sim-") as tmp:
         cipher = contextlib.nullcontext() if spec.real_crypto else standin.allowed()
         with cipher:
-            world = World(spec, Path(tmp))
+            world = world_type(spec, Path(tmp))
 
             try:
                 run_virtual(world.run(), world.clock)

@@ -24,6 +24,9 @@ from shufflekit.base.random import Randomness
 from shufflekit.core.transport.base import Message, Subscription, Transport, topic_matches
 
 EventSink = Callable[..., None]
+# durable messages a persistent session has delivered and not yet acked, at most (Mosquitto's
+# max_inflight_messages): a backlog arrives as fast as the client acks it, in order
+INFLIGHT = 20
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class _Session:
     filters: list[str] = field(default_factory=list)  # subscribed at the broker
     unacked: dict[int, FaultyMessage] = field(default_factory=dict)  # durable, delivered
     held: list[FaultyMessage] = field(default_factory=list)  # waiting for a subscription
+    # durable messages delivered and not yet acked (at most INFLIGHT), and those queued behind
+    inflight: set[int] = field(default_factory=set)
+    queued: list[FaultyMessage] = field(default_factory=list)
     conn: FaultyTransport | None = None
 
     def is_durable(self, topic: str) -> bool:
@@ -96,6 +102,7 @@ class FaultyBroker:
         self.rng = rng
         self.plan = plan or FaultPlan()
         self.persistence = persistence
+        self.round_trip = 0.001  # seconds from an ack to the next queued message's delivery
         self._emit = on_event or (lambda *a, **k: None)
         self._tap = tap  # sees (sender, topic, payload) of every accepted publish: checkers
         self._sessions: dict[str, _Session] = {}
@@ -153,6 +160,8 @@ class FaultyBroker:
             s = _Session(conn.client_id, conn.persistent, tuple(conn.durable))
             self._sessions[conn.client_id] = s
         s.conn = conn
+        s.inflight.clear()  # every unacked message is delivered again, in order
+        s.queued.clear()
         redeliver = [s.unacked[m] for m in sorted(s.unacked)]
         s.held = redeliver + [m for m in s.held if m.mid not in s.unacked]
         self._emit("connect", client=conn.client_id, resumed=len(s.held))
@@ -192,6 +201,16 @@ class FaultyBroker:
         s = self._sessions.get(conn.client_id)
         if s is not None and isinstance(message, FaultyMessage):
             s.unacked.pop(message.mid, None)
+            s.inflight.discard(message.mid)
+            if s.queued and len(s.inflight) < INFLIGHT:  # the next one, a round trip later
+                nxt = s.queued.pop(0)
+                s.inflight.add(nxt.mid)
+                asyncio.get_running_loop().call_later(self.round_trip, self._next, s, conn, nxt)
+
+    def _next(self, s: _Session, conn: FaultyTransport, msg: FaultyMessage) -> None:
+        """A queued durable message's turn has come (its slot is taken)."""
+        if s.conn is conn:
+            self._hand(s, conn, msg, queued=True)
 
     # ------------------------------------------------------------------ publish and deliver
     def _publish(self, sender: str, topic: str, payload: bytes, retain: bool) -> None:
@@ -247,12 +266,21 @@ class FaultyBroker:
             return
         self._hand(s, conn, msg)
 
-    def _hand(self, s: _Session, conn: FaultyTransport, msg: FaultyMessage) -> None:
+    def _hand(
+        self, s: _Session, conn: FaultyTransport, msg: FaultyMessage, queued: bool = False
+    ) -> None:
+        """Deliver `msg` to the connection's subscriptions (`queued`: its turn in the queue
+        of durable messages has come)."""
         subs = [sub for sub in conn._subs if topic_matches(sub.topic_filter, msg.topic)]
         if not subs:  # subscribed at the broker, not yet in this process: hold it
             if s.persistent:
                 s.held.append(msg)
             return
+        if s.persistent and s.is_durable(msg.topic) and not queued and msg.mid not in s.inflight:
+            if s.queued or len(s.inflight) >= INFLIGHT:  # behind the backlog, in order
+                s.queued.append(msg)
+                return
+            s.inflight.add(msg.mid)
         self._emit("deliver", client=s.client_id, topic=msg.topic)
         for sub in subs:
             sub.deliver(msg)

@@ -1,0 +1,125 @@
+"""The coordinator's side of a mix's go (shufflekit.core.go): it answers each go request from
+the ledger, and refunds a round only once no go it granted can still be running.
+
+A go is a lease until a named time. Before a refund the round stops getting goes, and the
+refund waits until the last lease granted for it has run out (plus GO_MARGIN). A restarted
+coordinator does not know the leases its previous life granted, so it refunds a round reserved
+before it started no earlier than one lease after its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.base.clock import Clock
+from shufflekit.base.errors import InvalidReport, LedgerError, TransportError
+from shufflekit.base.offload import Offload
+from shufflekit.core.counters import RejectionCounter
+from shufflekit.core.go import GO_MARGIN
+from shufflekit.core.messages import Go, GoRequest
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport.base import Message, Subscription, Transport
+
+log = logging.getLogger("shufflekit.coordinator")
+
+
+class GoKeeper:
+    """Grants goes (leases of `lease` seconds) for rounds the ledger holds as reserved."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        deployment: str,
+        lease: float,
+        clock: Clock,
+        offload: Offload,
+        control: RejectionCounter,
+    ) -> None:
+        self.ledger = ledger
+        self.deployment = deployment
+        self.topics = Topics(deployment)
+        self.lease = lease
+        self.clock = clock
+        self.offload = offload
+        self.control = control  # invalid go requests, by reason
+        self.started = clock.time()
+        self.leases: dict[str, float] = {}  # round -> end of the last go granted
+        self.refusing: set[str] = set()  # rounds about to be refunded: no more goes
+        self.own: set[str] = set()  # rounds reserved by this process (all their leases known)
+
+    @contextlib.asynccontextmanager
+    async def answering(self, transport: Transport) -> AsyncIterator[None]:
+        """Answer go requests on `transport` for the duration of the block."""
+        flt = f"{self.topics.prefix}/round/+/go-request"
+        async with transport.subscribe(flt) as sub:
+            task = asyncio.create_task(self._answer(transport, sub))
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TransportError):
+                    await task
+
+    async def _answer(self, transport: Transport, sub: Subscription) -> None:
+        while True:
+            msg = await sub.get()
+            req = self._request(msg)
+            if req is None:
+                continue
+            try:
+                go = await self.verdict(req.round_id, req.hop)
+            except LedgerError as exc:  # busy or unreachable: the mix asks again
+                log.info("round %s: go request unanswered: %s", req.round_id, exc)
+                continue
+            with contextlib.suppress(TransportError):  # lost: the mix asks again
+                await transport.publish(self.topics.go(req.round_id), go.to_bytes())
+
+    def _request(self, msg: Message) -> GoRequest | None:
+        """The valid request in `msg` (its round is the topic's), else None (counted)."""
+        try:
+            req = GoRequest.from_bytes(msg.payload)
+        except InvalidReport as exc:
+            self.control.reject(exc.reason)
+            return None
+        assert isinstance(req, GoRequest)
+        if msg.topic.split("/")[3:4] != [req.round_id]:
+            self.control.reject("bad_control")
+            return None
+        return req
+
+    async def verdict(self, round_id: str, hop: int) -> Go:
+        """The answer for mix `hop` of `round_id`, from the ledger; a go is recorded as a lease."""
+        rec = await self.offload(self.ledger.round_of, self.deployment, round_id)
+        now = self.clock.time()
+        if rec is not None and rec.status == "committed":
+            return Go(round_id=round_id, hop=hop, verdict="committed")
+        if rec is not None and rec.status == "reserved" and round_id not in self.refusing:
+            until = now + self.lease
+            if rec.expires_at is not None:
+                until = min(until, rec.expires_at - GO_MARGIN)
+            if until > now:
+                self.leases[round_id] = max(self.leases.get(round_id, 0.0), until)
+                return Go(round_id=round_id, hop=hop, verdict="go", until=until)
+        return Go(round_id=round_id, hop=hop, verdict="refused")
+
+    async def quiesce(self, round_id: str) -> None:
+        """Stop granting goes for `round_id` and wait until none granted can still be running
+        (call before refunding it)."""
+        self.refusing.add(round_id)
+        end = self.leases.get(round_id, 0.0)
+        if round_id not in self.own:  # reserved before this process: its leases are unknown
+            end = max(end, self.started + self.lease)
+        wait = end + GO_MARGIN - self.clock.time()
+        if end > 0 and wait > 0:
+            log.info("round %s: refund in %.1fs, once its last go has run out", round_id, wait)
+            await self.clock.sleep(wait)
+
+    def settled(self, round_id: str) -> None:
+        """The round is committed or refunded: the ledger answers for it from now on."""
+        self.leases.pop(round_id, None)
+        self.refusing.discard(round_id)
+        self.own.discard(round_id)
