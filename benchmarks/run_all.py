@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "gap": ("bench_gap.py", ["--quick"]),
     "soundness": ("bench_soundness.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
+    "compose_k2": ("bench_compose_k2.py", ["--quick"]),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
     "loadtest": ("bench_loadtest.py", ["--quick"]),
