@@ -93,21 +93,27 @@ def test_the_load_generator_counts_only_receipts_mix0_signed_for_that_report() -
     def batch(*receipts: object) -> bytes:
         return ReceiptBatch(receipts=list(receipts)).to_bytes()  # type: ignore[arg-type]
 
-    assert box.receive(batch(forger.receipt("r1", "lt-0", d1))) == []  # wrong key
-    assert box.receive(batch(real.receipt("r2", "lt-0", d1))) == []  # another round
-    assert box.receive(b"not a receipt batch") == []
+    assert box.receive(batch(forger.receipt("r1", "lt-0", d1)), 100.5) == []  # wrong key
+    assert box.receive(batch(real.receipt("r2", "lt-0", d1)), 100.5) == []  # another round
+    assert box.receive(b"not a receipt batch", 100.5) == []
     assert box.refused == 3 and set(box.sent) == {d1, d2, d3}
-    got = box.receive(batch(real.receipt("r1", "lt-0", d1), real.receipt("r1", "lt-1", d2)))
+    got = box.receive(batch(real.receipt("r1", "lt-0", d1), real.receipt("r1", "lt-1", d2)), 100.5)
     assert [s.client for s in got] == [0, 1] and set(box.sent) == {d3}
-    assert box.receive(batch(real.receipt("r1", "lt-0", d1))) == [] and box.repeated == 1
+    assert box.receive(batch(real.receipt("r1", "lt-0", d1)), 100.5) == [] and box.repeated == 1
     # client 0 again in round 2: a receipt under client 1's tag is not its receipt
     box.add("4" * 64, Sent("r2", 0, b"p", first=100.0, timely_good=True))
-    assert box.receive(batch(real.receipt("r2", "lt-1", "4" * 64))) == []
-    assert [s.round_id for s in box.receive(batch(real.receipt("r2", "lt-0", "4" * 64)))] == ["r2"]
+    assert box.receive(batch(real.receipt("r2", "lt-1", "4" * 64)), 100.5) == []
+    assert [
+        s.round_id for s in box.receive(batch(real.receipt("r2", "lt-0", "4" * 64)), 100.5)
+    ] == ["r2"]
     # still waiting: resent at 101 s, then twice as late; given up when its round is over
     assert [s.client for s in box.due(101.0)] == [2] and box.due(101.5) == []
     assert [s.client for s in box.due(103.0)] == [2]
     assert [s.client for s in box.give_up({"r1"})] == [2] and not box.sent
+    # a busy mix 0 (receipts take 5 s): a report is sent again only after 4 x that
+    slow = Outstanding(resend=1.0, typical=5.0)
+    slow.add("5" * 64, Sent("r1", 3, b"p", first=200.0, timely_good=True))
+    assert slow.due(210.0) == [] and len(slow.due(220.0)) == 1
 
 
 def test_round_plan_draws_exact_counts_the_same_everywhere() -> None:

@@ -61,7 +61,9 @@ from shufflekit.core.wire import Envelope
 
 RECEIPT_NAME = "report (receipt)"  # Locust's series: latency until mix 0's receipt
 PUBACK_NAME = "report (PUBACK)"  # and until the broker's acknowledgement
-YIELD_EVERY = 8  # reports built between yields: the MQTT loop then writes them in one go
+# seconds of building reports between yields: the MQTT loop then writes what was built in
+# one go, and delays a PUBACK or a receipt by little more than that
+YIELD_AFTER = 0.002
 GRACE = 3.0  # seconds after a round's result (or the withdrawal of its announcement) that
 # reports still without a receipt are given up: mix 0 sends receipts before it closes
 log = logging.getLogger("shufflekit.loadtest")
@@ -235,7 +237,7 @@ class ShufflekitUser(User):
         while True:
             payload = self.inbound.get()
             now = time.time()
-            for sent in self.outstanding.receive(payload):
+            for sent in self.outstanding.receive(payload, now):
                 st = self.stats[sent.round_id]
                 st["receipted"] += 1
                 if sent.timely_good:
@@ -344,6 +346,7 @@ class ShufflekitUser(User):
         mine = [j for j in self.clients if plan.role[j] != DROPOUT]
         mine.sort(key=lambda j: plan.offset[j])
         late: list[int] = []
+        ran = time.perf_counter()  # since the last yield to the other greenlets
         for j in mine:
             if plan.role[j] == STRAGGLER:
                 late.append(j)
@@ -356,8 +359,9 @@ class ShufflekitUser(User):
             payload, digest = self._payload(ann, j, role, int(plan.value[j]), rng)
             st["encrypt_s"] += time.perf_counter() - t
             self._send(ann, j, payload, digest, role != BAD, False)
-            if st["sent"] % YIELD_EVERY == 0:  # the MQTT loop, other connections, heartbeats
+            if time.perf_counter() - ran > YIELD_AFTER:  # the MQTT loop, connections, heartbeats
                 gevent.sleep(0)
+                ran = time.perf_counter()
         if late:
             self.phase = f"round {r + 1}: stragglers wait for the close"
             while ann.round_id not in self.withdrawn:  # stragglers: after the round is over

@@ -5,8 +5,9 @@ receipt for its digest arrives that mix 0 signed for its round (checked against 
 announcement's receipt key, `ReceiptCheck`) and that names the same client tag as this logical
 client's earlier receipts (mix 0's keyed hash of the client id is stable, so a receipt made
 for another client is refused too); or when its round is over and it is given up. A report
-still waiting is due for a resend (the very same bytes) after `resend` seconds, then after
-twice as long each time, up to 8 times that.
+still waiting is due for a resend (the very same bytes) after `resend` seconds, or 4 times the
+typical receipt latency if that is longer (a busy mix 0 is slow to answer, and resends would only
+add to its queue), then after twice as long each time, up to 8 times that.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Outstanding:
     tags: dict[int, str] = field(default_factory=dict)  # logical client -> its client tag
     refused: int = 0  # receipts refused: malformed, another round, a foreign signature or tag
     repeated: int = 0  # receipts for reports already receipted (answers to resends)
+    typical: float = 0.0  # seconds from publish to receipt, moving average
+
+    def _first_pause(self) -> float:
+        return max(self.resend, 4 * self.typical)
 
     def round(self, ann: Announcement) -> None:
         """Receipts of round `ann` are checked against its announced receipt key."""
@@ -52,13 +57,13 @@ class Outstanding:
 
     def add(self, digest: str, s: Sent) -> None:
         """`s` (onion digest `digest`) was published at `s.first`; resent if no receipt comes."""
-        s.pause = self.resend
+        s.pause = self._first_pause()
         s.due = s.first + s.pause
         self.sent[digest] = s
 
-    def receive(self, payload: bytes) -> list[Sent]:
-        """The reports a ReceiptBatch `payload` receipts (removed from the table); what does
-        not check out is counted in `refused`."""
+    def receive(self, payload: bytes, now: float) -> list[Sent]:
+        """The reports a ReceiptBatch `payload`, arrived at `now`, receipts (removed from the
+        table); what does not check out is counted in `refused`."""
         try:
             batch = ReceiptBatch.from_bytes(payload)
         except InvalidReport:
@@ -78,6 +83,7 @@ class Outstanding:
                 continue
             self.tags[s.client] = tag
             del self.sent[r.digest]
+            self.typical += 0.05 * (now - s.first - self.typical)
             done.append(s)
         return done
 
@@ -87,7 +93,7 @@ class Outstanding:
         for s in self.sent.values():
             if s.due <= now:
                 s.resent += 1
-                s.pause = min(2 * s.pause, 8 * self.resend)
+                s.pause = min(2 * s.pause, 8 * self._first_pause())
                 s.due = now + s.pause
                 out.append(s)
         return out

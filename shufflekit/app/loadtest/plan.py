@@ -39,7 +39,7 @@ class LoadSettings:
     bad_fraction: float = 0.0
     seed: int = 0
     in_flight: int = 200  # publishes of one connection awaiting the broker's PUBACK
-    window: int = 1000  # reports of one connection awaiting mix 0's receipt
+    window: int = 300  # reports of one connection awaiting mix 0's receipt
     enrollment_key: str | None = None  # base64 private key: the workers issue credentials
     out_dir: str = "."
 

@@ -228,8 +228,22 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-# Locust's request names (locustfile.py): the receipt series, and the PUBACK series
-SERIES = (("report (receipt)", "mix 0's receipt", "-"), ("report (PUBACK)", "broker PUBACK", "--"))
+# Locust's request names (locustfile.py): the receipt series (the main one), and the PUBACK
+# series, drawn fainter; each with the percentiles shown and their colours
+SERIES = (
+    (
+        "report (receipt)",
+        "until mix 0's receipt",
+        "-",
+        (("50%", "#2ca02c"), ("95%", "#ff7f0e"), ("99%", "#d62728")),
+    ),
+    (
+        "report (PUBACK)",
+        "until the broker's PUBACK",
+        "--",
+        (("50%", "#7f7f7f"), ("99%", "#bcbcbc")),
+    ),
+)
 
 
 def plots(report: dict[str, Any], rounds: list[RoundFacts], history: Path) -> list[tuple[str, str]]:
@@ -241,29 +255,29 @@ def plots(report: dict[str, Any], rounds: list[RoundFacts], history: Path) -> li
 
     out = []
     hist = _history(history)
-    series = [(hist[name], label, ls) for name, label, ls in SERIES if name in hist]
+    series = [(hist[name], label, ls, pcts) for name, label, ls, pcts in SERIES if name in hist]
     fig, ax = plt.subplots(figsize=(7, 3))
-    for (t, cols), label, ls in series:
-        ax.plot(t, cols["Requests/s"], ls=ls, color="#1f77b4", label=label)
+    for (t, cols), label, ls, _ in series:
+        ax.plot(t, cols["Requests/s"], ls=ls, color="#1f77b4", label=f"reports/s {label}")
     if series:
-        ax.legend()
+        ax.legend(fontsize=8)
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("reports / s")
-    ax.set_title("Throughput over time: reports receipted and acknowledged per second")
+    ax.set_title("Throughput over time (Locust's rate over its last seconds)")
     ax.grid(alpha=0.3)
     out.append(("Throughput over time", _png(fig)))
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    for (t, cols), label, ls in series:
-        for c, color in (("50%", "#2ca02c"), ("95%", "#ff7f0e"), ("99%", "#d62728")):
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for (t, cols), label, ls, pcts in series:
+        for c, color in pcts:
             ax.plot(t, cols[c], ls=ls, color=color, label=f"p{c[:-1]} {label}")
     if series:
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     ax.set_yscale("log")
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("ms")
-    ax.set_title("Publish latency: until mix 0's receipt (solid) and the PUBACK (dashed)")
+    ax.set_title("Publish latency percentiles: until mix 0's receipt, and the PUBACK (dashed)")
     ax.grid(alpha=0.3, which="both")
     out.append(("Publish latency", _png(fig)))
     plt.close(fig)
