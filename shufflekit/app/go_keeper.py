@@ -97,14 +97,21 @@ class GoKeeper:
         now = self.clock.time()
         if rec is not None and rec.status == "committed":
             return Go(round_id=round_id, hop=hop, verdict="committed")
-        if rec is not None and rec.status == "reserved" and round_id not in self.refusing:
+        if rec is None:
+            why = "the ledger holds no reservation for this round"
+        elif rec.status != "reserved":
+            why = f"the round is {rec.status} in the ledger"
+        elif round_id in self.refusing:
+            why = "the round is being refunded"
+        else:
             until = now + self.lease
             if rec.expires_at is not None:
                 until = min(until, rec.expires_at - GO_MARGIN)
             if until > now:
                 self.leases[round_id] = max(self.leases.get(round_id, 0.0), until)
                 return Go(round_id=round_id, hop=hop, verdict="go", until=until)
-        return Go(round_id=round_id, hop=hop, verdict="refused")
+            why = "its reservation expired"
+        return Go(round_id=round_id, hop=hop, verdict="refused", reason=why)
 
     async def quiesce(self, round_id: str) -> None:
         """Stop granting goes for `round_id` and wait until none granted can still be running

@@ -59,7 +59,8 @@ async def await_go(
             if go.round_id != round_id or go.hop != hop:
                 continue
             if go.verdict == "refused":
-                raise RoundAborted("the coordinator refused to let it go on (aborted, refunded)")
+                why = f": {go.reason}" if go.reason else ""
+                raise RoundAborted(f"the coordinator refused its go{why} (aborted, refunded)")
             if go.until is None or go.until > clock.time():  # a late (stale) go is asked again
                 return go
     raise RoundAborted(f"no go from the coordinator within {patience:.0f}s")

@@ -194,6 +194,7 @@ class Go(_Control):
     hop: int = Field(ge=0, le=MAX_HOPS)
     verdict: Literal["go", "committed", "refused"]
     until: float | None = None
+    reason: Text = ""  # why a go was refused, for the mix's abort
 
     @model_validator(mode="after")
     def _go_has_an_end(self) -> Self:
