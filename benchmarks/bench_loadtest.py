@@ -37,12 +37,16 @@ def main(argv: list[str] | None = None) -> str:
     for users in sizes:
         out = run_loadtest(LoadTestOptions(users=users, rounds=args.rounds))
         st = out["stages_s"]
+        rl, pl, ack = out["round_latency_s"], out["publish_latency_ms"], out["puback_latency_ms"]
         lines += [
             f"{users:>7,} users x {out['rounds']} rounds: {out['rounds_released']} released, "
-            f"{out['reports_counted']:,} counted, {out['reports_lost']} lost",
+            f"{out['reports_receipted']:,} receipted by mix 0, {out['reports_counted']:,} "
+            f"counted, {out['reports_lost']} lost",
             f"  {out['throughput_reports_per_s']:,} reports/s vs crypto floor "
             f"{out['crypto_floor_reports_per_s']:,} reports/s: floor_ratio {out['floor_ratio']}",
-            f"  round latency s: {out['round_latency_s']}",
+            f"  round latency s: p50 {rl['p50']}, max {rl['max']}; publish latency ms until "
+            f"mix 0's receipt: p50 {pl['p50']}, p99 {pl['p99']} (until the PUBACK: p50 "
+            f"{ack['p50']}, p99 {ack['p99']})",
             "  stages (s/round, median; they overlap): "
             + ", ".join(f"{k} {v}" for k, v in st.items()),
             f"  peak RSS MB: {out['peak_rss_mb']}",
