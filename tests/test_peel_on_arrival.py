@@ -118,3 +118,45 @@ def test_pool_layers_match_inline(n: int) -> None:
     assert pooled == asyncio.run(InlinePeeler().layers(job, items))
     assert pooled[3] == "undecryptable"
     assert pooled[0] == bytes([0]) * 6
+
+
+def test_peeling_workers_exit_when_their_service_is_killed() -> None:
+    """A mix killed with -9 cannot stop its peeling workers: they notice and exit by
+    themselves instead of idling on (one orphaned pool per restart)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import time\n"
+        "from shufflekit.core.peeling import ProcessPeeler\n"
+        "p = ProcessPeeler(2)\n"
+        "p.start()\n"
+        "print(*p._executor()._processes, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    service = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert service.stdout is not None
+        workers = [int(w) for w in service.stdout.readline().split()]
+        assert len(workers) == 2
+    finally:
+        service.send_signal(signal.SIGKILL)
+        service.wait(10)
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as f:  # a zombie awaiting its reaper is gone too
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    end = time.monotonic() + 10
+    while any(alive(w) for w in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [w for w in workers if alive(w)]
+    for w in left:  # never leave them behind, even when the check fails
+        os.kill(w, signal.SIGKILL)
+    assert not left

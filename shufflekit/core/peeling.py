@@ -14,6 +14,9 @@ import asyncio
 import functools
 import hashlib
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from shufflekit.core.crypto import PrivateKey, peel
 from shufflekit.core.wire import Envelope
 
 MIN_PER_TASK = 64  # the smallest slice handed to one worker process
+PARENT_CHECK = 1.0  # seconds between a worker's checks that its service still runs
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,18 @@ def peel_layers(job: PeelJob, items: Sequence[bytes]) -> list[bytes | str]:
     return out
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In a worker: exit once the service that started it is gone. A service killed with -9
+    cannot stop its workers, which would otherwise idle on forever (one pool per restart)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _started() -> bool:
     """A worker's first task: it is up, with this module (and the crypto) imported."""
     return True
@@ -167,7 +183,12 @@ class ProcessPeeler:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=ctx,
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
         return self._pool
 
     def start(self) -> None:
