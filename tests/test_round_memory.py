@@ -18,7 +18,9 @@ from tests.pipeline_helpers import hostile_traffic, population
 
 def deployment(ledger: Ledger, mixes: int = 1) -> tuple[LocalDeployment, MemoryBroker]:
     broker = MemoryBroker()
-    return LocalDeployment(lambda _n: broker.connect(), "test", ledger, mixes), broker
+    return LocalDeployment(
+        lambda _n: broker.connect(), "test", ledger, mixes, batch_timeout=5.0
+    ), broker
 
 
 @pytest.mark.parametrize("mixes", [1, 2, 3])
@@ -186,7 +188,9 @@ async def test_an_estimator_that_cannot_take_the_announced_k_aborts_the_round(
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
     broker = MemoryBroker()
-    dep = LocalDeployment(lambda _n: broker.connect(), "test", led, 1, estimator="mle")
+    dep = LocalDeployment(
+        lambda _n: broker.connect(), "test", led, 1, estimator="mle", batch_timeout=5.0
+    )
     pop, _ = population(50, k=5000)
     rep = await dep.run_round(RoundParams(k=5000, eps0=1.0, n_min=10), pop)
     assert not rep.released and rep.abort is not None, rep
