@@ -192,11 +192,21 @@ class MixNode(Hop[MixOutcome]):
         try:  # nothing is forwarded unless the permuted output is stored first
             self.spool.save_output(ann.round_id, items, outcome.to_dict())
         except SpoolError as exc:
-            outcome.released, outcome.forwarded, outcome.abort_reason = False, 0, str(exc)
-            await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
-            self.ingests.pop(ann.round_id, None)
-            return outcome
+            return await self._unreleased(ann, outcome, exc)
         return await self._forward(ann, items, outcome, stop)
+
+    async def _unreleased(self, ann: Announcement, out: MixOutcome, exc: Exception) -> MixOutcome:
+        """Abort a round whose batch was released but will not go on: nothing was forwarded."""
+        out.released, out.forwarded, out.abort_reason = False, 0, str(exc)
+        await self.abort(ann, str(exc), out.counters.accepted, out.to_dict())
+        self.ingests.pop(ann.round_id, None)
+        return out
+
+    def _done(self, ann: Announcement, out: MixOutcome) -> MixOutcome:
+        """The round is over for this mix: its outcome is stored, its ingest state dropped."""
+        self.spool.finish(ann.round_id, out.to_dict())
+        self.ingests.pop(ann.round_id, None)
+        return out
 
     def _job(self, ann: Announcement) -> PeelJob:
         """What the peeler needs for this mix's layer of round `ann`."""
@@ -235,9 +245,7 @@ class MixNode(Hop[MixOutcome]):
                     self.name,
                 )
                 if answer.verdict == "committed":  # the analyzer has it: nothing to send
-                    self.spool.finish(ann.round_id, out.to_dict())
-                    self.ingests.pop(ann.round_id, None)
-                    return out
+                    return self._done(ann, out)
                 until = answer.until
             await send_batch(
                 self.transport,
@@ -251,14 +259,9 @@ class MixNode(Hop[MixOutcome]):
                 clock=self.clock,
             )
         except RoundAborted as exc:
-            out.released, out.forwarded, out.abort_reason = False, 0, str(exc)
-            await self.abort(ann, str(exc), out.counters.accepted, out.to_dict())
-            self.ingests.pop(ann.round_id, None)
-            return out
+            return await self._unreleased(ann, out, exc)
         out.stages["forward"] = self.clock.monotonic() - started
-        self.spool.finish(ann.round_id, out.to_dict())
-        self.ingests.pop(ann.round_id, None)
-        return out
+        return self._done(ann, out)
 
     async def _closed(
         self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None, ingest: _Ingest
