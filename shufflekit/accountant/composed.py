@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.signal as ssignal
@@ -283,21 +283,37 @@ class ComposedPLD(GridMasses):
         }
 
 
+class Tightener(Protocol):
+    """A second sound upper bound, consulted where the composed pair is far above the attack
+    (`k2_dp.K2Tightener`: identical k = 2 rounds against an adaptive adversary)."""
+
+    def epsilon(self, delta: float, upper: float, lower: float | None) -> float: ...
+
+    def log_delta(self, epsilon: float, upper: float, lower: float | None) -> float: ...
+
+    def summary(self) -> dict[str, Any] | None: ...
+
+
 @dataclass(frozen=True, eq=False)
 class ComposedBounds:
-    """The composed upper bound (dominating pairs) and the composed attack, side by side."""
+    """The composed upper bound (dominating pairs) and the composed attack, side by side; with
+    a `tightener`, the upper value is the minimum of both sound bounds."""
 
     upper: ComposedPLD
     lower: ComposedPLD | None
+    tightener: Tightener | None = None
 
     def epsilon(self, delta: float) -> tuple[float | None, float]:
         """(lower-bound epsilon or None, upper-bound epsilon) at `delta`."""
         lo = self.lower.epsilon(delta) if self.lower is not None else None
-        return lo, self.upper.epsilon(delta)
+        up = self.upper.epsilon(delta)
+        return lo, self.tightener.epsilon(delta, up, lo) if self.tightener else up
 
     def log_delta(self, epsilon: float) -> tuple[float | None, float]:
+        """(lower-bound log delta or None, upper-bound log delta) at `epsilon`."""
         lo = self.lower.log_delta(epsilon) if self.lower is not None else None
-        return lo, self.upper.log_delta(epsilon)
+        up = self.upper.log_delta(epsilon)
+        return lo, self.tightener.log_delta(epsilon, up, lo) if self.tightener else up
 
     def to_result(self, delta: float, method: str = "composed") -> PrivacyResult:
         t0 = time.perf_counter()
@@ -317,5 +333,6 @@ class ComposedBounds:
             details={
                 "upper": self.upper.summary(),
                 "lower": self.lower.summary() if self.lower else None,
+                "adaptive_dp": self.tightener.summary() if self.tightener else None,
             },
         )

@@ -30,6 +30,7 @@ from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedB
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
 from shufflekit.accountant.curve_pld import CurvePLD, attack_curve_pld, composition_pld
 from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
+from shufflekit.accountant.k2_dp import K2Tightener
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
@@ -468,4 +469,14 @@ def compose_rounds_bounds(
     afn = attack_fn if attack_fn is not None else default_attack_fn(rounds)
     attacks, cs = _round_plds(rounds, counts, afn)
     lower = compose_lower(attacks, counts=cs, engine=engine, grid=grid)
-    return ComposedBounds(upper=upper, lower=lower)
+    return ComposedBounds(upper=upper, lower=lower, tightener=_tightener(rounds, cs, pld_fn))
+
+
+def _tightener(
+    rounds: Sequence[Mechanism], counts: Sequence[int], pld_fn: PldFn | None
+) -> K2Tightener | None:
+    """The k = 2 DP (`k2_dp`) for identical k = 2 rounds on the default pairs, else None."""
+    distinct = list({(m.n, m.k, m.eps0): m for m in rounds}.values())
+    if pld_fn is None and K2Tightener.applies(distinct, counts):
+        return K2Tightener(distinct[0], sum(counts))
+    return None

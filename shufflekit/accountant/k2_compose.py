@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,21 +193,27 @@ class K2Pair:
                     new.append(lf)
             self.leaves = new
 
-    def upper_values(self, step: float) -> tuple[int, FloatArray]:
-        """(first grid index, upper bound of sup over datasets of H at e^(j step)) on the grid
-        of `step` covering every leaf's losses (above them: the +inf and RR parts only)."""
+    def upper_values(
+        self, step: float, leaves: Sequence[Leaf] | None = None
+    ) -> tuple[int, FloatArray]:
+        """(first grid index, upper bound of the max over `leaves` (default: all, i.e. sup over
+        datasets) of H at e^(j step)) on the grid of `step` covering every leaf's losses (above
+        them: the +inf and RR parts only). The grid is the same whatever `leaves` is."""
         lo, hi = self._range()
         lo, hi = max(lo, -self.mech.eps0), min(hi, self.mech.eps0)
-        up = np.max(np.stack([self._curve(lf, step, lo, hi)[0] for lf in self.leaves]), axis=0)
+        chosen = self.leaves if leaves is None else leaves
+        up = np.max(np.stack([self._curve(lf, step, lo, hi)[0] for lf in chosen]), axis=0)
         grid = CommonGrid(step, lo, hi)
         return grid.first, np.minimum(up, 1.0)
 
-    def tail_mass(self, step: float) -> float:
-        """An upper bound on every leaf's curve beyond the top grid point (+inf and RR parts)."""
+    def tail_mass(self, step: float, leaves: Sequence[Leaf] | None = None) -> float:
+        """An upper bound on the curves of `leaves` (default: all) beyond the top grid point
+        (+inf and RR parts)."""
         lo, hi = self._range()
         top = np.array([CommonGrid(step, lo, hi).losses()[-1]])
+        chosen = self.leaves if leaves is None else leaves
         return max(
-            lf.inf_mass + lf.rr_weight * float(_rr_curve(self.mech, top)[0]) for lf in self.leaves
+            lf.inf_mass + lf.rr_weight * float(_rr_curve(self.mech, top)[0]) for lf in chosen
         )
 
     def exact_leaf(self, m: int) -> Leaf:

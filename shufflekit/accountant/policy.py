@@ -19,9 +19,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
-from shufflekit.accountant.composition import ENGINES, PldFn, compose, compose_rounds, round_pld
+from shufflekit.accountant.composition import (
+    ENGINES,
+    PldFn,
+    compose,
+    compose_rounds,
+    compose_rounds_bounds,
+    round_pld,
+)
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, lookup
 from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
+from shufflekit.accountant.k2_dp import K2Tightener
 from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon
 from shufflekit.accountant.round_types import KRR, RoundType
 from shufflekit.accountant.tight import tight_epsilon
@@ -127,6 +135,12 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
     grouped: OrderedDict[Charge, int] = OrderedDict()
     for c in charges:
         grouped[c] = grouped.get(c, 0) + 1
+    if len(grouped) == 1:
+        (t, n), count = next(iter(grouped.items()))
+        if t.mechanism == "krr" and K2Tightener.applies([Mechanism(n, t.size, t.eps0)], [count]):
+            # identical k = 2 rounds: also the adaptive DP (k2_dp), as `privacy epsilon` does
+            bounds = compose_rounds_bounds([Mechanism(n, t.size, t.eps0)], counts=[count])
+            return float(bounds.epsilon(delta)[1])
     plds = [_pld_of(t, n, cache)() for t, n in grouped]
     return float(compose(plds, counts=list(grouped.values())).epsilon(delta))
 

@@ -1,0 +1,254 @@
+"""Identical k = 2 rounds composed by dynamic programming over the running privacy loss: a sound
+upper bound that stays within a fraction of a percent of the composed attack where composing
+one dominating pair per round is several percent loose (composed epsilon above about 10).
+
+Why composing one pair is loose there. The k = 2 datasets ("m others at x0") have curves that
+cross: m = n-1 is the worst at most positive epsilons, m = 0 (its mirror) at the negative ones,
+others in between. A dominating pair must lie above all of them (`k2_compose`); no dataset has
+that curve, and composing it costs more than any sequence of datasets does.
+
+What is computed instead: the best any adversary can do who picks each round's dataset (any m,
+either orientation) after seeing the earlier rounds' outputs. Write l for the privacy loss so
+far and V_i(l) for the most the hockey-stick E[(1 - e^(eps - L))^+] of the whole run can still
+reach after i rounds; V_R(l) = (1 - e^(eps - l))^+ and V_i(l) = sup_m E_m[V_i+1(l + L)].
+The delta of the R rounds at eps is V_0(0). Every V_i is increasing in l and convex in y = e^-l
+(sup and expectations keep both), and for such a function E_P[V(l + L)] is a positive mixture of
+the pair's hockey-stick values H_t(P || Q) (L = log dP/dQ under P). So a pair whose curve lies
+above another's at every t gives a larger step: the datasets of one group of leaves may be
+replaced by the convex hull of the max of the group's curves (`k2_compose`: each leaf covers
+its m by post-processing), and V_i(l) <= max over groups of E_group[V_i+1(l + L)]. Groups are
+small at the two ends of m (one leaf each) where the curves cross, larger in the middle. The
+adversary only gains from choosing adaptively, so the bound is valid for adaptively chosen data
+too (which is what dominating-pair composition promises).
+
+Numerics. Losses of every group's hull sit on one grid of `step`; the recursion is exact on it
+(one FFT per round for all groups). The loss window is [first, TOP]: above it V <= G (a
+running bound on sup V), below it V is replaced by its value at the window's bottom (V is
+increasing), and the bottom is raised each round to where V falls under the accumulated error.
+Each FFT correlation adds an absolute allowance (a standard bound on FFT round-off), so every
+value is an upper bound; it also floors what can be certified (about 1e-10 after 1,000 rounds).
+The shift l -> l - eps maps the recursion for eps onto the one for 0, so one run gives delta at
+every eps = j * step (epsilon is rounded up to the grid).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.fft as sfft
+
+from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.curve_cells import upper_grid
+from shufflekit.accountant.curve_pld import k2_pair
+from shufflekit.accountant.k2_compose import MAX_N, K2Pair, Leaf
+from shufflekit.accountant.numerics.grid import GridPLD
+from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.errors import InvalidParameters
+
+#: The DP runs when composing the pair is this far (relative, in epsilon) above the attack.
+DP_GAP = 0.015
+#: Leaves kept alone at each end of m (where the curves cross), and group size elsewhere.
+EDGE_LEAVES = 10
+GROUP_LEAVES = 8
+#: Grid step = (epsilon of the composed pair) / RESOLUTION.
+RESOLUTION = 5e3
+#: Top of the loss window (above it V is bounded by G; V there is within e^-TOP of it).
+TOP = 5.0
+#: Most rounds the DP is run for (its cost is linear in the rounds), most grid points in its
+#: loss window (a coarser step beyond), and most work (rounds x groups x window) it takes on.
+MAX_ROUNDS = 10_000
+MAX_WINDOW = 200_000
+MAX_WORK = 5e9
+_FFT_ERR = 20.0 * 2.0**-53  # times log2(size) * ||x||_2 * ||y||_2: FFT correlation round-off
+
+
+@dataclass(frozen=True)
+class DpCurve:
+    """delta(eps) <= values[x - first] at eps = -x * step (x <= 0), for `rounds` rounds."""
+
+    step: float
+    first: int
+    values: FloatArray
+    rounds: int
+    groups: int
+    error_bound: float
+    seconds: float
+
+    def delta(self, epsilon: float) -> float:
+        """Upper bound on delta at `epsilon` (>= 0): the value at the grid point at or below
+        (delta decreases in epsilon)."""
+        x = math.ceil(-epsilon / self.step)
+        if -x * self.step > epsilon:  # float rounding: keep eps' = -x step <= epsilon
+            x += 1
+        if x < self.first:
+            return min(1.0, float(self.values[0]))
+        return min(1.0, float(self.values[min(x, self.values.size - 1) - self.first]))
+
+    def epsilon(self, delta: float) -> float:
+        """Smallest grid epsilon >= 0 at which the bound on delta is <= `delta` (inf if none)."""
+        top = min(-self.first, self.values.size - 1)  # index of x = 0
+        ok = np.flatnonzero(self.values[: top + 1] <= delta)
+        if ok.size == 0:
+            return math.inf
+        x = int(ok[-1]) + self.first  # the largest x <= 0 (values increase with x)
+        return -x * self.step
+
+    def summary(self) -> dict[str, float | int | str]:
+        """Numbers for a result's details."""
+        return {
+            "method": "k2-adaptive-dp",
+            "rounds": self.rounds,
+            "groups": self.groups,
+            "step": self.step,
+            "error_bound": self.error_bound,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def groups(pair: K2Pair) -> list[list[Leaf]]:
+    """The pair's leaves by m: EDGE_LEAVES alone at each end, GROUP_LEAVES together between."""
+    leaves = sorted(pair.leaves, key=lambda lf: lf.m1)
+    n = len(leaves)
+    out: list[list[Leaf]] = []
+    i = 0
+    while i < n:
+        size = 1 if (i < EDGE_LEAVES or i >= n - EDGE_LEAVES) else GROUP_LEAVES
+        j = min(i + size, max(n - EDGE_LEAVES, i + 1))
+        out.append(leaves[i:j])
+        i = j
+    return out
+
+
+def group_plds(pair: K2Pair, step: float) -> list[GridPLD]:
+    """One dominating grid PLD per group (hull of the max of its leaves' curves)."""
+    out = []
+    for g in groups(pair):
+        first, vals = pair.upper_values(step, g)
+        tail = max(pair.tail_mass(step, g), float(vals[-1]))
+        vals[-1] = tail
+        out.append(upper_grid(step, first, vals, tail, f"k2dp:{g[0].m1}-{g[-1].m2}:{step!r}"))
+    return out
+
+
+def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) -> DpCurve:
+    """The recursion of the module docstring over `rounds` rounds, each round choosing the best
+    of `plds` (all on the grid of `step`) at every running loss."""
+    t0 = time.perf_counter()
+    o = min(p.offset for p in plds)
+    s = max(p.offset + p.probs.size for p in plds) - o
+    kern = np.zeros((len(plds), s))
+    for i, p in enumerate(plds):
+        kern[i, p.offset - o : p.offset - o + p.probs.size] = p.probs
+    inf = np.array([p.inf_mass for p in plds])
+    mass = float(np.max(kern.sum(axis=1) + inf))
+    knorm = float(np.max(np.sqrt(np.sum(kern * kern, axis=1))))
+    rev = kern[:, ::-1]
+    hi_pad = max(o + s - 1, 0)  # grid points above the window a round's top loss reaches
+    b = math.ceil(top / step)
+    a = 0
+    v = -np.expm1(-np.arange(0, b + 1) * step)  # V_R(x step) for eps = 0; 0 below the window
+    g = 1.0  # sup of V
+    err = 0.0
+    nfft, kf = 0, np.zeros((0, 0), dtype=complex)
+    for _ in range(rounds):
+        ext = np.concatenate([np.full(s - 1, v[0]), v, np.full(hi_pad, g)])
+        if ext.size > nfft:  # the kernels' transforms, for a window at most this long
+            nfft = sfft.next_fast_len(ext.size + ext.size // 4, real=True)
+            kf = sfft.rfft(rev, nfft, axis=1)
+        full = sfft.irfft(sfft.rfft(ext, nfft)[None, :] * kf, nfft, axis=1)
+        w = full[:, s - 1 : ext.size]  # the "valid" part: every kernel inside the window
+        step_err = _FFT_ERR * math.log2(nfft) * float(np.sqrt(np.sum(ext * ext))) * knorm
+        new = np.max(w + inf[:, None] * g, axis=0) + step_err
+        new = np.maximum.accumulate(np.maximum(new, 0.0))
+        err = mass * err + step_err
+        g = mass * g
+        x_lo = a - (o + s - 1)
+        cut = int(np.argmax(new >= 4.0 * err)) if new[-1] >= 4.0 * err else 0
+        a, v = x_lo + cut, new[cut:]
+        v = v[: b - a + 1]  # the window's top stays at b
+    return DpCurve(step, a, v, rounds, len(plds), err, time.perf_counter() - t0)
+
+
+def k2_dp_curve(mech: Mechanism, rounds: int, epsilon_hint: float) -> DpCurve:
+    """The DP bound of `rounds` identical k = 2 rounds, on a grid fine relative to
+    `epsilon_hint` (the composed pair's epsilon: the answer is below it)."""
+    if mech.k != 2 or mech.n > MAX_N:
+        raise InvalidParameters(f"the k = 2 DP needs k = 2 and n <= {MAX_N:,}")
+    if not (1 <= rounds <= MAX_ROUNDS):
+        raise InvalidParameters(f"the k = 2 DP runs 1 to {MAX_ROUNDS:,} rounds, got {rounds}")
+    step = dp_step(epsilon_hint)
+    pair = k2_pair(mech)
+    return dp_curve(group_plds(pair, step), rounds, step)
+
+
+def dp_step(epsilon_hint: float) -> float:
+    """The grid step for a composed epsilon near `epsilon_hint`: epsilon / RESOLUTION, coarser
+    where the window [-epsilon, TOP] would pass MAX_WINDOW points."""
+    eps = max(epsilon_hint, 1e-3)
+    return max(eps / RESOLUTION, (eps + TOP) / MAX_WINDOW)
+
+
+def affordable(mech: Mechanism, rounds: int, epsilon_hint: float) -> bool:
+    """Whether the DP's work (rounds x groups x window points) stays under MAX_WORK."""
+    window = (max(epsilon_hint, 1e-3) + TOP + 2 * mech.eps0) / dp_step(epsilon_hint)
+    return rounds * len(groups(k2_pair(mech))) * window <= MAX_WORK
+
+
+class K2Tightener:
+    """The DP bound of `rounds` rounds of `mech`, computed lazily where composing the pair is
+    far above the attack (epsilon gap > DP_GAP; delta ratio > 1 + 10 DP_GAP) and used when its
+    numerical error is at most MAX_ERROR_FRACTION of the delta (the minimum of two sound upper
+    bounds is sound)."""
+
+    MAX_ERROR_FRACTION = 0.1
+
+    def __init__(self, mech: Mechanism, rounds: int) -> None:
+        self.mech, self.rounds = mech, rounds
+        self.curve: DpCurve | None = None
+
+    @staticmethod
+    def applies(mechs: Sequence[Mechanism], counts: Sequence[int]) -> bool:
+        """One k = 2 mechanism (n <= MAX_N), 2 to MAX_ROUNDS rounds."""
+        return (
+            len(mechs) == 1
+            and mechs[0].k == 2
+            and mechs[0].n <= MAX_N
+            and 2 <= sum(counts) <= MAX_ROUNDS
+        )
+
+    def _curve(self, epsilon_hint: float) -> DpCurve | None:
+        """The DP's curve on a grid fine enough for `epsilon_hint` (None: too much work)."""
+        if self.curve is None or self.curve.step > 1.5 * dp_step(epsilon_hint):
+            if not affordable(self.mech, self.rounds, epsilon_hint):
+                return None
+            self.curve = k2_dp_curve(self.mech, self.rounds, epsilon_hint)
+        return self.curve
+
+    def epsilon(self, delta: float, upper: float, lower: float | None) -> float:
+        """min(upper, the DP's epsilon at `delta`) where the gap upper / lower - 1 > DP_GAP."""
+        if lower is None or lower <= 0 or not math.isfinite(upper) or upper / lower - 1 <= DP_GAP:
+            return upper
+        c = self._curve(upper)
+        if c is None or c.error_bound > self.MAX_ERROR_FRACTION * delta:
+            return upper
+        return min(upper, c.epsilon(delta))
+
+    def log_delta(self, epsilon: float, upper: float, lower: float | None) -> float:
+        """min(upper, log of the DP's delta at `epsilon`) where the delta ratio is > 1 + 10 DP_GAP
+        (logs of delta in and out)."""
+        if lower is None or not math.isfinite(lower) or upper - lower <= math.log1p(10 * DP_GAP):
+            return upper
+        c = self._curve(epsilon)
+        d = c.delta(epsilon) if c is not None else 0.0
+        if c is None or d <= 0 or c.error_bound > self.MAX_ERROR_FRACTION * d:
+            return upper
+        return min(upper, math.log(d))
+
+    def summary(self) -> dict[str, Any] | None:
+        """The DP's numbers if it ran, else None."""
+        return dict(self.curve.summary()) if self.curve is not None else None
