@@ -95,6 +95,8 @@ def test_gap_closed_where_composing_the_pair_is_loose() -> None:
     # the lower bound is independent: one dataset composed from below
     attack = compose_lower([attack_curve_pld(mech)], counts=[100], grid=b.upper.step)
     assert attack.epsilon(1e-6) <= up
+    low9, up9 = b.epsilon(1e-9)  # the DP's round-off stays small at small delta too
+    assert low9 is not None and up9 / low9 - 1 < 0.02 < b.upper.epsilon(1e-9) / low9 - 1
     lo_d, up_d = b.log_delta(14.0)
     assert lo_d is not None and lo_d <= up_d <= b.upper.log_delta(14.0)
     assert "adaptive_dp" in b.to_result(1e-6).details

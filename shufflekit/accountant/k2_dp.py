@@ -21,14 +21,15 @@ small at the two ends of m (one leaf each) where the curves cross, larger in the
 adversary only gains from choosing adaptively, so the bound is valid for adaptively chosen data
 too (which is what dominating-pair composition promises).
 
-Numerics. Losses of every group's hull sit on one grid of `step`; the recursion is exact on it
-(one FFT per round for all groups). The loss window is [first, TOP]: above it V <= G (a
-running bound on sup V), below it V is replaced by its value at the window's bottom (V is
-increasing), and the bottom is raised each round to where V falls under the accumulated error.
-Each FFT correlation adds an absolute allowance (a standard bound on FFT round-off), so every
-value is an upper bound; it also floors what can be certified (about 1e-10 after 1,000 rounds).
-The shift l -> l - eps maps the recursion for eps onto the one for 0, so one run gives delta at
-every eps = j * step (epsilon is rounded up to the grid).
+Numerics. Losses of every group's hull sit on one grid of `step`; the recursion is exact on it.
+The loss window is [bottom, TOP]: above it V <= G (a running bound on sup V); the bottom rises
+each round to where V falls under 1e-18, and what lies under it counts as 1e-18 in a floor that
+is added to every value (about 1e-15 after 1,000 rounds). Correlations run by FFT block by block
+(overlap-save, all groups at once) and each output gets a bound on its round-off relative to its
+own block's values, so small deltas stay accurate; the allowance carried forward is tracked
+through the same kernels, and an epsilon whose delta is more than 10% allowance is refused
+(the pair's bound then stands). The shift l -> l - eps maps the recursion for eps onto the one
+for 0, so one run gives delta at every eps = j * step (epsilon is rounded up to the grid).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import scipy.fft as sfft
 
 from shufflekit.accountant.core import Mechanism
@@ -65,6 +67,7 @@ MAX_ROUNDS = 10_000
 MAX_WINDOW = 200_000
 MAX_WORK = 5e9
 _FFT_ERR = 20.0 * 2.0**-53  # times log2(size) * ||x||_2 * ||y||_2: FFT correlation round-off
+_TAU = 1e-18  # below this, V counts as this (the window bottom rises above it)
 
 
 @dataclass(frozen=True)
@@ -74,38 +77,44 @@ class DpCurve:
     step: float
     first: int
     values: FloatArray
+    errors: FloatArray  # the round-off allowance included in each value (at most)
     rounds: int
     groups: int
-    error_bound: float
     seconds: float
 
-    def delta(self, epsilon: float) -> float:
-        """Upper bound on delta at `epsilon` (>= 0): the value at the grid point at or below
-        (delta decreases in epsilon)."""
+    def _index(self, epsilon: float) -> int:
+        """Index of the grid point at or below `epsilon` (delta decreases in epsilon)."""
         x = math.ceil(-epsilon / self.step)
         if -x * self.step > epsilon:  # float rounding: keep eps' = -x step <= epsilon
             x += 1
-        if x < self.first:
-            return min(1.0, float(self.values[0]))
-        return min(1.0, float(self.values[min(x, self.values.size - 1) - self.first]))
+        return min(max(x, self.first), self.first + self.values.size - 1) - self.first
 
-    def epsilon(self, delta: float) -> float:
-        """Smallest grid epsilon >= 0 at which the bound on delta is <= `delta` (inf if none)."""
+    def delta(self, epsilon: float) -> float:
+        """Upper bound on delta at `epsilon` (>= 0); below the window, its bottom value."""
+        return min(1.0, float(self.values[self._index(epsilon)]))
+
+    def error(self, epsilon: float) -> float:
+        """The round-off allowance included in `delta(epsilon)` (at most)."""
+        return float(self.errors[self._index(epsilon)])
+
+    def epsilon(self, delta: float, max_error_fraction: float = 0.1) -> float:
+        """Smallest grid epsilon >= 0 at which the bound on delta is <= `delta`; inf if none, or
+        if round-off makes up more than `max_error_fraction` of delta there."""
         top = min(-self.first, self.values.size - 1)  # index of x = 0
         ok = np.flatnonzero(self.values[: top + 1] <= delta)
-        if ok.size == 0:
+        if ok.size == 0 or self.errors[ok[-1]] > max_error_fraction * delta:
             return math.inf
-        x = int(ok[-1]) + self.first  # the largest x <= 0 (values increase with x)
-        return -x * self.step
+        return -(int(ok[-1]) + self.first) * self.step  # the largest x <= 0
 
     def summary(self) -> dict[str, float | int | str]:
         """Numbers for a result's details."""
+        top = min(-self.first, self.values.size - 1)
         return {
             "method": "k2-adaptive-dp",
             "rounds": self.rounds,
             "groups": self.groups,
             "step": self.step,
-            "error_bound": self.error_bound,
+            "max_roundoff_at_eps_ge_0": float(np.max(self.errors[: top + 1])),
             "seconds": round(self.seconds, 3),
         }
 
@@ -135,6 +144,22 @@ def group_plds(pair: K2Pair, step: float) -> list[GridPLD]:
     return out
 
 
+def _correlate(
+    ext: FloatArray, kf: npt.NDArray[np.complex128], s: int, block: int, nb: int, knorm: float
+) -> tuple[FloatArray, FloatArray]:
+    """Valid correlations of `ext` with every kernel (`kf`: transforms of the reversed kernels
+    of length `s` at size `nb`), block by block (overlap-save), and a bound on each output's
+    FFT round-off: relative to its own block's values, so small values stay accurate."""
+    out_len = ext.size - s + 1
+    nblocks = -(-out_len // block)
+    padded = np.concatenate([ext, np.zeros(nblocks * block + s - 1 - ext.size)])
+    segs = np.lib.stride_tricks.sliding_window_view(padded, block + s - 1)[::block]
+    full = sfft.irfft(sfft.rfft(segs, nb, axis=1)[None, :, :] * kf[:, None, :], nb, axis=2)
+    w = full[:, :, s - 1 : s - 1 + block].reshape(kf.shape[0], nblocks * block)[:, :out_len]
+    norms = np.sqrt(np.sum(segs * segs, axis=1)) * (_FFT_ERR * math.log2(nb) * knorm)
+    return w, np.repeat(norms, block)[:out_len]
+
+
 def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) -> DpCurve:
     """The recursion of the module docstring over `rounds` rounds, each round choosing the best
     of `plds` (all on the grid of `step`) at every running loss."""
@@ -147,31 +172,36 @@ def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) ->
     inf = np.array([p.inf_mass for p in plds])
     mass = float(np.max(kern.sum(axis=1) + inf))
     knorm = float(np.max(np.sqrt(np.sum(kern * kern, axis=1))))
-    rev = kern[:, ::-1]
+    block = s
+    nb = sfft.next_fast_len(block + s - 1, real=True)
+    kf = sfft.rfft(kern[:, ::-1], nb, axis=1)
     hi_pad = max(o + s - 1, 0)  # grid points above the window a round's top loss reaches
     b = math.ceil(top / step)
     a = 0
     v = -np.expm1(-np.arange(0, b + 1) * step)  # V_R(x step) for eps = 0; 0 below the window
+    e = np.zeros_like(v)  # how much of v is round-off allowance (at most)
     g = 1.0  # sup of V
-    err = 0.0
-    nfft, kf = 0, np.zeros((0, 0), dtype=complex)
+    # V <= v + floor in the window and <= below + floor under it (v is computed with zeros
+    # under the window, so that the window's bottom can rise where v is negligible)
+    floor, below = 0.0, 0.0
     for _ in range(rounds):
-        ext = np.concatenate([np.full(s - 1, v[0]), v, np.full(hi_pad, g)])
-        if ext.size > nfft:  # the kernels' transforms, for a window at most this long
-            nfft = sfft.next_fast_len(ext.size + ext.size // 4, real=True)
-            kf = sfft.rfft(rev, nfft, axis=1)
-        full = sfft.irfft(sfft.rfft(ext, nfft)[None, :] * kf, nfft, axis=1)
-        w = full[:, s - 1 : ext.size]  # the "valid" part: every kernel inside the window
-        step_err = _FFT_ERR * math.log2(nfft) * float(np.sqrt(np.sum(ext * ext))) * knorm
-        new = np.max(w + inf[:, None] * g, axis=0) + step_err
+        ext = np.concatenate([np.zeros(s - 1), v, np.full(hi_pad, g)])
+        w, fft_err = _correlate(ext, kf, s, block, nb, knorm)
+        new = np.max(w + inf[:, None] * g, axis=0) + fft_err
         new = np.maximum.accumulate(np.maximum(new, 0.0))
-        err = mass * err + step_err
+        e_ext = np.concatenate([np.zeros(s - 1), e, np.zeros(hi_pad)])
+        # the allowance carried forward, through the same kernels (the max over them bounds the
+        # allowance in the max), with a relative margin for its own round-off
+        carried, carried_err = _correlate(e_ext, kf, s, block, nb, knorm)
+        e = np.max(np.maximum(carried, 0.0), axis=0) * (1.0 + 1e-6) + carried_err + fft_err
+        floor = mass * (floor + below)
         g = mass * g
         x_lo = a - (o + s - 1)
-        cut = int(np.argmax(new >= 4.0 * err)) if new[-1] >= 4.0 * err else 0
-        a, v = x_lo + cut, new[cut:]
-        v = v[: b - a + 1]  # the window's top stays at b
-    return DpCurve(step, a, v, rounds, len(plds), err, time.perf_counter() - t0)
+        cut = int(np.argmax(new >= _TAU)) if new[-1] >= _TAU else 0
+        below = _TAU if cut > 0 else 0.0
+        a, v, e = x_lo + cut, new[cut:], e[cut:]
+    v, e = v + floor, e + floor
+    return DpCurve(step, a, v, e, rounds, len(plds), time.perf_counter() - t0)
 
 
 def k2_dp_curve(mech: Mechanism, rounds: int, epsilon_hint: float) -> DpCurve:
@@ -234,9 +264,7 @@ class K2Tightener:
         if lower is None or lower <= 0 or not math.isfinite(upper) or upper / lower - 1 <= DP_GAP:
             return upper
         c = self._curve(upper)
-        if c is None or c.error_bound > self.MAX_ERROR_FRACTION * delta:
-            return upper
-        return min(upper, c.epsilon(delta))
+        return upper if c is None else min(upper, c.epsilon(delta, self.MAX_ERROR_FRACTION))
 
     def log_delta(self, epsilon: float, upper: float, lower: float | None) -> float:
         """min(upper, log of the DP's delta at `epsilon`) where the delta ratio is > 1 + 10 DP_GAP
@@ -245,7 +273,7 @@ class K2Tightener:
             return upper
         c = self._curve(epsilon)
         d = c.delta(epsilon) if c is not None else 0.0
-        if c is None or d <= 0 or c.error_bound > self.MAX_ERROR_FRACTION * d:
+        if c is None or d <= 0 or c.error(epsilon) > self.MAX_ERROR_FRACTION * d:
             return upper
         return min(upper, math.log(d))
 
