@@ -2,9 +2,10 @@
 the ledger, and refunds a round only once no go it granted can still be running.
 
 A go is a lease until a named time. Before a refund the round stops getting goes, and the
-refund waits until the last lease granted for it has run out (plus GO_MARGIN). A restarted
-coordinator does not know the leases its previous life granted, so it refunds a round reserved
-before it started no earlier than one lease after its start.
+refund waits until every lease granted for it has run out (plus GO_MARGIN) or been returned by
+its mix (a mix returns its go when it is done with the round: `core.go.return_go`). A
+restarted coordinator does not know the leases its previous life granted, so it refunds a round
+reserved before it started no earlier than one lease after its start.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from shufflekit.core.go import GO_MARGIN
 from shufflekit.core.messages import Go, GoRequest
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Message, Subscription, Transport
+from shufflekit.core.waiting import within
 
 log = logging.getLogger("shufflekit.coordinator")
 
@@ -47,7 +49,8 @@ class GoKeeper:
         self.offload = offload
         self.control = control  # invalid go requests, by reason
         self.started = clock.time()
-        self.leases: dict[str, float] = {}  # round -> end of the last go granted
+        self.leases: dict[str, dict[int, float]] = {}  # round -> hop -> end of its live go
+        self.returned = asyncio.Event()  # set whenever a mix returns a go
         self.refusing: set[str] = set()  # rounds about to be refunded: no more goes
         self.own: set[str] = set()  # rounds reserved by this process (all their leases known)
 
@@ -69,6 +72,9 @@ class GoKeeper:
             msg = await sub.get()
             req = self._request(msg)
             if req is None:
+                continue
+            if req.done:
+                self.give_back(req.round_id, req.hop)
                 continue
             try:
                 go = await self.verdict(req.round_id, req.hop)
@@ -108,22 +114,33 @@ class GoKeeper:
             if rec.expires_at is not None:
                 until = min(until, rec.expires_at - GO_MARGIN)
             if until > now:
-                self.leases[round_id] = max(self.leases.get(round_id, 0.0), until)
+                held = self.leases.setdefault(round_id, {})
+                held[hop] = max(held.get(hop, 0.0), until)
                 return Go(round_id=round_id, hop=hop, verdict="go", until=until)
             why = "its reservation expired"
         return Go(round_id=round_id, hop=hop, verdict="refused", reason=why)
 
+    def give_back(self, round_id: str, hop: int) -> None:
+        """Mix `hop` is done with `round_id`: its go no longer holds the refund back."""
+        held = self.leases.get(round_id)
+        if held is not None and held.pop(hop, None) is not None:
+            self.returned.set()
+
     async def quiesce(self, round_id: str) -> None:
-        """Stop granting goes for `round_id` and wait until none granted can still be running
-        (call before refunding it)."""
+        """Stop granting goes for `round_id` and wait until none granted can still be running:
+        each has run out or was returned (call before refunding it)."""
         self.refusing.add(round_id)
-        end = self.leases.get(round_id, 0.0)
-        if round_id not in self.own:  # reserved before this process: its leases are unknown
-            end = max(end, self.started + self.lease)
-        wait = end + GO_MARGIN - self.clock.time()
-        if end > 0 and wait > 0:
+        while True:
+            end = max(self.leases.get(round_id, {}).values(), default=0.0)
+            if round_id not in self.own:  # reserved before this process: leases unknown
+                end = max(end, self.started + self.lease)
+            wait = end + GO_MARGIN - self.clock.time()
+            if end <= 0 or wait <= 0:
+                return
             log.info("round %s: refund in %.1fs, once its last go has run out", round_id, wait)
-            await self.clock.sleep(wait)
+            self.returned.clear()
+            with contextlib.suppress(TimeoutError):
+                await within(self.returned.wait(), wait, self.clock)
 
     def settled(self, round_id: str) -> None:
         """The round is committed or refunded: the ledger answers for it from now on."""

@@ -4,7 +4,9 @@ persistence forgets retained messages) can never let a refunded round go on.
 
 A go is a lease: it holds until a time the coordinator names, and the coordinator refunds the
 round no earlier than that (plus a margin for clock skew); the mix stops forwarding when it
-runs out. See "The coordinator's go" in docs/simulation.md.
+runs out. A mix that is done with the round (forwarded, or aborted) returns its go
+(`return_go`), and the coordinator may then refund at once; a lost return only means waiting
+for the lease. See "The coordinator's go" in docs/simulation.md.
 """
 
 from __future__ import annotations
@@ -64,3 +66,11 @@ async def await_go(
             if go.until is None or go.until > clock.time():  # a late (stale) go is asked again
                 return go
     raise RoundAborted(f"no go from the coordinator within {patience:.0f}s")
+
+
+async def return_go(transport: Transport, topics: Topics, round_id: str, hop: int) -> None:
+    """Tell the coordinator that mix `hop` is done with `round_id`: nothing more of it will be
+    forwarded by this mix (lost: the coordinator waits for the lease instead)."""
+    with contextlib.suppress(TransportError):
+        done = GoRequest(round_id=round_id, hop=hop, done=True).to_bytes()
+        await transport.publish(topics.go_request(round_id), done)

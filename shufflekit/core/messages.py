@@ -179,10 +179,13 @@ class Ready(_Control):
 
 class GoRequest(_Control):
     """Mix `hop` holds round `round_id`'s permuted batch and asks the coordinator whether it
-    may forward it (it never forwards without a `Go`: a lost retained abort cannot matter)."""
+    may forward it (it never forwards without a `Go`: a lost retained abort cannot matter).
+    With `done`, the mix has finished with the round (forwarded or aborted): it returns its
+    go, so that a refund need not wait for the lease to run out."""
 
     round_id: Name
     hop: int = Field(ge=0, le=MAX_HOPS)
+    done: bool = False
 
 
 class Go(_Control):

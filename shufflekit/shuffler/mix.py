@@ -40,7 +40,7 @@ from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair, onion_size
-from shufflekit.core.go import await_go
+from shufflekit.core.go import await_go, return_go
 from shufflekit.core.hop import Hop
 from shufflekit.core.messages import Announcement, Close
 from shufflekit.core.peeling import InlinePeeler, Peeler, PeelJob
@@ -227,6 +227,7 @@ class MixNode(Hop[MixOutcome]):
         mid-batch, aborts the round: nothing more of it goes out."""
         next_hop = self.index + 1
         started = self.clock.monotonic()
+        granted = False
         try:
             until = None
             if self.go:
@@ -246,7 +247,7 @@ class MixNode(Hop[MixOutcome]):
                 )
                 if answer.verdict == "committed":  # the analyzer has it: nothing to send
                     return self._done(ann, out)
-                until = answer.until
+                until, granted = answer.until, True
             await send_batch(
                 self.transport,
                 self.topics,
@@ -259,7 +260,11 @@ class MixNode(Hop[MixOutcome]):
                 clock=self.clock,
             )
         except RoundAborted as exc:
+            if granted:  # done with the round: the coordinator need not wait for the lease
+                await return_go(self.transport, self.topics, ann.round_id, self.index)
             return await self._unreleased(ann, out, exc)
+        if granted:
+            await return_go(self.transport, self.topics, ann.round_id, self.index)
         out.stages["forward"] = self.clock.monotonic() - started
         return self._done(ann, out)
 

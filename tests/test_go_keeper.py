@@ -1,0 +1,118 @@
+"""The coordinator's go leases (app/go_keeper.py): a refund waits for every go granted to run out
+or be returned by its mix (core/go.py `return_go`), in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from shufflekit.app.go_keeper import GoKeeper
+from shufflekit.app.sim.loop import run_virtual
+from shufflekit.base.clock import VirtualClock
+from shufflekit.base.offload import inline
+from shufflekit.core.counters import RejectionCounter
+from shufflekit.core.go import GO_MARGIN, return_go
+from shufflekit.core.messages import GoRequest
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport import MemoryBroker
+
+LEASE = 60.0
+
+
+@dataclass
+class _Record:
+    status: str = "reserved"
+    expires_at: float | None = None
+
+
+class _Ledger:
+    """Every round is reserved, with no expiry."""
+
+    def round_of(self, deployment: str, round_id: str) -> _Record:
+        return _Record()
+
+
+def _keeper(clock: VirtualClock) -> GoKeeper:
+    keeper = GoKeeper(_Ledger(), "d", LEASE, clock, inline, RejectionCounter())  # type: ignore[arg-type]
+    keeper.own.add("r1")
+    return keeper
+
+
+def _refund_delay(returns: list[int], hops: tuple[int, ...] = (0,)) -> float:
+    """Seconds the refund of r1 waits when its goes (one per hop) are granted and `returns`
+    hops give theirs back 5 s later."""
+    clock = VirtualClock()
+
+    async def main() -> float:
+        keeper = _keeper(clock)
+        for hop in hops:
+            assert (await keeper.verdict("r1", hop)).verdict == "go"
+        start = clock.monotonic()
+        waiter = asyncio.create_task(keeper.quiesce("r1"))
+        await asyncio.sleep(5.0)
+        assert not waiter.done()
+        for hop in returns:
+            keeper.give_back("r1", hop)
+        await waiter
+        return clock.monotonic() - start
+
+    return run_virtual(main(), clock)
+
+
+def test_a_returned_go_lets_the_refund_go_ahead_at_once() -> None:
+    assert _refund_delay([0]) < 5.5
+
+
+def test_without_a_return_the_refund_waits_for_the_lease() -> None:
+    assert _refund_delay([]) >= LEASE + GO_MARGIN - 1e-6
+
+
+def test_one_mix_returning_its_go_does_not_end_another_mixs_lease() -> None:
+    assert _refund_delay([0], hops=(0, 1)) >= LEASE + GO_MARGIN - 1e-6
+    assert _refund_delay([1, 0], hops=(0, 1)) < 5.5
+
+
+def test_no_go_is_granted_once_the_refund_began_and_a_late_return_is_harmless() -> None:
+    clock = VirtualClock()
+
+    async def main() -> Any:
+        keeper = _keeper(clock)
+        await keeper.quiesce("r1")  # no go granted: nothing to wait for
+        keeper.give_back("r1", 0)  # a return of nothing changes nothing
+        return await keeper.verdict("r1", 0)
+
+    go = run_virtual(main(), clock)
+    assert go.verdict == "refused" and "refunded" in go.reason
+
+
+def test_the_return_travels_on_the_go_request_topic() -> None:
+    """`return_go` from a mix reaches the keeper answering on a transport."""
+    clock = VirtualClock()
+
+    async def main() -> float:
+        broker = MemoryBroker()
+        keeper = _keeper(clock)
+        async with (
+            broker.connect() as mix,
+            broker.connect() as coordinator,
+            keeper.answering(coordinator),
+        ):
+            await asyncio.sleep(0.1)
+            assert (await keeper.verdict("r1", 0)).verdict == "go"
+            start = clock.monotonic()
+            waiter = asyncio.create_task(keeper.quiesce("r1"))
+            await asyncio.sleep(1.0)
+            await return_go(mix, Topics("d"), "r1", 0)
+            await waiter
+            return clock.monotonic() - start
+
+    assert run_virtual(main(), clock) < 2.0
+
+
+def test_a_done_request_round_trips() -> None:
+    req = GoRequest(round_id="r1", hop=2, done=True)
+    back = GoRequest.from_bytes(req.to_bytes())
+    assert isinstance(back, GoRequest) and back.done and back.hop == 2
+    plain = GoRequest.from_bytes(GoRequest(round_id="r1", hop=0).to_bytes())
+    assert isinstance(plain, GoRequest) and not plain.done
