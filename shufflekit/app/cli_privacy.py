@@ -117,11 +117,16 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         res = m.epsilon(mech, delta)
         row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
     elif m.name == "tight":
+        eps = TightCost().total_epsilon([mech] * rounds, delta)
+        dp = mech.k == 2 and eps < composition.compose_rounds([mech], counts=[rounds]).epsilon(
+            delta
+        )
         row |= {
-            "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
+            "epsilon": eps,
             "lower_bound": tight_lower_epsilon(mech, delta, rounds),
-            "note": "dominating pairs composed (PLD, pessimistic grid), capped by the LDP "
-            "sum; lower bound: the worst-case dataset's attack composed",
+            "note": "dominating pairs composed (PLD, pessimistic grid)"
+            + (", tightened by the adaptive k = 2 dynamic program (k2_dp)" if dp else "")
+            + ", capped by the LDP sum; lower bound: the worst-case dataset's attack composed",
         }
     elif m.name == "ldp":
         row |= {"epsilon": rounds * mech.eps0, "note": "pure DP composes by summation"}
