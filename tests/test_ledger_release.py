@@ -13,7 +13,7 @@ from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
-from shufflekit.base.errors import LedgerError
+from shufflekit.base.errors import InternalError, LedgerError
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport import MemoryBroker, drain
@@ -25,7 +25,7 @@ def test_an_analyzer_cannot_be_built_without_a_release_hook() -> None:
     broker = MemoryBroker()
     with pytest.raises(TypeError, match="on_release"):
         Analyzer(broker.connect(), "test", KeyPair.generate())  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="on_release"):
+    with pytest.raises(InternalError, match="on_release"):
         Analyzer(broker.connect(), "test", KeyPair.generate(), on_release=None)  # type: ignore[arg-type]
 
 

@@ -94,7 +94,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         """`hops` (the cascade length, this analyzer's hop) names its input topics for a
         service's inbox; `spool` (default: in memory) keeps what it received."""
         if not callable(on_release):
-            raise TypeError("the analyzer needs an on_release hook that commits the round's cost")
+            raise InternalError("the analyzer needs an on_release hook (it commits the cost)")
         super().__init__(
             transport, deployment, key, batch_timeout=batch_timeout, spool=spool, clock=clock
         )

@@ -46,7 +46,13 @@ from shufflekit.app.rounds import (
 )
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import AccountantError, InvalidReport, RoundAborted, TransportError
+from shufflekit.base.errors import (
+    AccountantError,
+    ConfigError,
+    InvalidReport,
+    RoundAborted,
+    TransportError,
+)
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import current_announcement
@@ -91,7 +97,7 @@ class Coordinator:
         """`result_key` (base64) is the analyzer's result public key: a result it did not
         sign is refused (counted as bad_signature); None accepts unsigned results."""
         if not mix_keys:
-            raise ValueError("a cascade needs at least one mix")
+            raise ConfigError("a cascade needs at least one mix")
         self.transport = transport
         self.deployment = check_name("deployment", deployment)
         self.topics = RoundTopics(deployment)

@@ -18,6 +18,7 @@ from scipy import fft as sfft
 from scipy.stats import binom, poisson
 
 from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.errors import InvalidParameters
 
 ComplexArray = npt.NDArray[np.complex128]
 
@@ -81,7 +82,7 @@ def expected_max_excess(n: int, k: int) -> float:
     precision for large n (it grows like sqrt(n)).
     """
     if n < 1 or k < 1:
-        raise ValueError("need n >= 1 balls and k >= 1 bins")
+        raise InvalidParameters("need n >= 1 balls and k >= 1 bins")
     if k == 1:
         return 0.0
     lam = n / k

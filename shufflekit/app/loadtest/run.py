@@ -22,20 +22,17 @@ from shufflekit.app.loadtest.floor import measure_floor
 from shufflekit.app.loadtest.plan import PLAN_ENV, LoadSettings
 from shufflekit.app.loadtest.report import build_report, gather_rounds, write_html
 from shufflekit.app.loadtest.stack import (
+    LoadTestFailed,
     LocalStack,
     RssMonitor,
     build_stack,
     start_coordinator,
     start_services,
 )
-from shufflekit.base.errors import ConfigError, TransportError, UserError
+from shufflekit.base.errors import ConfigError, TransportError
 
 Progress = Callable[[str], None]
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")  # run by Locust, never imported here
-
-
-class LoadTestFailed(UserError):
-    """A part of the load test (a service, Locust) failed; the message says which and why."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.loadtest.broker import Broker, start_broker
 from shufflekit.app.services.keys import KeyFiles, write_enrollment_key, write_key_pair
+from shufflekit.base.errors import UserError
 from shufflekit.core.transport.mqtt import ENV_CA_FILE, ENV_PASSWORD, ENV_USERNAME
 
 DEPLOYMENT = "loadtest"
@@ -86,6 +87,10 @@ class RssMonitor:
         return {r: round(v, 1) for r, v in self.peak_mb.items()}
 
 
+class LoadTestFailed(UserError):
+    """A part of the load test (a service, Locust) failed; the message says which and why."""
+
+
 @dataclass
 class LocalStack:
     """The services of one load test, started in `folder`."""
@@ -128,7 +133,8 @@ class LocalStack:
         return [json.loads(x) for x in text.splitlines() if x.strip().startswith("{")]
 
     def wait_ready(self, name: str, text: str, timeout: float = 60.0) -> None:
-        """Until service `name` logged `text`; ConfigError-free: RuntimeError if it died."""
+        """Until service `name` logged `text`; LoadTestFailed (with its log's tail) if it died
+        or did not get there in `timeout` seconds."""
         end = time.monotonic() + timeout
         err = self.folder / f"{name}.err"
         while time.monotonic() < end:
@@ -138,7 +144,7 @@ class LocalStack:
                 break
             time.sleep(0.1)
         tail = err.read_text()[-800:] if err.exists() else ""
-        raise RuntimeError(f"{name} did not start:\n{tail}")
+        raise LoadTestFailed(f"{name} did not start:\n{tail}")
 
     def stop(self) -> None:
         """SIGTERM every service, then the broker."""
