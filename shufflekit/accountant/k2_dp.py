@@ -198,7 +198,9 @@ def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) ->
         g = mass * g
         x_lo = a - (o + s - 1)
         cut = int(np.argmax(new >= _TAU)) if new[-1] >= _TAU else 0
-        below = _TAU if cut > 0 else 0.0
+        # under the window: below _TAU where cut, else at most the jump to +inf loss (x_lo is
+        # as low as any finite loss reaches from the old window)
+        below = _TAU if cut > 0 else float(np.max(inf)) * g
         a, v, e = x_lo + cut, new[cut:], e[cut:]
     v, e = v + floor, e + floor
     return DpCurve(step, a, v, e, rounds, len(plds), time.perf_counter() - t0)
