@@ -34,6 +34,7 @@ for 0, so one run gives delta at every eps = j * step (epsilon is rounded up to 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -258,7 +259,7 @@ class K2Tightener:
         if self.curve is None or self.curve.step > 1.5 * dp_step(epsilon_hint):
             if not affordable(self.mech, self.rounds, epsilon_hint):
                 return None
-            self.curve = k2_dp_curve(self.mech, self.rounds, epsilon_hint)
+            self.curve = _shared_curve(self.mech, self.rounds, epsilon_hint)
         return self.curve
 
     def epsilon(self, delta: float, upper: float, lower: float | None) -> float:
@@ -282,3 +283,10 @@ class K2Tightener:
     def summary(self) -> dict[str, Any] | None:
         """The DP's numbers if it ran, else None."""
         return dict(self.curve.summary()) if self.curve is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_curve(mech: Mechanism, rounds: int, epsilon_hint: float) -> DpCurve:
+    """`k2_dp_curve`, once per process for the same question: the ledger's charge and the CLI's
+    own bounds of the same rounds ask it with the same hint (the composed pair's epsilon)."""
+    return k2_dp_curve(mech, rounds, epsilon_hint)

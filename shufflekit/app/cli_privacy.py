@@ -117,13 +117,12 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         res = m.epsilon(mech, delta)
         row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
     elif m.name == "tight":
-        eps = TightCost().total_epsilon([mech] * rounds, delta)
-        dp = mech.k == 2 and eps < composition.compose_rounds([mech], counts=[rounds]).epsilon(
-            delta
-        )
+        bounds = composition.compose_rounds_bounds([mech], counts=[rounds])
+        lower, best = bounds.epsilon(delta)
+        dp = best < bounds.upper.epsilon(delta)  # the k = 2 DP beat the composed pair
         row |= {
-            "epsilon": eps,
-            "lower_bound": tight_lower_epsilon(mech, delta, rounds),
+            "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
+            "lower_bound": lower,
             "note": "dominating pairs composed (PLD, pessimistic grid)"
             + (", tightened by the adaptive k = 2 dynamic program (k2_dp)" if dp else "")
             + ", capped by the LDP sum; lower bound: the worst-case dataset's attack composed",
