@@ -49,7 +49,8 @@ class CurveCells:
     """Atoms of a pair summed by cell [j s, (j+1) s) of the base step s (see module docstring).
 
     `w`: P-mass per cell; `v`: sum of w e^-(l - j s) (Q-mass scaled by e^(j s)); `d`: sum of
-    w (1 - e^-(l - j s)). `inf_mass`: P(l = +inf). `rel_error`: relative error of the masses.
+    w (1 - e^-(l - j s)). `inf_mass`: P(l = +inf). `rel_error`: relative error of the masses;
+    `r` (if given): sum of w times each atom's own relative error, on top of `rel_error`.
     """
 
     step: float
@@ -59,6 +60,7 @@ class CurveCells:
     d: FloatArray
     inf_mass: float = 0.0
     rel_error: float = 0.0
+    r: FloatArray | None = None
 
     @classmethod
     def empty(cls, step: float, lo: float, hi: float, rel_error: float = 0.0) -> CurveCells:
@@ -75,12 +77,20 @@ class CurveCells:
         z = np.zeros(size)
         return cls(step, first, z, z.copy(), z.copy(), 0.0, rel_error)
 
-    def add(self, losses: npt.ArrayLike, log_mass: npt.ArrayLike, scale: float = 1.0) -> None:
-        """Add atoms (finite losses inside the cells, log P-masses), each mass times `scale`."""
+    def add(
+        self,
+        losses: npt.ArrayLike,
+        log_mass: npt.ArrayLike,
+        scale: float = 1.0,
+        rel: FloatArray | None = None,
+    ) -> None:
+        """Add atoms (finite losses inside the cells, log P-masses), each mass times `scale`;
+        `rel`: each atom's relative error beyond `rel_error` (kept in `r`)."""
         loss = np.asarray(losses, dtype=np.float64).ravel()
         lm = np.asarray(log_mass, dtype=np.float64).ravel()
         keep = np.isfinite(lm) & (lm > -745.0)
         loss, lm = loss[keep], lm[keep]
+        own = None if rel is None else np.asarray(rel, dtype=np.float64).ravel()[keep]
         if loss.size == 0:
             return
         if not np.all(np.isfinite(loss)):
@@ -95,6 +105,10 @@ class CurveCells:
         self.w += np.bincount(idx, weights=mass, minlength=n)
         self.v += np.bincount(idx, weights=mass * np.exp(-frac), minlength=n)
         self.d += np.bincount(idx, weights=mass * -np.expm1(-frac), minlength=n)
+        if own is not None:
+            if self.r is None:
+                self.r = np.zeros(n)
+            self.r += np.bincount(idx, weights=mass * own, minlength=n)
 
     def losses(self) -> FloatArray:
         """Loss at the start of every cell (the grid points)."""
@@ -115,6 +129,10 @@ class CurveCells:
         h = np.maximum(d + np.asarray(x) + np.asarray(y), 0.0)
         near = w + suffix + np.concatenate([[0.0], w[:-1]])  # mass at and above (one cell back)
         allow = (2.0 * self.rel_error + _ROUND) * near + 1e-300
+        if self.r is not None:  # the atoms' own errors, at and above likewise
+            r = self.r
+            r_suffix = np.concatenate([np.cumsum(r[::-1])[::-1][1:], [0.0]])
+            allow = allow + 2.0 * (r + r_suffix + np.concatenate([[0.0], r[:-1]]))
         return h, allow
 
     def gaps(self) -> FloatArray:
@@ -221,6 +239,7 @@ def lower_grid(cells: CurveCells, step: float, key: str) -> GridPLD:
         np.concatenate([z_lo, cells.d, z_hi]),
         0.0,
         cells.rel_error,
+        None if cells.r is None else np.concatenate([z_lo, cells.r, z_hi]),
     )
     j0 = al.first // r
     h, allow = al.curve()
@@ -232,6 +251,7 @@ def lower_grid(cells: CurveCells, step: float, key: str) -> GridPLD:
     gap = math.expm1(step) / 4.0 * v_coarse * (1.0 + 1e-9)
     lowered = hc - np.maximum(gap, np.concatenate([[0.0], gap[:-1]]))
     total = float(np.sum(al.w)) * (1.0 - 2.0 * al.rel_error - _ROUND)
+    total -= 0.0 if al.r is None else 2.0 * float(np.sum(al.r))
     t = np.exp((j0 + np.arange(pts.size)) * step)
     x = np.concatenate([[0.0], t])
     y = np.concatenate([[total], lowered])

@@ -26,8 +26,10 @@ from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
 #: Base step of the curves: every default composition step (`composition.GRID_STEPS`) is a
-#: multiple.
+#: multiple; FINE_STEP (also such a divisor) where a round's losses spread less than
+#: 8 x BASE_STEP (many users, small eps0), so that the composition grid can follow.
 BASE_STEP = 5e-5
+FINE_STEP = 5e-6
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -74,18 +76,25 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
 
     The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
     composition step that is a multiple of it takes every r-th value (each is an upper bound of
-    the curve at its point, which is all `upper_grid` needs), any other step falls back to
-    splitting the hull at BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
+    the curve at its point, which is all `upper_grid` needs; FINE_STEP where the losses spread
+    little), a finer step takes the hull at that step from the (cached) leaves, any other step
+    falls back to splitting the hull at
+    BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
     """
     check_query(mech)
     pair = k2_pair(mech)
-    first, vals = pair.upper_values(BASE_STEP)
-    vals[-1] = max(pair.tail_mass(BASE_STEP), float(vals[-1]))
-    base = upper_grid(BASE_STEP, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")
+    bstep = FINE_STEP if pair.loss_sd() < 8 * BASE_STEP else BASE_STEP
+    first, vals = pair.upper_values(bstep)
+    vals[-1] = max(pair.tail_mass(bstep), float(vals[-1]))
+    base = upper_grid(bstep, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")
 
     def make(step: float) -> GridPLD:
-        r = round(step / BASE_STEP)
-        if r < 1 or abs(step / BASE_STEP - r) > 1e-9 * r:
+        r = round(step / bstep)
+        if step < bstep:  # finer still: the hull at that step itself, from the cached leaves
+            j, v = pair.upper_values(step)
+            v[-1] = max(pair.tail_mass(step), float(v[-1]))
+            return upper_grid(step, j, v, float(v[-1]), f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+        if r < 1 or abs(step / bstep - r) > 1e-9 * r:
             return discretise(fallback, step)
         j0 = -((-first) // r)  # first multiple of r at or after `first`
         sub = vals[j0 * r - first :: r]
@@ -104,7 +113,7 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
         f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
         make,
         True,
-        {BASE_STEP: base},
+        {bstep: base},
         int(vals.nbytes),
     )
 
@@ -121,22 +130,28 @@ def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
 
 
 def _cells(
-    atoms: Iterable[tuple[np.ndarray, np.ndarray]], step: float, lo: float, hi: float
+    atoms: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+    step: float,
+    lo: float,
+    hi: float,
 ) -> CurveCells:
     """The atoms (chunk by chunk: never all in memory) summed into cells over [lo, hi]."""
     cells = CurveCells.empty(step, lo, hi, rel_error=1e-7)
-    for loss, lm in atoms:
-        cells.add(loss, lm)
+    for loss, lm, rel in atoms:
+        cells.add(loss, lm, rel=rel)
     return cells
 
 
-def _atoms(mech: Mechanism, dataset: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Exact atoms (losses, log P-masses) of a dataset; "k2_m=M": the k = 2 leaf of m = M."""
+def _atoms(
+    mech: Mechanism, dataset: str
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """Exact atoms (losses, log P-masses, relative errors beyond 1e-7 or None) of a dataset;
+    "k2_m=M": the k = 2 leaf of m = M."""
     if dataset.startswith("k2_m="):
         m = int(dataset.split("=")[1])
         lf = k2_pair(mech).exact_leaf(m)
-        return iter([(lf.losses, lf.log_mass)])
-    return dataset_atoms(mech, dataset=dataset)
+        return iter([(lf.losses, lf.log_mass, lf.rels)])
+    return ((loss, lm, None) for loss, lm in dataset_atoms(mech, dataset=dataset))
 
 
 def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:

@@ -26,19 +26,21 @@ per binomial, the mass left out added at +inf loss (upper side only).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import CurveCells
-from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, tail_window_int
+from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.accountant.numerics.pmf_sum import binomial_piece, pmf_sum
 from shufflekit.accountant.tight_k2 import default_cuts
 from shufflekit.base.errors import InvalidParameters
 
@@ -46,8 +48,9 @@ _REL = 1e-9  # relative error allowed for each mass (log-space pmfs + direct con
 _LOG_TAU = -60.0  # binomial windows
 _LOG_B_TAU = -55.0  # lower tail of the number of revealed uniform reports in a leaf
 FLOOR = 1e-22  # curve values below this do not drive the refinement
-CHECK_STEP = 1e-3  # loss grid of the refinement checks
-MAX_N = 2_000_000  # beyond this the k = 2 pair is not built (the blanket pair is used)
+CHECK_STEP = 1e-3  # loss grid of the refinement checks (finer where losses spread less)
+WORKERS = min(4, os.cpu_count() or 1)  # threads building leaves
+MAX_N = 10_000_000  # beyond this the k = 2 pair is not built (the blanket pair is used)
 
 
 @dataclass
@@ -60,24 +63,12 @@ class Leaf:
     log_mass: FloatArray
     inf_mass: float
     rr_weight: float  # P(b < b_min): weight of the target's randomized response pair
+    rels: FloatArray | None = None  # each mass's relative error from the convolution (+ _REL)
 
     @property
     def exact(self) -> bool:
         """A single dataset (not an interval): its pair is exact."""
         return self.m1 == self.m2
-
-
-@functools.lru_cache(maxsize=2048)
-def _piece(n: int, r: float) -> tuple[int, FloatArray, float, float]:
-    """Bin(n, r) on its window: (start, pmf scaled by its max, log scale, log mass outside)."""
-    if n <= 0 or r <= 0.0:
-        return 0, np.ones(1), 0.0, -math.inf
-    lo, hi = tail_window_int(n, r, _LOG_TAU)
-    lp = log_pmf(np.arange(lo, hi + 1, dtype=np.float64), n, r)
-    mx = float(np.max(lp))
-    out_lo = float(log_cdf(lo - 1, n, r, "upper")) if lo > 0 else -math.inf
-    out_hi = float(log_sf(hi + 1, n, r, "upper")) if hi < n else -math.inf
-    return lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi))
 
 
 def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
@@ -86,19 +77,19 @@ def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
     p, q, gamma = rr.p, rr.q, rr.gamma
     n1 = mech.n - 1
     w = m2 - m1
-    specs = [(m1, p), (n1 - m2, q)]
-    rr_weight = 0.0
+    rr_weight, b_min = 0.0, 0
     if w > 0:
         b_min = tail_window_int(w, gamma, _LOG_B_TAU)[0]
         if b_min > 0:
             rr_weight = math.exp(float(log_cdf(b_min - 1, w, gamma, "upper")))
-            specs.append((b_min, 0.5))
-    pieces = sorted((_piece(int(nn), float(r)) for nn, r in specs), key=lambda pc: pc[1].size)
-    c = pieces[0][1]
-    for pc in pieces[1:]:
-        c = np.convolve(c, pc[1]) if pc[1].size > 1 else c * pc[1][0]
-    log_scale = sum(pc[2] for pc in pieces)
-    dropped = math.exp(float(np.logaddexp.reduce([pc[3] for pc in pieces])))
+    total = pmf_sum(
+        [
+            binomial_piece(m1, p, _LOG_TAU),
+            binomial_piece(n1 - m2, q, _LOG_TAU),
+            binomial_piece(b_min, 0.5, _LOG_TAU),
+        ]
+    )
+    c, log_scale, dropped = total.vals, total.log_scale, math.exp(total.log_out)
     cm1 = np.concatenate(([0.0], c))  # C(s-1)
     c0 = np.concatenate((c, [0.0]))  # C(s)
     px0 = p * cm1 + q * c0
@@ -110,8 +101,10 @@ def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
     # underflowed entries (scaled values below ~1e-300) and P-only entries: at +inf loss
     under = 1e-280 * c.size * math.exp(min(log_scale, 700.0))
     only_p = float(np.sum(px0[(px0 > 0) & ~(px1 > 0)])) * math.exp(min(log_scale, 700.0))
-    inf_mass = (dropped + under + only_p) * (1.0 + _REL)
-    return Leaf(m1, m2, losses, log_mass, inf_mass, rr_weight)
+    own = np.concatenate(([0.0], total.rel, [0.0]))
+    rels = np.maximum(own[:-1], own[1:])[ok]  # of C(s-1) and C(s)
+    inf_mass = (dropped + under + only_p) * (1.0 + _REL + total.max_rel)
+    return Leaf(m1, m2, losses, log_mass, inf_mass, rr_weight, rels)
 
 
 def _rr_curve(mech: Mechanism, eps: FloatArray) -> FloatArray:
@@ -132,6 +125,7 @@ class K2Pair:
     max_leaves: int = 600
     leaves: list[Leaf] = field(default_factory=list)
     converged: bool = False
+    check_step: float = CHECK_STEP
 
     def __post_init__(self) -> None:
         if self.mech.k != 2:
@@ -139,7 +133,9 @@ class K2Pair:
         if self.mech.n > MAX_N:
             raise InvalidParameters(f"the k = 2 pair is built for n <= {MAX_N:,}")
         cuts = default_cuts(self.mech.n)
-        self.leaves = [leaf(self.mech, a, b - 1) for a, b in itertools.pairwise(cuts)]
+        self.leaves = self._leaves([(a, b - 1) for a, b in itertools.pairwise(cuts)])
+        # the checks must resolve a round's spread of losses (sd / 8, a power of two below)
+        self.check_step = min(CHECK_STEP, 2.0 ** math.floor(math.log2(self.loss_sd() / 8)))
         self._refine()
 
     def _range(self) -> tuple[float, float]:
@@ -147,13 +143,39 @@ class K2Pair:
         hi = max((float(lf.losses.max()) for lf in self.leaves if lf.losses.size), default=0.0)
         return lo, hi
 
+    def _leaves(self, spans: list[tuple[int, int]]) -> list[Leaf]:
+        """The leaves of `spans` ([m1, m2] each), built on up to WORKERS threads (the
+        transforms and convolutions release the GIL)."""
+        if len(spans) < 4 or WORKERS < 2:
+            return [leaf(self.mech, a, b) for a, b in spans]
+        with ThreadPoolExecutor(WORKERS) as pool:
+            return list(pool.map(lambda ab: leaf(self.mech, *ab), spans))
+
+    def _check_range(self) -> tuple[float, float]:
+        """The losses of every atom of mass above e^-69 (~1e-30), with a margin: beyond them
+        the curves are far below FLOOR, so the refinement checks need not look there."""
+        heavy = [lf.losses[lf.log_mass > -69.0] for lf in self.leaves]
+        heavy = [x for x in heavy if x.size]
+        if not heavy:
+            return -self.mech.eps0, self.mech.eps0
+        lo = min(float(x.min()) for x in heavy)
+        hi = max(float(x.max()) for x in heavy)
+        pad = 0.1 * (hi - lo) + 2 * self.check_step
+        return max(lo - pad, -self.mech.eps0), min(hi + pad, self.mech.eps0)
+
     def _curve(
-        self, lf: Leaf, step: float, lo: float, hi: float
+        self, lf: Leaf, step: float, lo: float, hi: float, check: bool = False
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """(h + allowance, h - allowance, allowance) of a leaf at the grid points of `step` over
-        [lo, hi] (+inf mass and RR part included; the lower value is for exact leaves)."""
+        [lo, hi] (+inf mass and RR part included; the lower value is for exact leaves).
+        `check`: for the refinement's heuristics only, atoms outside [lo, hi] are left out."""
         cells = CurveCells.empty(step, lo, hi, rel_error=_REL)
-        cells.add(lf.losses, lf.log_mass)
+        if check:
+            inside = (lf.losses >= lo) & (lf.losses <= hi)
+            rels = None if lf.rels is None else lf.rels[inside]
+            cells.add(lf.losses[inside], lf.log_mass[inside], rel=rels)
+        else:
+            cells.add(lf.losses, lf.log_mass, rel=lf.rels)
         h, allow = cells.curve()
         rr = lf.rr_weight * _rr_curve(self.mech, cells.losses())
         up = h + allow + lf.inf_mass + rr * (1.0 + _REL)
@@ -162,14 +184,14 @@ class K2Pair:
     def _refine(self) -> None:
         """Split wide leaves that exceed (1 + rtol) x the best exact dataset on the check grid
         (differences within the float allowances do not count)."""
-        lo, hi = -self.mech.eps0, self.mech.eps0
-        t = np.exp(CommonGrid(CHECK_STEP, lo, hi).losses())
+        lo, hi = self._check_range()
+        t = np.exp(CommonGrid(self.check_step, lo, hi).losses())
         base = np.maximum(1.0 - t, 0.0)  # every pair has h >= (1 - t)^+: compare the rest
         cache: dict[tuple[int, int], tuple[FloatArray, FloatArray, FloatArray]] = {}
         while True:
             for lf in self.leaves:
                 if (lf.m1, lf.m2) not in cache:
-                    cache[(lf.m1, lf.m2)] = self._curve(lf, CHECK_STEP, lo, hi)
+                    cache[(lf.m1, lf.m2)] = self._curve(lf, self.check_step, lo, hi, True)
             curves = [cache[(lf.m1, lf.m2)] for lf in self.leaves]
             exact = [c[1] - base for lf, c in zip(self.leaves, curves, strict=True) if lf.exact]
             best = np.max(np.stack(exact), axis=0) if exact else np.zeros_like(t)
@@ -184,13 +206,15 @@ class K2Pair:
                 return
             if len(self.leaves) + len(bad) > self.max_leaves:
                 return  # still sound, only looser
+            halves: list[tuple[int, int]] = []
+            for i in bad:
+                lf = self.leaves[i]
+                mid = (lf.m1 + lf.m2) // 2
+                halves += [(lf.m1, mid), (mid + 1, lf.m2)]
+            built = iter(self._leaves(halves))
             new: list[Leaf] = []
             for i, lf in enumerate(self.leaves):
-                if i in bad:
-                    mid = (lf.m1 + lf.m2) // 2
-                    new += [leaf(self.mech, lf.m1, mid), leaf(self.mech, mid + 1, lf.m2)]
-                else:
-                    new.append(lf)
+                new += [next(built), next(built)] if i in bad else [lf]
             self.leaves = new
 
     def upper_values(
@@ -202,7 +226,9 @@ class K2Pair:
         lo, hi = self._range()
         lo, hi = max(lo, -self.mech.eps0), min(hi, self.mech.eps0)
         chosen = self.leaves if leaves is None else leaves
-        up = np.max(np.stack([self._curve(lf, step, lo, hi)[0] for lf in chosen]), axis=0)
+        up = self._curve(chosen[0], step, lo, hi)[0]
+        for lf in chosen[1:]:
+            np.maximum(up, self._curve(lf, step, lo, hi)[0], out=up)
         grid = CommonGrid(step, lo, hi)
         return grid.first, np.minimum(up, 1.0)
 
@@ -223,11 +249,19 @@ class K2Pair:
                 return lf
         return leaf(self.mech, m, m)
 
+    def loss_sd(self) -> float:
+        """Standard deviation of the privacy loss of the worst exact dataset (under P): how
+        fine a grid composing this pair needs."""
+        lf = self.worst_atoms()
+        w = np.exp(lf.log_mass - np.max(lf.log_mass))
+        mean = float(np.sum(w * lf.losses) / np.sum(w))
+        return math.sqrt(float(np.sum(w * (lf.losses - mean) ** 2) / np.sum(w)))
+
     def worst_atoms(self) -> Leaf:
         """The exact dataset whose curve has the largest area on the check grid (the attack)."""
-        lo, hi = self._range()
+        lo, hi = self._check_range()
         exact = [lf for lf in self.leaves if lf.exact]
-        areas = [float(np.sum(self._curve(lf, CHECK_STEP, lo, hi)[1])) for lf in exact]
+        areas = [float(np.sum(self._curve(lf, self.check_step, lo, hi, True)[1])) for lf in exact]
         # (the largest area under the curve: a proxy for the worst dataset over all epsilons)
         return exact[int(np.argmax(areas))]
 

@@ -227,9 +227,12 @@ def dp_step(epsilon_hint: float) -> float:
 
 
 def affordable(mech: Mechanism, rounds: int, epsilon_hint: float) -> bool:
-    """Whether the DP's work (rounds x groups x window points) stays under MAX_WORK."""
-    window = (max(epsilon_hint, 1e-3) + TOP + 2 * mech.eps0) / dp_step(epsilon_hint)
-    return rounds * len(groups(k2_pair(mech))) * window <= MAX_WORK
+    """Whether the DP's work (rounds x groups x window points) stays under MAX_WORK and its
+    grid resolves one round's spread of losses (else it would be looser than the pair)."""
+    step = dp_step(epsilon_hint)
+    window = (max(epsilon_hint, 1e-3) + TOP + 2 * mech.eps0) / step
+    pair = k2_pair(mech)
+    return rounds * len(groups(pair)) * window <= MAX_WORK and step <= pair.loss_sd() / 8
 
 
 class K2Tightener:

@@ -37,13 +37,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from shufflekit.accountant.core import Mechanism
-from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, tail_window_int
+from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
-from shufflekit.accountant.numerics.logspace import FloatArray, log1mexp
+from shufflekit.accountant.numerics.logspace import log1mexp
+from shufflekit.accountant.numerics.lru import BoundedLRU
+from shufflekit.accountant.numerics.pmf_sum import PmfSum, binomial_piece, pmf_sum
 from shufflekit.base.errors import InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
+#: Laws of the leaves' sums, by leaf: the root search over epsilon asks for the same leaves.
+_SUMS: BoundedLRU[tuple[int, float, int, int, int, float], PmfSum] = BoundedLRU(
+    4096, 256 << 20, lambda s: int(s.vals.nbytes) + 200
+)
 
 
 @dataclass(frozen=True)
@@ -58,43 +64,19 @@ class K2Bound:
     log_dropped: float  # largest mass cut off by the windows (added to an interval's bound)
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """A binomial pmf on its window: values scaled by exp(-log_scale), window start, tails."""
-
-    lo: int
-    vals: FloatArray
-    log_scale: float
-    log_out: float  # log of the exact mass outside the window
-
-
-def _piece(n: int, r: float, log_tau: float) -> _Piece:
-    if n <= 0 or r <= 0.0:
-        return _Piece(0, np.ones(1), 0.0, -math.inf)
-    lo, hi = tail_window_int(n, r, log_tau)
-    x = np.arange(lo, hi + 1, dtype=np.float64)
-    lp = log_pmf(x, n, r)
-    mx = float(np.max(lp))
-    out_lo = float(log_cdf(lo - 1, n, r, "upper")) if lo > 0 else -math.inf
-    out_hi = float(log_sf(hi + 1, n, r, "upper")) if hi < n else -math.inf
-    return _Piece(lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi)))
-
-
-def _hockey(pieces: list[_Piece], a: float, b: float) -> tuple[float, float, float]:
-    """(log upper, log lower, log dropped) of H for C = sum of the pieces (+ target bit);
+def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float]:
+    """(log upper, log lower, log dropped) of H for C = `total` (+ target bit);
     a = p - e^eps q, b = e^eps p - q (given without cancellation)."""
-    c = pieces[0].vals
-    for pc in pieces[1:]:
-        c = np.convolve(c, pc.vals) if pc.vals.size > 1 else c * pc.vals[0]
-    log_scale = sum(pc.log_scale for pc in pieces)
-    dropped = float(np.logaddexp.reduce([pc.log_out for pc in pieces]))
+    c, log_scale, dropped = total.vals, total.log_scale, total.log_out
+    own = np.concatenate(([0.0], total.rel, [0.0]))
+    rel = _FLOAT_REL + np.maximum(own[:-1], own[1:])  # of C(s-1) and C(s), s = lo .. hi+1
     cm1 = np.concatenate(([0.0], c))  # C(s-1) for s = lo .. hi+1
     c0 = np.concatenate((c, [0.0]))  # C(s)
     lin = a * cm1 - b * c0
     gross = a * cm1 + b * c0
     body = float(np.sum(lin[lin > 0]))
-    near = lin > -2 * _FLOAT_REL * gross
-    margin = 2 * _FLOAT_REL * float(np.sum(gross[near]))
+    near = lin > -2 * rel * gross
+    margin = 2 * float(np.sum((rel * gross)[near]))
     log_body = math.log(body) + log_scale if body > 0 else -math.inf
     log_margin = math.log(margin) + log_scale if margin > 0 else -math.inf
     log_under = math.log(_UNDERFLOW * c.size)
@@ -123,18 +105,28 @@ class _Evaluator:
         self.evaluations = 0
         self.max_dropped = -math.inf
 
+    def _sum(self, m1: int, m2: int, b_min: int) -> PmfSum:
+        """The law of A1 + B1 + Bin(b_min, 1/2) (cached: it does not depend on epsilon)."""
+        key = (self.n1, self.p, m1, m2, b_min, self.log_tau)
+        hit = _SUMS.get(key)
+        if hit is not None:
+            return hit
+        pieces = [
+            binomial_piece(m1, self.p, self.log_tau),
+            binomial_piece(self.n1 - m2, self.q, self.log_tau),
+            binomial_piece(b_min, 0.5, self.log_tau),
+        ]
+        return _SUMS.put(key, pmf_sum(pieces))
+
     def interval(self, m1: int, m2: int) -> tuple[float, float]:
         """(log upper bound over m in [m1, m2], log lower bound of H_{m1} or -inf)."""
         w = m2 - m1
-        pieces = [_piece(m1, self.p, self.log_tau), _piece(self.n1 - m2, self.q, self.log_tau)]
-        extra = -math.inf
+        extra, b_min = -math.inf, 0
         if w > 0:
             b_min = tail_window_int(w, self.gamma, self.log_b_tau)[0]
             if b_min > 0:
                 extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(self.a)
-                pieces.append(_piece(b_min, 0.5, self.log_tau))
-        pieces.sort(key=lambda pc: pc.vals.size)  # cheapest order for direct convolutions
-        up, low, dropped = _hockey(pieces, self.a, self.b)
+        up, low, dropped = _hockey(self._sum(m1, m2, b_min), self.a, self.b)
         self.evaluations += 1
         self.max_dropped = max(self.max_dropped, dropped)
         return float(np.logaddexp(up, extra)), (low if w == 0 else -math.inf)
