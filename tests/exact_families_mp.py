@@ -114,3 +114,42 @@ def ldp_delta(k: int, eps0: float, eps: float) -> mpmath.mpf:
     with mpmath.workdps(DPS):
         p, q = _probs(k, eps0)
         return max(mpmath.mpf(0), p - mpmath.exp(mpmath.mpf(eps)) * q)
+
+
+def k2_all_at_x0(n: int, eps0: float, eps: float, *, sds: float = 10.0) -> tuple[mpmath.mpf, ...]:
+    """k = 2 at any n: (H(P_x0 || P_x1), H(P_x1 || P_x0)) of "all others at x0", summed over the
+    counts within `sds` standard deviations of the mode (a subset of non-negative terms: lower
+    bounds, exact to ~1e-20 relative for sds = 10). S = A + target, A ~ Bin(n-1, p):
+    P(S = s | x0) = p b(s-1) + q b(s), P(S = s | x1) = q b(s-1) + p b(s); b by its ratio
+    recurrence from the mode, in 40 digits."""
+    with mpmath.workdps(40):
+        p, q = _probs(2, eps0)
+        ee = mpmath.exp(mpmath.mpf(eps))
+        big = n - 1
+        mode = int(mpmath.floor((big + 1) * p))
+        half = int(sds * mpmath.sqrt(big * p * q)) + 2
+        lo, hi = max(0, mode - half), min(big, mode + half)
+        b = {
+            mode: mpmath.exp(
+                _lfact(big)
+                - _lfact(mode)
+                - _lfact(big - mode)
+                + mode * mpmath.log(p)
+                + (big - mode) * mpmath.log(q)
+            )
+        }
+        ratio = p / q
+        for s in range(mode, hi):
+            b[s + 1] = b[s] * (big - s) / (s + 1) * ratio
+        for s in range(mode, lo, -1):
+            b[s - 1] = b[s] * s / (big - s + 1) / ratio
+        fwd = mpmath.mpf(0)
+        bwd = mpmath.mpf(0)
+        zero = mpmath.mpf(0)
+        for s in range(lo, hi + 2):
+            prev, cur = b.get(s - 1, zero), b.get(s, zero)
+            px0 = p * prev + q * cur
+            px1 = q * prev + p * cur
+            fwd += max(zero, px0 - ee * px1)
+            bwd += max(zero, px1 - ee * px0)
+        return fwd, bwd
