@@ -53,7 +53,7 @@ def test_the_check_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
     the comparison above catches it (so it can fail)."""
     pieces = [ps.binomial_piece(n, r, -60.0) for n, r in CASES[0]]
     monkeypatch.setattr(ps, "DIRECT_MAX_WORK", 0.0)
-    monkeypatch.setattr(ps, "_FFT_C", 50e-6)
+    monkeypatch.setattr(ps, "FFT_ROUNDOFF", 50e-6 * 2.0**-53)
     monkeypatch.setattr(ps, "_LOG_ROUND", 0.0)
     got = ps.pmf_sum(pieces)
     exact = _direct(pieces)

@@ -433,7 +433,7 @@ def default_attack_fn(rounds: Sequence[Mechanism]) -> PldFn:
     one orientation: the target's record gives x0 (vs x1) in every round, order x0|x1
     throughout. Rounds with k >= 3 use "all others hold z"; k = 2 rounds the worst exact
     dataset of their certified k = 2 analysis ("m others at x0"; the same m for identical
-    rounds; "all others at x0" beyond n = 2e6). Rounds of one k thus use one dataset family;
+    rounds; "all others at x0" beyond n = 1e7). Rounds of one k thus use one dataset family;
     rounds of different k ask different questions, whose values need not agree.
     """
     del rounds  # the choice is per round (see above)

@@ -19,9 +19,12 @@ composition grid (with float allowances) and `curve_cells.upper_grid` turns it i
 dominating PLD on that grid. `K2Pair.worst_atoms()` is the exact PLD of the best single dataset
 (for the composed lower bound).
 
-Numerics as in `tight_k2`: pmfs from log-space binomials scaled by their maxima, convolved
-directly (non-negative sums, relative error <= 1e-9 allowed per mass); windows cut at e^-60
-per binomial, the mass left out added at +inf loss (upper side only).
+Numerics as in `tight_k2`: pmfs from log-space binomials scaled by their maxima, summed by
+`numerics.pmf_sum` (directly, or by tilted FFTs with each entry's certified relative error kept
+per atom and allowed for by `CurveCells`; 1e-9 more per mass); windows cut at e^-60 per
+binomial, the mass left out added at +inf loss (upper side only). The refinement checks run on
+a loss grid of a round's spread / 8 (at n = 1e7 a round's losses spread ~1e-4), over the
+losses that carry mass; leaves are built on threads. Up to MAX_N = 1e7 (~6-20 s there).
 """
 
 from __future__ import annotations

@@ -24,12 +24,13 @@ too (which is what dominating-pair composition promises).
 Numerics. Losses of every group's hull sit on one grid of `step`; the recursion is exact on it.
 The loss window is [bottom, TOP]: above it V <= G (a running bound on sup V); the bottom rises
 each round to where V falls under 1e-18, and what lies under it counts as 1e-18 in a floor that
-is added to every value (about 1e-15 after 1,000 rounds). Correlations run by FFT block by block
-(overlap-save, all groups at once) and each output gets a bound on its round-off relative to its
-own block's values, so small deltas stay accurate; the allowance carried forward is tracked
-through the same kernels, and an epsilon whose delta is more than 10% allowance is refused
-(the pair's bound then stands). The shift l -> l - eps maps the recursion for eps onto the one
-for 0, so one run gives delta at every eps = j * step (epsilon is rounded up to the grid).
+is added to every value (about 1e-15 after 1,000 rounds). Correlations run by FFT block by
+block (overlap-save, all groups at once) and each output gets a bound on its round-off relative
+to its own block's values (log2(size) ||block||_2 ||kernel||_1 times `pmf_sum.FFT_ROUNDOFF`),
+so small deltas stay accurate; the allowance carried forward is tracked through the same
+kernels, and an epsilon whose delta is more than 10% allowance is refused (the pair's bound
+then stands). The shift l -> l - eps maps the recursion for eps onto the one for 0, so one run
+gives delta at every eps = j * step (epsilon is rounded up to the grid).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from shufflekit.accountant.curve_pld import k2_pair
 from shufflekit.accountant.k2_compose import MAX_N, K2Pair, Leaf
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.accountant.numerics.pmf_sum import FFT_ROUNDOFF
 from shufflekit.base.errors import InvalidParameters
 
 #: The DP runs when composing the pair is this far (relative, in epsilon) above the attack.
@@ -67,7 +69,7 @@ TOP = 5.0
 MAX_ROUNDS = 10_000
 MAX_WINDOW = 200_000
 MAX_WORK = 5e9
-_FFT_ERR = 20.0 * 2.0**-53  # times log2(size) * ||x||_2 * ||y||_2: FFT correlation round-off
+_FFT_ERR = FFT_ROUNDOFF  # times log2(size) ||x||_2 ||y||_1: FFT correlation round-off
 _TAU = 1e-18  # below this, V counts as this (the window bottom rises above it)
 
 
@@ -172,7 +174,7 @@ def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) ->
         kern[i, p.offset - o : p.offset - o + p.probs.size] = p.probs
     inf = np.array([p.inf_mass for p in plds])
     mass = float(np.max(kern.sum(axis=1) + inf))
-    knorm = float(np.max(np.sqrt(np.sum(kern * kern, axis=1))))
+    knorm = float(np.max(np.sum(np.abs(kern), axis=1)))  # ||y||_1 (the rigorous pairing)
     block = s
     nb = sfft.next_fast_len(block + s - 1, real=True)
     kf = sfft.rfft(kern[:, ::-1], nb, axis=1)

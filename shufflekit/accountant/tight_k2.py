@@ -21,10 +21,13 @@ where G_b is the hockey-stick with Bin(b, 1/2) added; G_b falls with b (adding i
 noise is a post-processing). An interval with w = 0 is evaluated exactly. Branch and bound
 splits the interval with the largest bound until it is within `rtol` of the best exact H_m.
 
-Numerics: pmfs come from log-space binomials, scaled by their maxima and convolved directly
-(sums of non-negative products: relative error of each entry <= ~len * 2^-52, unlike an FFT).
-Windows cut at tail level e^log_tau; the mass left out (exact binomial tails) is added to every
-upper bound and subtracted from every lower bound, with a relative float margin of 1e-9.
+Numerics: pmfs come from log-space binomials, scaled by their maxima, summed by
+`numerics.pmf_sum`: directly where that is cheap (non-negative products), else by tilted FFTs
+with a certified relative error per entry (added to the margin of the entries it touches), so
+n = 3e7 takes seconds. Windows cut at tail level e^log_tau; the mass left out (exact binomial
+tails, and entries no FFT tilt certified) is added to every upper bound and subtracted from
+every lower bound, with a relative float margin of 1e-9. A leaf's sum does not depend on
+epsilon, so it is cached across the root search's epsilons.
 """
 
 from __future__ import annotations

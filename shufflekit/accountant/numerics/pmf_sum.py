@@ -36,6 +36,9 @@ from shufflekit.accountant.numerics.lru import BoundedLRU
 
 _U = 2.0**-53
 _FFT_C = 50.0  # see the module docstring
+#: Round-off of an FFT convolution or correlation of x and y at size N, per output entry:
+#: at most FFT_ROUNDOFF log2(N) ||x||_2 ||y||_1 (the module docstring; shared with `k2_dp`).
+FFT_ROUNDOFF = _FFT_C * _U
 _LOG_ROUND = 1e-11  # relative error of rescaling a tilted value (log values up to ~1e4)
 #: Direct convolution above this many multiply-adds costs more than the tilted FFTs.
 DIRECT_MAX_WORK = 3e7
@@ -170,7 +173,7 @@ class _Tilted:
             xs.append(np.exp(t - m))
         n1 = [float(np.sum(x)) for x in xs]
         ratio = min(float(np.sqrt(np.sum(x * x))) / a for x, a in zip(xs, n1, strict=True))
-        err = _FFT_C * _U * math.log2(self.nfft) * math.prod(n1) * ratio
+        err = FFT_ROUNDOFF * math.log2(self.nfft) * math.prod(n1) * ratio
         err += 1e-300 * self.nfft * math.prod(n1)  # inputs that underflowed to 0
         spec = sfft.rfft(xs[0], self.nfft)
         for x in xs[1:]:
