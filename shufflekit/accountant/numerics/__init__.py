@@ -1,4 +1,5 @@
 """The accountant's numerics, one implementation of each thing, shared by every bound and engine.
+
 `logspace` (log-sum-exp and friends), `binomial` (log pmf, tails, partial expectations and
 truncation windows), `pmf_sum` (sums of binomials by direct or tilted FFT convolution, each
 entry with a certified relative error), `roots` (epsilon searches and monotone boundary
