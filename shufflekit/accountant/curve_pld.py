@@ -61,7 +61,9 @@ def _as_pld(g: GridPLD) -> tuple[np.ndarray, np.ndarray, float]:
 
 # ----------------------------------------------------------------------------- k = 2
 
-_K2: BoundedLRU[tuple[int, float], K2Pair] = BoundedLRU(4)
+_K2: BoundedLRU[tuple[int, float], K2Pair] = BoundedLRU(
+    4, 1 << 30, lambda pair: sum(3 * lf.losses.nbytes for lf in pair.leaves)
+)  # a pair of n = 1e7 holds ~250 MB of atoms
 
 
 def k2_pair(mech: Mechanism) -> K2Pair:
