@@ -28,9 +28,15 @@ from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.curve_pld import CurvePLD, attack_curve_pld, composition_pld
+from shufflekit.accountant.curve_pld import (
+    CurvePLD,
+    attack_curve_pld,
+    clear_k2_caches,
+    composition_pld,
+)
 from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
 from shufflekit.accountant.k2_dp import K2Tightener
+from shufflekit.accountant.k2_dp import clear_cache as clear_dp_cache
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
@@ -379,9 +385,12 @@ _PLD_CACHE: BoundedLRU[tuple[Any, int, int, float], PrivacyLossDistribution] = B
 
 
 def clear_caches() -> None:
-    """Forget cached per-round PLDs and gridded PLDs."""
+    """Forget cached per-round PLDs, gridded PLDs and the k = 2 pairs, sums and DP curves (a
+    cold start, for benchmarks and tests)."""
     _PLD_CACHE.clear()
     clear_cache()
+    clear_k2_caches()
+    clear_dp_cache()
 
 
 def _round_plds(

@@ -22,6 +22,7 @@ from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
 from shufflekit.accountant.k2_compose import MAX_N, K2Pair
 from shufflekit.accountant.numerics.grid import GridPLD, discretise
 from shufflekit.accountant.numerics.lru import BoundedLRU
+from shufflekit.accountant.numerics.pmf_sum import clear_sums
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
@@ -64,6 +65,12 @@ def _as_pld(g: GridPLD) -> tuple[np.ndarray, np.ndarray, float]:
 _K2: BoundedLRU[tuple[int, float], K2Pair] = BoundedLRU(
     4, 1 << 30, lambda pair: sum(3 * lf.losses.nbytes for lf in pair.leaves)
 )  # a pair of n = 1e7 holds ~250 MB of atoms
+
+
+def clear_k2_caches() -> None:
+    """Forget the k = 2 pairs and the binomial windows and sums they were built from."""
+    _K2.clear()
+    clear_sums()
 
 
 def k2_pair(mech: Mechanism) -> K2Pair:

@@ -295,3 +295,8 @@ def _shared_curve(mech: Mechanism, rounds: int, epsilon_hint: float) -> DpCurve:
     """`k2_dp_curve`, once per process for the same question: the ledger's charge and the CLI's
     own bounds of the same rounds ask it with the same hint (the composed pair's epsilon)."""
     return k2_dp_curve(mech, rounds, epsilon_hint)
+
+
+def clear_cache() -> None:
+    """Forget the DP curves kept per process."""
+    _shared_curve.cache_clear()

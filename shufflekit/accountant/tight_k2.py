@@ -43,16 +43,11 @@ from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import log1mexp
-from shufflekit.accountant.numerics.lru import BoundedLRU
-from shufflekit.accountant.numerics.pmf_sum import PmfSum, binomial_piece, pmf_sum
+from shufflekit.accountant.numerics.pmf_sum import SUMS, PmfSum, binomial_piece, pmf_sum
 from shufflekit.base.errors import InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
-#: Laws of the leaves' sums, by leaf: the root search over epsilon asks for the same leaves.
-_SUMS: BoundedLRU[tuple[int, float, int, int, int, float], PmfSum] = BoundedLRU(
-    4096, 256 << 20, lambda s: int(s.vals.nbytes) + 200
-)
 
 
 @dataclass(frozen=True)
@@ -111,7 +106,7 @@ class _Evaluator:
     def _sum(self, m1: int, m2: int, b_min: int) -> PmfSum:
         """The law of A1 + B1 + Bin(b_min, 1/2) (cached: it does not depend on epsilon)."""
         key = (self.n1, self.p, m1, m2, b_min, self.log_tau)
-        hit = _SUMS.get(key)
+        hit = SUMS.get(key)
         if hit is not None:
             return hit
         pieces = [
@@ -119,7 +114,7 @@ class _Evaluator:
             binomial_piece(self.n1 - m2, self.q, self.log_tau),
             binomial_piece(b_min, 0.5, self.log_tau),
         ]
-        return _SUMS.put(key, pmf_sum(pieces))
+        return SUMS.put(key, pmf_sum(pieces))
 
     def interval(self, m1: int, m2: int) -> tuple[float, float]:
         """(log upper bound over m in [m1, m2], log lower bound of H_{m1} or -inf)."""

@@ -81,6 +81,18 @@ _PIECES: BoundedLRU[tuple[int, float, float], Piece] = BoundedLRU(
 )
 
 
+#: Laws of sums kept by their users (the k = 2 leaves, by leaf), cleared with the windows.
+SUMS: BoundedLRU[tuple[object, ...], PmfSum] = BoundedLRU(
+    4096, 256 << 20, lambda s: int(s.vals.nbytes + s.rel.nbytes) + 200
+)
+
+
+def clear_sums() -> None:
+    """Forget the cached binomial windows and sums."""
+    _PIECES.clear()
+    SUMS.clear()
+
+
 @dataclass(frozen=True)
 class PmfSum:
     """The pmf of the sum on lo .. lo + len - 1, values scaled by exp(-log_scale); entries not
