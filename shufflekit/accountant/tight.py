@@ -15,12 +15,12 @@ several explicit datasets (`accountant.attack`), reported in `details["worst_dat
 Every log delta of an upper bound is increased by a relative safety margin of 1e-7 (the
 evaluation is accurate to ~1e-9 relative); every lower bound is decreased by it.
 
-k = 2 (n <= 3e7): the family "m others at x0, the rest at x1" is every dataset, so the tight
+k = 2 (n <= 1e8): the family "m others at x0, the rest at x1" is every dataset, so the tight
 delta is its maximum over m. `accountant.tight_k2` certifies it from both sides by branch and
 bound over intervals of m (an interval is bounded by revealing the blanket bits of its middle
 users only); the upper bound used is the smaller of that and the blanket bound, and its best
 exact dataset joins the lower bounds. Measured gap: ~0.1% in epsilon up to 2e6, 0.3-0.7% above
-(a coarser rtol keeps 3e7 under ~10 s; the blanket alone: 10-30%). Across rounds see
+(a coarser rtol keeps 1e8 under ~10 s; the blanket alone: 10-30%). Across rounds see
 `k2_compose` (n <= 1e7). Lower bounds ignore dropped mass (never add it).
 
 The PLDs (`tight_pld`, `attack_pld`) are for composition over rounds by a separate engine; see
@@ -79,7 +79,7 @@ __all__ = [
 
 METHOD = "tight"
 _LABEL = Label(METHOD, "")  # a sound upper bound; each result's note says how it was obtained
-_K2_MAX_N = 30_000_000  # k = 2: the certified branch-and-bound bound up to this n (~8 s there)
+_K2_MAX_N = 100_000_000  # k = 2: the certified branch-and-bound bound up to this n (~5-9 s there)
 EPS0_TINY = 1e-6
 """Below this eps0 `tight` answers with k-RR's own (epsilon, delta) curve (sound by post-
 processing; the shuffle's amplification is not computed: p and q agree to ~1e-6 or better)."""

@@ -24,10 +24,11 @@ splits the interval with the largest bound until it is within `rtol` of the best
 Numerics: pmfs come from log-space binomials, scaled by their maxima, summed by
 `numerics.pmf_sum`: directly where that is cheap (non-negative products), else by tilted FFTs
 with a certified relative error per entry (added to the margin of the entries it touches), so
-n = 3e7 takes seconds. Windows cut at tail level e^log_tau; the mass left out (exact binomial
-tails, and entries no FFT tilt certified) is added to every upper bound and subtracted from
-every lower bound, with a relative float margin of 1e-9. A leaf's sum does not depend on
-epsilon, so it is cached across the root search's epsilons.
+n = 1e8 takes seconds (each leaf summed only from a few standard deviations below the threshold).
+Windows cut at tail level e^log_tau; the mass left out (exact binomial tails, and entries no
+FFT tilt certified) is added to every upper bound and subtracted from every lower bound, with a
+relative float margin of 1e-9. A leaf's sum does not depend on epsilon, so it is cached across
+the root search's epsilons.
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import log1mexp
-from shufflekit.accountant.numerics.pmf_sum import SUMS, PmfSum, binomial_piece, pmf_sum
+from shufflekit.accountant.numerics.pmf_sum import (
+    SUMS,
+    Piece,
+    PmfSum,
+    binomial_piece,
+    pmf_sum,
+)
 from shufflekit.base.errors import InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
@@ -62,9 +69,14 @@ class K2Bound:
     log_dropped: float  # largest mass cut off by the windows (added to an interval's bound)
 
 
-def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float]:
+def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float] | None:
     """(log upper, log lower, log dropped) of H for C = `total` (+ target bit);
-    a = p - e^eps q, b = e^eps p - q (given without cancellation)."""
+    a = p - e^eps q, b = e^eps p - q (given without cancellation).
+
+    If `total` accounts for its entries only from `total.first` on, the terms below are left
+    out where that is exact: C is log-concave (a sum of binomials), so C(s-1)/C(s) grows with
+    s and a term a C(s-1) - b C(s) certified negative at some s >= first makes every term
+    below it negative too. None if no such s is found (the caller then sums everything)."""
     c, log_scale, dropped = total.vals, total.log_scale, total.log_out
     own = np.concatenate(([0.0], total.rel, [0.0]))
     rel = _FLOAT_REL + np.maximum(own[:-1], own[1:])  # of C(s-1) and C(s), s = lo .. hi+1
@@ -72,8 +84,15 @@ def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float]:
     c0 = np.concatenate((c, [0.0]))  # C(s)
     lin = a * cm1 - b * c0
     gross = a * cm1 + b * c0
-    body = float(np.sum(lin[lin > 0]))
     near = lin > -2 * rel * gross
+    if total.first > total.lo:
+        negative = np.flatnonzero((cm1 > 0) & (c0 > 0) & ~near)
+        if negative.size == 0 or negative[-1] < total.first - total.lo:
+            return None
+        cut = int(negative[-1]) + 1  # terms 0 .. cut-1 are negative: exactly 0 in H
+        lin[:cut] = 0.0
+        near[:cut] = False
+    body = float(np.sum(lin[lin > 0]))
     margin = 2 * float(np.sum((rel * gross)[near]))
     log_body = math.log(body) + log_scale if body > 0 else -math.inf
     log_margin = math.log(margin) + log_scale if margin > 0 else -math.inf
@@ -98,23 +117,34 @@ class _Evaluator:
         s = eps + mech.eps0
         self.b = self.q * math.expm1(s) if s < 700.0 else self.e * self.p - self.q
         self.n1 = mech.n - 1
+        self.theta = math.log(self.b / self.a)  # the tilt that centres C on the threshold
         self.log_tau = log_tau
         self.log_b_tau = log_tau  # level below which small blanket counts are paid for in full
         self.evaluations = 0
         self.max_dropped = -math.inf
 
-    def _sum(self, m1: int, m2: int, b_min: int) -> PmfSum:
-        """The law of A1 + B1 + Bin(b_min, 1/2) (cached: it does not depend on epsilon)."""
+    def _hockey_of(self, m1: int, m2: int, b_min: int) -> tuple[float, float, float]:
+        """`_hockey` of the law of A1 + B1 + Bin(b_min, 1/2), summed where the hockey-stick
+        needs it (from a few standard deviations below its threshold: the peak of the tilt
+        log(b/a)) and the whole law only if that does not reach below the threshold. Cached
+        by leaf: the root search over epsilon moves the threshold little."""
         key = (self.n1, self.p, m1, m2, b_min, self.log_tau)
-        hit = SUMS.get(key)
-        if hit is not None:
-            return hit
-        pieces = [
+        total = SUMS.get(key)
+        if total is None:
+            total = SUMS.put(key, pmf_sum(self._pieces(m1, m2, b_min), tail_tilt=self.theta))
+        res = _hockey(total, self.a, self.b)
+        if res is None:  # the threshold lies below what was summed: sum everything
+            SUMS.replace(key, total := pmf_sum(self._pieces(m1, m2, b_min)))
+            res = _hockey(total, self.a, self.b)
+        assert res is not None  # a whole law is accounted for from its first entry
+        return res
+
+    def _pieces(self, m1: int, m2: int, b_min: int) -> list[Piece]:
+        return [
             binomial_piece(m1, self.p, self.log_tau),
             binomial_piece(self.n1 - m2, self.q, self.log_tau),
             binomial_piece(b_min, 0.5, self.log_tau),
         ]
-        return SUMS.put(key, pmf_sum(pieces))
 
     def interval(self, m1: int, m2: int) -> tuple[float, float]:
         """(log upper bound over m in [m1, m2], log lower bound of H_{m1} or -inf)."""
@@ -124,7 +154,7 @@ class _Evaluator:
             b_min = tail_window_int(w, self.gamma, self.log_b_tau)[0]
             if b_min > 0:
                 extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(self.a)
-        up, low, dropped = _hockey(self._sum(m1, m2, b_min), self.a, self.b)
+        up, low, dropped = self._hockey_of(m1, m2, b_min)
         self.evaluations += 1
         self.max_dropped = max(self.max_dropped, dropped)
         return float(np.logaddexp(up, extra)), (low if w == 0 else -math.inf)

@@ -54,6 +54,14 @@ class BoundedLRU(Generic[K, V]):
                 self._bytes -= self._size(old)
             return value
 
+    def replace(self, key: K, value: V) -> None:
+        """Keep `value` for `key`, in place of what was held for it."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= self._size(old)
+        self.put(key, value)
+
     def clear(self) -> None:
         """Forget every value."""
         with self._lock:

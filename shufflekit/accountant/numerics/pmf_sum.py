@@ -97,7 +97,8 @@ def clear_sums() -> None:
 class PmfSum:
     """The pmf of the sum on lo .. lo + len - 1, values scaled by exp(-log_scale); entries not
     certified are 0. `rel`: each entry's relative error from the summing (the pieces' own
-    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals`."""
+    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals` from
+    index `start` on (below `start`, where the caller said it needs nothing, it is not counted)."""
 
     lo: int
     vals: FloatArray
@@ -105,6 +106,12 @@ class PmfSum:
     rel: FloatArray
     log_out: float
     tilts: int
+    start: int = -1  # -1: lo (everything accounted for)
+
+    @property
+    def first(self) -> int:
+        """The first index whose mass is in `vals` or `log_out`."""
+        return self.lo if self.start < 0 else self.start
 
     @property
     def max_rel(self) -> float:
@@ -118,9 +125,12 @@ def pmf_sum(
     rel: float = 5e-8,
     log_out_target: float | None = None,
     max_tilts: int = 12,
+    tail_tilt: float | None = None,
 ) -> PmfSum:
     """The pmf of the sum of `pieces` (see the module docstring). `log_out_target` (default:
-    the mass already outside the windows, else e^-65): uncertified mass to stop at."""
+    the mass already outside the windows, else e^-65): uncertified mass to stop at.
+    `tail_tilt`: only the entries from 4 standard deviations left of this tilt's peak on are
+    needed (a hockey-stick threshold sits at the peak of tilt log(b/a)); it is tried first."""
     parts = sorted((p for p in pieces if p.vals.size > 1), key=lambda p: p.vals.size)
     log_scale = sum(p.log_scale for p in pieces)
     lo = sum(p.lo for p in pieces)
@@ -139,7 +149,14 @@ def pmf_sum(
         return PmfSum(lo, c * scalar, log_scale, np.zeros(c.size), dropped, 0)
     target = log_out_target if log_out_target is not None else (dropped if dropped > -65 else -65.0)
     tilted = _Tilted(parts, rel)
-    tilted.add(0.0)
+    start = -1
+    if tail_tilt is not None:
+        base = sum(p.lo for p in parts)
+        local = tilted.mean(tail_tilt) - 4.0 * math.sqrt(tilted.var(tail_tilt)) - base
+        first = min(max(math.floor(local), 0), tilted.size - 1)
+        tilted.care[:first] = False
+        start = lo + first
+    tilted.add(0.0 if tail_tilt is None else tail_tilt)
     while tilted.tilts < max_tilts:
         side, log_unc = tilted.uncertified()
         if side == 0 or log_unc + log_scale <= target:
@@ -157,6 +174,7 @@ def pmf_sum(
         np.where(ok, tilted.best_rel + _LOG_ROUND, 0.0),
         float(np.logaddexp(dropped, log_unc + log_scale + math.log(max(scalar, 1e-300)))),
         tilted.tilts,
+        start,
     )
 
 
@@ -173,6 +191,7 @@ class _Tilted:
         self.best_log = np.full(self.size, -np.inf)  # log value (in the pieces' scale)
         self.best_rel = np.full(self.size, np.inf)
         self.upper_log = np.full(self.size, np.inf)  # log of an upper bound of every entry
+        self.care = np.ones(self.size, dtype=bool)  # entries the caller needs
         self.tilts = 0
 
     def add(self, theta: float) -> bool:
@@ -208,7 +227,7 @@ class _Tilted:
     def uncertified(self) -> tuple[int, float]:
         """(side holding most uncertified mass: -1 left, +1 right, 0 none; log of that mass
         in all, in the pieces' scale)."""
-        unc = ~np.isfinite(self.best_log)
+        unc = ~np.isfinite(self.best_log) & self.care
         if not np.any(unc):
             return 0, -math.inf
         ok = np.flatnonzero(~unc)
@@ -227,13 +246,18 @@ class _Tilted:
         edge = (ok[-1] if side > 0 else ok[0]) if ok.size else self.size // 2
         base = sum(p.lo for p in self.parts)
         at_edge = self._theta_for_mean(base + float(edge))
-        sd = math.sqrt(self._var(at_edge))
+        sd = math.sqrt(self.var(at_edge))
         return self._theta_for_mean(base + float(edge) + side * 2.5 * max(sd, 1.0))
 
     def _means(self, theta: float) -> list[float]:
         return [p.r / (p.r + (1.0 - p.r) * math.exp(-theta)) for p in self.parts]
 
-    def _var(self, theta: float) -> float:
+    def mean(self, theta: float) -> float:
+        """Mean of the (untruncated) tilted binomials' sum."""
+        return sum(p.n * r for p, r in zip(self.parts, self._means(theta), strict=True))
+
+    def var(self, theta: float) -> float:
+        """Variance of the (untruncated) tilted binomials' sum."""
         return sum(p.n * r * (1.0 - r) for p, r in zip(self.parts, self._means(theta), strict=True))
 
     def _theta_for_mean(self, target: float) -> float:
