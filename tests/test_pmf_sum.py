@@ -69,3 +69,20 @@ def test_direct_path_and_scalars() -> None:
     assert got.tilts == 0 and not np.any(got.rel)
     np.testing.assert_allclose(got.vals, small[0].vals, rtol=1e-15)
     assert ps.binomial_piece(7, 0.0, -60.0).vals.tolist() == [1.0]
+
+
+def test_tail_mode_certifies_everything_it_is_asked_for() -> None:
+    """`tail_tilt`: from 4 sd below the tilt's peak on, every entry is certified or counted in
+    `log_out` (at n = 1e9 one tilt does not reach that far left: more tilts go there)."""
+    n1, p = 10**9 - 1, 0.7310585786300049
+    m1 = n1 // 2
+    pieces = [
+        ps.binomial_piece(m1, p, -60.0),
+        ps.binomial_piece(n1 - m1 - 1000, 1 - p, -60.0),
+        ps.binomial_piece(500, 0.5, -60.0),
+    ]
+    got = ps.pmf_sum(pieces, tail_tilt=math.log(1.0001))
+    assert got.first > got.lo  # the bulk below was left out on purpose
+    assert got.log_out < -55.0
+    needed = got.vals[got.first - got.lo :]
+    assert np.all(needed[: needed.size // 2] > 0)  # no hole where the mass is

@@ -230,7 +230,7 @@ class _Tilted:
         unc = ~np.isfinite(self.best_log) & self.care
         if not np.any(unc):
             return 0, -math.inf
-        ok = np.flatnonzero(~unc)
+        ok = np.flatnonzero(np.isfinite(self.best_log))
         if ok.size == 0:
             return 1, logsumexp(self.upper_log)
         left = logsumexp(self.upper_log[: ok[0]][unc[: ok[0]]])
