@@ -63,8 +63,8 @@ def _as_pld(g: GridPLD) -> tuple[np.ndarray, np.ndarray, float]:
 # ----------------------------------------------------------------------------- k = 2
 
 _K2: BoundedLRU[tuple[int, float], K2Pair] = BoundedLRU(
-    4, 1 << 30, lambda pair: sum(3 * lf.losses.nbytes for lf in pair.leaves)
-)  # a pair of n = 1e7 holds ~250 MB of atoms
+    4, 512 << 20, lambda pair: sum(3 * lf.losses.nbytes for lf in pair.leaves)
+)  # a pair of n = 1e7 holds up to ~250 MB of atoms
 
 
 def clear_k2_caches() -> None:

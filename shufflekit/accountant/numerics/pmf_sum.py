@@ -19,6 +19,11 @@ means add up to s. An entry is kept when one tilt certifies it to a relative err
 that mass (each entry bounded by its best tilt's value + E) is below `log_out_target`; it is
 reported in `log_out` with the mass outside the pieces' windows, for the caller to add where
 an upper bound needs it and subtract where a lower bound does.
+
+A caller that needs only the upper part of the law (a hockey-stick sums only above its
+threshold) passes `tail_tilt`: tilting starts there, and entries more than 4 standard deviations
+below that tilt's peak are neither certified nor counted (`PmfSum.first` says where the
+accounting starts).
 """
 
 from __future__ import annotations
