@@ -96,6 +96,12 @@ _K2_NOTE = (
 )
 
 
+def _k2_rtol(mech: Mechanism) -> float:
+    """Branch-and-bound tolerance in delta: 1% (~0.05% in epsilon) up to 2e6 users, 3% above,
+    where every leaf costs more (~0.1-0.3% in epsilon)."""
+    return 0.01 if mech.n <= 2_000_000 else 0.03
+
+
 def _k2(mech: Mechanism, eps: float, *, rtol: float) -> K2Bound | None:
     """The certified k = 2 bound where it applies (k = 2, n <= _K2_MAX_N), else None."""
     if mech.k != 2 or mech.n > _K2_MAX_N or eps >= mech.eps0:
@@ -129,10 +135,8 @@ def _k2_epsilon(
 
     def fg(x: float) -> tuple[float, float | None]:
         nonlocal cuts
-        # 1% in delta is ~0.05% in epsilon here (3% above 2e6 users, where every leaf costs
-        # more: ~0.1%); the root only needs the sign at each x
-        k2_rtol = 0.01 if mech.n <= 2_000_000 else 0.03
-        res, cuts = k2_bounds(mech, min(x, hi), rtol=k2_rtol, cuts=cuts, target=ld - SAFETY)
+        # the root only needs the sign at each x
+        res, cuts = k2_bounds(mech, min(x, hi), rtol=_k2_rtol(mech), cuts=cuts, target=ld - SAFETY)
         bounds[x] = res
         return res.log_upper + SAFETY - ld, None
 
@@ -161,19 +165,22 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
-    note = "upper: blanket with the others' blanket bits revealed; lower: " + worst
-    if limited:
-        note += (
-            "; the upper bound is truncation-limited (sound but possibly loose: delta is far"
-            " below 1e-300 here)"
-        )
-    k2 = _k2(mech, eps, rtol=0.01)
+    upper_note = "blanket with the others' blanket bits revealed"
+    if mech.k == 2 and mech.n > _K2_MAX_N:
+        upper_note += f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
+    k2 = _k2(mech, eps, rtol=_k2_rtol(mech))
     if k2 is not None:
         up = min(up, k2.log_upper + SAFETY)
         if k2.log_lower - SAFETY > low:
             low = k2.log_lower - SAFETY
             worst = f"{k2.worst_m} others at x0, {mech.n - 1 - k2.worst_m} at x1"
-        note = "upper: " + _K2_NOTE + "; lower: " + worst
+        upper_note = _K2_NOTE
+    note = f"upper: {upper_note}; lower: {worst}"
+    if limited and k2 is None:
+        note += (
+            "; the upper bound is truncation-limited (sound but possibly loose: delta is far"
+            " below 1e-300 here)"
+        )
     t2 = time.perf_counter()
     if low > up:
         raise UnsoundResult(
@@ -342,6 +349,8 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
         details |= k2_note or _k2_details(mech, None)
         if k2_note:
             upper_note = _K2_NOTE
+        elif mech.n > _K2_MAX_N:
+            upper_note += f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
     note = f"upper: {upper_note}; lower: {worst}"
     return _LABEL.result(eps_u, ld, t0, details, note, (eps_l, ld))
 
