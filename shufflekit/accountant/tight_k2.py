@@ -51,7 +51,7 @@ from shufflekit.accountant.numerics.pmf_sum import (
     binomial_piece,
     pmf_sum,
 )
-from shufflekit.base.errors import InvalidParameters
+from shufflekit.base.errors import InternalError, InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
@@ -136,7 +136,8 @@ class _Evaluator:
         if res is None:  # the threshold lies below what was summed: sum everything
             SUMS.replace(key, total := pmf_sum(self._pieces(m1, m2, b_min)))
             res = _hockey(total, self.a, self.b)
-        assert res is not None  # a whole law is accounted for from its first entry
+        if res is None:  # a whole law is accounted for from its first entry: never
+            raise InternalError(f"k = 2 leaf [{m1}, {m2}]: no hockey-stick from its whole law")
         return res
 
     def _pieces(self, m1: int, m2: int, b_min: int) -> list[Piece]:
