@@ -53,7 +53,7 @@ PldFn = Callable[[Mechanism], PrivacyLossDistribution]
 
 
 #: Composition grid steps `default_grid` chooses from (each a multiple of the curves' base step).
-GRID_STEPS = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6)
+GRID_STEPS = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7)
 
 
 def default_grid(total_rounds: int, plds: Sequence[PrivacyLossDistribution] = ()) -> float:

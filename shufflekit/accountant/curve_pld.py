@@ -27,10 +27,10 @@ from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
 #: Base step of the curves: every default composition step (`composition.GRID_STEPS`) is a
-#: multiple; FINE_STEP (also such a divisor) where a round's losses spread less than
-#: 8 x BASE_STEP (many users, small eps0), so that the composition grid can follow.
+#: multiple; FINE_STEPS (also such divisors) where a round's losses spread less than 8 x the
+#: step (many users, small eps0), so that the composition grid can follow.
 BASE_STEP = 5e-5
-FINE_STEP = 5e-6
+FINE_STEPS = (5e-6, 5e-7)
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -85,14 +85,15 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
 
     The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
     composition step that is a multiple of it takes every r-th value (each is an upper bound of
-    the curve at its point, which is all `upper_grid` needs; FINE_STEP where the losses spread
+    the curve at its point, which is all `upper_grid` needs; FINE_STEPS where the losses spread
     little), a finer step takes the hull at that step from the (cached) leaves, any other step
     falls back to splitting the hull at
     BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
     """
     check_query(mech)
     pair = k2_pair(mech)
-    bstep = FINE_STEP if pair.loss_sd() < 8 * BASE_STEP else BASE_STEP
+    sd = pair.loss_sd()
+    bstep = next((s for s in (BASE_STEP, *FINE_STEPS) if s <= sd / 8), FINE_STEPS[-1])
     first, vals = pair.upper_values(bstep)
     vals[-1] = max(pair.tail_mass(bstep), float(vals[-1]))
     base = upper_grid(bstep, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")

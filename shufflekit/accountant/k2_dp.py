@@ -68,7 +68,7 @@ TOP = 5.0
 #: loss window (a coarser step beyond), and most work (rounds x groups x window) it takes on.
 MAX_ROUNDS = 10_000
 MAX_WINDOW = 200_000
-MAX_WORK = 5e9
+MAX_WORK = 1e9  # ~20 s at ~20 ns a unit
 _FFT_ERR = FFT_ROUNDOFF  # times log2(size) ||x||_2 ||y||_1: FFT correlation round-off
 _TAU = 1e-18  # below this, V counts as this (the window bottom rises above it)
 
