@@ -61,6 +61,7 @@ class CurveCells:
     inf_mass: float = 0.0
     rel_error: float = 0.0
     r: FloatArray | None = None
+    rq: FloatArray | None = None  # with r: sum of w e^-(l - j s) times each atom's error
 
     @classmethod
     def empty(cls, step: float, lo: float, hi: float, rel_error: float = 0.0) -> CurveCells:
@@ -106,9 +107,10 @@ class CurveCells:
         self.v += np.bincount(idx, weights=mass * np.exp(-frac), minlength=n)
         self.d += np.bincount(idx, weights=mass * -np.expm1(-frac), minlength=n)
         if own is not None:
-            if self.r is None:
-                self.r = np.zeros(n)
+            if self.r is None or self.rq is None:
+                self.r, self.rq = np.zeros(n), np.zeros(n)
             self.r += np.bincount(idx, weights=mass * own, minlength=n)
+            self.rq += np.bincount(idx, weights=mass * own * np.exp(-frac), minlength=n)
 
     def losses(self) -> FloatArray:
         """Loss at the start of every cell (the grid points)."""
@@ -134,6 +136,32 @@ class CurveCells:
             r_suffix = np.concatenate([np.cumsum(r[::-1])[::-1][1:], [0.0]])
             allow = allow + 2.0 * (r + r_suffix + np.concatenate([[0.0], r[:-1]]))
         return h, allow
+
+    def curve_below(self) -> tuple[FloatArray, FloatArray]:
+        """(g, allowance) at every grid point j: g_j = sum over the atoms below t_j = e^(j s) of
+        t_j Q - P = w (e^(j s - l) - 1), so that a proper pair (P and Q of total mass 1) has
+        h(t_j) = (1 - t_j) + g_j. Below t = 1 this is far more accurate than `curve`, whose
+        allowance is relative to all the mass above (~1) while h - (1 - t) is tiny there.
+        With u_i = sum over cell i of w (e^((i+1) s - l) - 1) = (e^s - 1) w_i - e^s d_i:
+        g_j = A_j + B_j, A_j+1 = e^s A_j + u_j, B_j+1 = e^s B_j + (e^s - 1) W_j (W_j: mass
+        below j), recursions of non-negative terms. Allowance: the masses' errors on t_j Q +
+        P below (= g_j + 2 W_j) and in cell j (an atom there may truly lie below), 1e-10 of g
+        for the recursions, and the rounding of u."""
+        es, em1 = math.exp(self.step), math.expm1(self.step)
+        w, d = self.w, self.d
+        u = np.maximum(em1 * w - es * d, 0.0)
+        below = np.concatenate([[0.0], np.cumsum(w)[:-1]])  # W_j
+        a = ssignal.lfilter([0.0, 1.0], [1.0, -es], u)  # A_j = sum_{i<j} e^((j-1-i) s) u_i
+        b = ssignal.lfilter([0.0, em1], [1.0, -es], below)  # B_j: same on (e^s - 1) W
+        g = np.asarray(a) + np.asarray(b)
+        allow = self.rel_error * (g + 2.0 * below) + 1e-10 * g + 1e-14 * em1 * below + 1e-300
+        # an atom of cell j whose computed loss is at or above j s but whose true loss is below
+        allow = allow + (2.0 * self.rel_error + _ROUND) * w
+        if self.r is not None and self.rq is not None:
+            r_below = np.concatenate([[0.0], np.cumsum(self.r)[:-1]])
+            rq_t = ssignal.lfilter([0.0, es], [1.0, -es], self.rq)  # sum_{i<j} e^((j-i) s) rq_i
+            allow = allow + r_below + np.asarray(rq_t) + 2.0 * self.r
+        return g, allow
 
     def gaps(self) -> FloatArray:
         """Per cell j: (t_j+1 - t_j)(slope change of h inside the cell)/4, the most a convex
@@ -223,9 +251,11 @@ def upper_grid(
     )
 
 
-def lower_grid(cells: CurveCells, step: float, key: str) -> GridPLD:
+def lower_grid(cells: CurveCells, step: float, key: str, proper: bool = False) -> GridPLD:
     """A grid PLD (step a multiple of the base step) whose curve is <= the pair's: composing it
-    gives a lower bound (see the module docstring; the pair's infinite mass is dropped)."""
+    gives a lower bound (see the module docstring; the pair's infinite mass is dropped).
+    `proper`: the cells hold (part of) a pair whose P and Q have total mass 1, so below t = 1
+    the curve is at least (1 - t) + g (`CurveCells.curve_below`: far tighter there)."""
     r = coarse(cells.step, step)
     pad_lo = cells.first % r  # base cells prepended so that the first is a coarse point
     n_base = pad_lo + cells.w.size
@@ -240,11 +270,17 @@ def lower_grid(cells: CurveCells, step: float, key: str) -> GridPLD:
         0.0,
         cells.rel_error,
         None if cells.r is None else np.concatenate([z_lo, cells.r, z_hi]),
+        None if cells.rq is None else np.concatenate([z_lo, cells.rq, z_hi]),
     )
     j0 = al.first // r
     h, allow = al.curve()
     pts = np.arange(0, h.size, r)
     hc = h[pts] * (1.0 - 2.0 * al.rel_error) - allow[pts]
+    if proper:  # atoms left out only add to g, and the true totals are 1
+        g, allow_g = al.curve_below()
+        t_pts = np.exp((j0 + np.arange(pts.size)) * step)
+        from_below = (1.0 - t_pts) + g[pts] - allow_g[pts]
+        hc = np.where(t_pts < 1.0, np.maximum(hc, from_below), hc)
     # Q-mass of coarse cell J scaled by e^(J step): base cells J r .. J r + r - 1
     scaled = al.v * np.exp(-(np.arange(al.v.size) % r) * al.step)
     v_coarse = np.add.reduceat(scaled, pts)

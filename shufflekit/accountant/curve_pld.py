@@ -188,9 +188,9 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
     def make(step: float) -> GridPLD:
         ratio = step / base
         if abs(ratio - round(ratio)) <= 1e-9 * ratio:
-            return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}")
+            return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}", proper=True)
         again = _cells(_atoms(mech, dataset), step, lo, hi)
-        return lower_grid(again, step, f"attack:{mech}:{desc}:{step!r}")
+        return lower_grid(again, step, f"attack:{mech}:{desc}:{step!r}", proper=True)
 
     fine = make(1e-4 if base <= 1e-4 else base)
     losses, lps, _ = _as_pld(fine)

@@ -1,0 +1,67 @@
+"""Curves below t = 1 from below (`CurveCells.curve_below`): for a proper pair h(t) = (1 - t) + g(t)
+with g summed over the atoms below t, accurate where h - (1 - t) is tiny; the attack's lower grid
+uses it (`lower_grid(proper=True)`) and stays below the exact curve."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import binom
+
+from shufflekit.accountant.curve_cells import CurveCells, lower_grid
+
+
+def _pair(n: int, eps0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Atoms of k = 2, "all others at x0": (losses, P, Q) exactly from binomial pmfs."""
+    p = math.exp(eps0) / (1 + math.exp(eps0))
+    s = np.arange(n + 1)
+    b = binom.pmf(s, n - 1, p)
+    b_prev = np.concatenate(([0.0], b[:-1]))
+    big_p = p * b_prev + (1 - p) * b
+    big_q = (1 - p) * b_prev + p * b
+    keep = (big_p > 1e-300) & (big_q > 1e-300)
+    return np.log(big_p[keep] / big_q[keep]), big_p[keep], big_q[keep]
+
+
+def _exact(big_p: np.ndarray, big_q: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return np.array([np.sum(np.maximum(big_p - x * big_q, 0.0)) for x in t])
+
+
+def _grid_curve(probs: np.ndarray, losses: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return np.array([np.sum(probs * np.maximum(1.0 - x * np.exp(-losses), 0.0)) for x in t])
+
+
+def test_below_one_the_curve_is_one_minus_t_plus_g() -> None:
+    losses, big_p, _ = _pair(400, 1.0)
+    cells = CurveCells.empty(1e-3, -1.0, 1.0, rel_error=1e-12)
+    cells.add(losses, np.log(big_p))
+    g, allow = cells.curve_below()
+    t = np.exp(cells.losses())
+    _, big_q = _pair(400, 1.0)[1:]
+    exact = _exact(big_p, big_q, t)
+    neg = t < 1.0
+    err = np.abs((1.0 - t) + g - exact)[neg]
+    assert np.all(err <= allow[neg] + 1e-15)
+    # and far more accurate than summing from above where h - (1 - t) is small
+    _, allow_up = cells.curve()
+    small = neg & (g < 1e-6)
+    assert np.any(small)
+    assert np.all(allow[small] < 1e-3 * allow_up[small])
+
+
+def test_the_proper_lower_grid_stays_below_the_exact_curve_and_is_tighter() -> None:
+    losses, big_p, big_q = _pair(2000, 0.5)
+    cells = CurveCells.empty(1e-4, -0.5, 0.5, rel_error=1e-9)
+    cells.add(losses, np.log(big_p))
+    t = np.exp(np.linspace(-0.2, 0.2, 801))
+    exact = _exact(big_p, big_q, t)
+    deficits = []
+    for proper in (False, True):
+        grid = lower_grid(cells, 2e-4, "test", proper=proper)
+        curve = _grid_curve(grid.probs, grid.losses, t)
+        assert np.all(curve <= exact + 1e-15), float(np.max(curve - exact))
+        below = (t < 1.0) & (exact - np.maximum(1.0 - t, 0.0) > 1e-12)
+        excess = (exact - (1.0 - t))[below]
+        deficits.append(float(np.max((exact - curve)[below] / excess)))
+    assert deficits[1] < deficits[0]
