@@ -180,22 +180,9 @@ class K2Pair:
         else:
             cells.add(lf.losses, lf.log_mass, rel=lf.rels)
         h, allow = cells.curve()
-        losses = cells.losses()
-        rr = lf.rr_weight * _rr_curve(self.mech, losses)
+        rr = lf.rr_weight * _rr_curve(self.mech, cells.losses())
         up = h + allow + lf.inf_mass + rr * (1.0 + _REL)
-        low = h - allow
-        # below t = 1, from below (`CurveCells.curve_below`): the leaf's pair is a proper pair
-        # (weight 1 - rr_weight) mixed with the RR pair, so h = (1 - rr_weight)(1 - t) + g + RR
-        # part; the true atoms outside the computed ones add at most t x their Q-mass there
-        t = np.exp(losses)
-        g, allow_g = cells.curve_below()
-        proper = (1.0 - lf.rr_weight) * (1.0 - t)
-        up_b = proper + g + allow_g + t * lf.inf_mass + rr * (1.0 + _REL)
-        low_b = proper + g - allow_g + rr * (1.0 - _REL)
-        neg = t < 1.0
-        up = np.where(neg, np.minimum(up, up_b), up)
-        low = np.where(neg & lf.exact, np.maximum(low, low_b), low)
-        return up, low, np.where(neg, np.minimum(allow, allow_g), allow)
+        return up, h - allow, allow
 
     def _refine(self) -> None:
         """Split wide leaves that exceed (1 + rtol) x the best exact dataset on the check grid
