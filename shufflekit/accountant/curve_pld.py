@@ -87,8 +87,8 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
     composition step that is a multiple of it takes every r-th value (each is an upper bound of
     the curve at its point, which is all `upper_grid` needs; FINE_STEPS where the losses spread
     little), a finer step takes the hull at that step from the (cached) leaves, any other step
-    falls back to splitting the hull at
-    BASE_STEP onto the grid (`numerics.grid.discretise`, also sound).
+    falls back to splitting the hull at the base step onto the grid (`numerics.grid.discretise`,
+    also sound).
     """
     check_query(mech)
     pair = k2_pair(mech)

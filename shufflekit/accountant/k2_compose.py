@@ -93,8 +93,7 @@ def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
         ]
     )
     c, log_scale, dropped = total.vals, total.log_scale, math.exp(total.log_out)
-    cm1 = np.concatenate(([0.0], c))  # C(s-1)
-    c0 = np.concatenate((c, [0.0]))  # C(s)
+    cm1, c0, own = total.neighbours()  # C(s-1), C(s) and their larger relative error
     px0 = p * cm1 + q * c0
     px1 = q * cm1 + p * c0
     ok = (px0 > 0) & (px1 > 0)
@@ -104,8 +103,7 @@ def leaf(mech: Mechanism, m1: int, m2: int) -> Leaf:
     # underflowed entries (scaled values below ~1e-300) and P-only entries: at +inf loss
     under = 1e-280 * c.size * math.exp(min(log_scale, 700.0))
     only_p = float(np.sum(px0[(px0 > 0) & ~(px1 > 0)])) * math.exp(min(log_scale, 700.0))
-    own = np.concatenate(([0.0], total.rel, [0.0]))
-    rels = np.maximum(own[:-1], own[1:])[ok]  # of C(s-1) and C(s)
+    rels = own[ok]
     inf_mass = (dropped + under + only_p) * (1.0 + _REL + total.max_rel)
     return Leaf(m1, m2, losses, log_mass, inf_mass, rr_weight, rels)
 

@@ -96,6 +96,13 @@ _K2_NOTE = (
 )
 
 
+def _beyond_k2(mech: Mechanism) -> str:
+    """What an upper note adds where k = 2 is past the certified analysis's range."""
+    if mech.k == 2 and mech.n > _K2_MAX_N:
+        return f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
+    return ""
+
+
 def _k2_rtol(mech: Mechanism) -> float:
     """Branch-and-bound tolerance in delta: 1% (~0.05% in epsilon) up to 2e6 users, 3% above,
     where every leaf costs more (~0.1-0.3% in epsilon)."""
@@ -165,9 +172,7 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
-    upper_note = "blanket with the others' blanket bits revealed"
-    if mech.k == 2 and mech.n > _K2_MAX_N:
-        upper_note += f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
+    upper_note = "blanket with the others' blanket bits revealed" + _beyond_k2(mech)
     k2 = _k2(mech, eps, rtol=_k2_rtol(mech))
     if k2 is not None:
         up = min(up, k2.log_upper + SAFETY)
@@ -347,10 +352,7 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     upper_note = "blanket with the others' blanket bits revealed"
     if mech.k == 2:
         details |= k2_note or _k2_details(mech, None)
-        if k2_note:
-            upper_note = _K2_NOTE
-        elif mech.n > _K2_MAX_N:
-            upper_note += f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
+        upper_note = _K2_NOTE if k2_note else upper_note + _beyond_k2(mech)
     note = f"upper: {upper_note}; lower: {worst}"
     return _LABEL.result(eps_u, ld, t0, details, note, (eps_l, ld))
 

@@ -27,8 +27,9 @@ with a certified relative error per entry (added to the margin of the entries it
 n = 1e8 takes seconds (each leaf summed only from a few standard deviations below the threshold).
 Windows cut at tail level e^log_tau; the mass left out (exact binomial tails, and entries no
 FFT tilt certified) is added to every upper bound and subtracted from every lower bound, with a
-relative float margin of 1e-9. A leaf's sum does not depend on epsilon, so it is cached across
-the root search's epsilons.
+relative float margin of 1e-9. A leaf's sum is cached across the root search's epsilons (the
+threshold moves little); where a later threshold lies below what was summed, the whole law is
+summed in its place.
 """
 
 from __future__ import annotations
@@ -78,10 +79,8 @@ def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float] | N
     s and a term a C(s-1) - b C(s) certified negative at some s >= first makes every term
     below it negative too. None if no such s is found (the caller then sums everything)."""
     c, log_scale, dropped = total.vals, total.log_scale, total.log_out
-    own = np.concatenate(([0.0], total.rel, [0.0]))
-    rel = _FLOAT_REL + np.maximum(own[:-1], own[1:])  # of C(s-1) and C(s), s = lo .. hi+1
-    cm1 = np.concatenate(([0.0], c))  # C(s-1) for s = lo .. hi+1
-    c0 = np.concatenate((c, [0.0]))  # C(s)
+    cm1, c0, own = total.neighbours()  # C(s-1), C(s) for s = lo .. hi+1
+    rel = _FLOAT_REL + own
     lin = a * cm1 - b * c0
     gross = a * cm1 + b * c0
     near = lin > -2 * rel * gross

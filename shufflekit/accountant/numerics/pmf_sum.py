@@ -81,6 +81,36 @@ def _binomial_piece(n: int, r: float, log_tau: float) -> Piece:
     return Piece(n, r, lo, np.exp(lp - mx), mx, float(np.logaddexp(out_lo, out_hi)))
 
 
+@dataclass(frozen=True)
+class PmfSum:
+    """The pmf of the sum on lo .. lo + len - 1, values scaled by exp(-log_scale); entries not
+    certified are 0. `rel`: each entry's relative error from the summing (the pieces' own
+    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals` from
+    index `first` on (below `first`, where the caller said it needs nothing, it is not
+    counted; `first` is `lo` unless `tail_tilt` was given)."""
+
+    lo: int
+    vals: FloatArray
+    log_scale: float
+    rel: FloatArray
+    log_out: float
+    tilts: int
+    first: int
+
+    @property
+    def max_rel(self) -> float:
+        """The largest relative error of an entry."""
+        return float(np.max(self.rel)) if self.rel.size else 0.0
+
+    def neighbours(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(C(s-1), C(s), the larger relative error of the two) for s = lo .. hi + 1: what a
+        count plus one randomized-response bit needs."""
+        cm1 = np.concatenate(([0.0], self.vals))
+        c0 = np.concatenate((self.vals, [0.0]))
+        own = np.concatenate(([0.0], self.rel, [0.0]))
+        return cm1, c0, np.maximum(own[:-1], own[1:])
+
+
 _PIECES: BoundedLRU[tuple[int, float, float], Piece] = BoundedLRU(
     4096, 256 << 20, lambda p: int(p.vals.nbytes) + 200
 )
@@ -96,32 +126,6 @@ def clear_sums() -> None:
     """Forget the cached binomial windows and sums."""
     _PIECES.clear()
     SUMS.clear()
-
-
-@dataclass(frozen=True)
-class PmfSum:
-    """The pmf of the sum on lo .. lo + len - 1, values scaled by exp(-log_scale); entries not
-    certified are 0. `rel`: each entry's relative error from the summing (the pieces' own
-    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals` from
-    index `start` on (below `start`, where the caller said it needs nothing, it is not counted)."""
-
-    lo: int
-    vals: FloatArray
-    log_scale: float
-    rel: FloatArray
-    log_out: float
-    tilts: int
-    start: int = -1  # -1: lo (everything accounted for)
-
-    @property
-    def first(self) -> int:
-        """The first index whose mass is in `vals` or `log_out`."""
-        return self.lo if self.start < 0 else self.start
-
-    @property
-    def max_rel(self) -> float:
-        """The largest relative error of an entry."""
-        return float(np.max(self.rel)) if self.rel.size else 0.0
 
 
 def pmf_sum(
@@ -142,7 +146,7 @@ def pmf_sum(
     dropped = float(np.logaddexp.reduce([p.log_out for p in pieces] + [-math.inf]))
     scalar = math.prod(float(p.vals[0]) for p in pieces if p.vals.size == 1)
     if not parts:
-        return PmfSum(lo, np.array([scalar]), log_scale, np.zeros(1), dropped, 0)
+        return PmfSum(lo, np.array([scalar]), log_scale, np.zeros(1), dropped, 0, lo)
     work, width = 0.0, parts[0].vals.size
     for p in parts[1:]:
         work += width * p.vals.size
@@ -151,10 +155,10 @@ def pmf_sum(
         c = parts[0].vals
         for p in parts[1:]:
             c = np.convolve(c, p.vals)
-        return PmfSum(lo, c * scalar, log_scale, np.zeros(c.size), dropped, 0)
+        return PmfSum(lo, c * scalar, log_scale, np.zeros(c.size), dropped, 0, lo)
     target = log_out_target if log_out_target is not None else (dropped if dropped > -65 else -65.0)
     tilted = _Tilted(parts, rel)
-    start = -1
+    start = lo
     if tail_tilt is not None:
         base = sum(p.lo for p in parts)
         local = tilted.mean(tail_tilt) - 4.0 * math.sqrt(tilted.var(tail_tilt)) - base
