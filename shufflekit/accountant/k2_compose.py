@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.pmf_sum import binomial_piece, pmf_sum
-from shufflekit.accountant.tight_k2 import default_cuts
+from shufflekit.accountant.tight_k2 import WORKERS, default_cuts, split_interval
 from shufflekit.base.errors import InvalidParameters
 
 _REL = 1e-9  # relative error allowed for each mass (log-space pmfs + direct convolution)
@@ -52,7 +51,6 @@ _LOG_TAU = -60.0  # binomial windows
 _LOG_B_TAU = -55.0  # lower tail of the number of revealed uniform reports in a leaf
 FLOOR = 1e-22  # curve values below this do not drive the refinement
 CHECK_STEP = 1e-3  # loss grid of the refinement checks (finer where losses spread less)
-WORKERS = min(4, os.cpu_count() or 1)  # threads building leaves
 MAX_N = 10_000_000  # beyond this the k = 2 pair is not built (the blanket pair is used)
 
 
@@ -197,25 +195,26 @@ class K2Pair:
             exact = [c[1] - base for lf, c in zip(self.leaves, curves, strict=True) if lf.exact]
             best = np.max(np.stack(exact), axis=0) if exact else np.zeros_like(t)
             limit = (1.0 + self.rtol) * np.maximum(best, 0.0) + FLOOR
-            bad = [
-                i
-                for i, (lf, c) in enumerate(zip(self.leaves, curves, strict=True))
-                if not lf.exact and bool(np.any(c[0] - base > limit + 4.0 * c[2]))
-            ]
-            if not bad:
+            parts: dict[int, list[tuple[int, int]]] = {}
+            for i, (lf, c) in enumerate(zip(self.leaves, curves, strict=True)):
+                over = c[0] - base - 4.0 * c[2]
+                if not lf.exact and bool(np.any(over > limit)):
+                    excess = float(np.max(over / limit))  # > 1: the worst point's ratio
+                    # (at most 4 parts: far out the ratio to a tiny curve says little)
+                    parts[i] = split_interval(
+                        lf.m1, lf.m2, math.log(excess), math.log1p(self.rtol), max_parts=4
+                    )
+            if not parts:
                 self.converged = True
                 return
-            if len(self.leaves) + len(bad) > self.max_leaves:
+            if len(self.leaves) + sum(len(p) - 1 for p in parts.values()) > self.max_leaves:
+                parts = {i: split_interval(self.leaves[i].m1, self.leaves[i].m2) for i in parts}
+            if len(self.leaves) + len(parts) > self.max_leaves:
                 return  # still sound, only looser
-            halves: list[tuple[int, int]] = []
-            for i in bad:
-                lf = self.leaves[i]
-                mid = (lf.m1 + lf.m2) // 2
-                halves += [(lf.m1, mid), (mid + 1, lf.m2)]
-            built = iter(self._leaves(halves))
+            built = iter(self._leaves([span for i in sorted(parts) for span in parts[i]]))
             new: list[Leaf] = []
             for i, lf in enumerate(self.leaves):
-                new += [next(built), next(built)] if i in bad else [lf]
+                new += [next(built) for _ in parts[i]] if i in parts else [lf]
             self.leaves = new
 
     def upper_values(

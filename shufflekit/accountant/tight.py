@@ -15,12 +15,13 @@ several explicit datasets (`accountant.attack`), reported in `details["worst_dat
 Every log delta of an upper bound is increased by a relative safety margin of 1e-7 (the
 evaluation is accurate to ~1e-9 relative); every lower bound is decreased by it.
 
-k = 2 (n <= 1e8): the family "m others at x0, the rest at x1" is every dataset, so the tight
+k = 2 (n <= 1e9): the family "m others at x0, the rest at x1" is every dataset, so the tight
 delta is its maximum over m. `accountant.tight_k2` certifies it from both sides by branch and
 bound over intervals of m (an interval is bounded by revealing the blanket bits of its middle
 users only); the upper bound used is the smaller of that and the blanket bound, and its best
-exact dataset joins the lower bounds. Measured gap: ~0.1% in epsilon up to 2e6, 0.3-0.7% above
-(a coarser rtol keeps 1e8 under ~10 s; the blanket alone: 10-30%). Across rounds see
+exact dataset joins the lower bounds. Measured gap: ~0.1% in epsilon up to 2e6, 0.3-0.5% up to
+1e8, 0.4-1.4% at 1e9 in 1-10 s (the tolerance in delta follows the curve's slope there; the
+blanket alone: 10-30%). Across rounds see
 `k2_compose` (n <= 1e7). Lower bounds ignore dropped mass (never add it).
 
 The PLDs (`tight_pld`, `attack_pld`) are for composition over rounds by a separate engine; see
@@ -55,6 +56,7 @@ from shufflekit.accountant.numerics.krr import log_ldp_delta
 from shufflekit.accountant.numerics.roots import newton_root
 from shufflekit.accountant.tight_k2 import K2Bound, k2_bounds
 from shufflekit.accountant.tight_upper import (
+    N_MAX,
     SAFETY,
     BlanketGrid,
     TooBigError,
@@ -79,7 +81,7 @@ __all__ = [
 
 METHOD = "tight"
 _LABEL = Label(METHOD, "")  # a sound upper bound; each result's note says how it was obtained
-_K2_MAX_N = 100_000_000  # k = 2: the certified branch-and-bound bound up to this n (~5-9 s there)
+_K2_MAX_N = N_MAX  # k = 2: certified branch and bound wherever `tight` answers (~10 s at 1e9)
 EPS0_TINY = 1e-6
 """Below this eps0 `tight` answers with k-RR's own (epsilon, delta) curve (sound by post-
 processing; the shuffle's amplification is not computed: p and q agree to ~1e-6 or better)."""
@@ -96,17 +98,17 @@ _K2_NOTE = (
 )
 
 
-def _beyond_k2(mech: Mechanism) -> str:
-    """What an upper note adds where k = 2 is past the certified analysis's range."""
-    if mech.k == 2 and mech.n > _K2_MAX_N:
-        return f" (the certified k = 2 analysis runs up to n = {_K2_MAX_N:,})"
-    return ""
-
-
-def _k2_rtol(mech: Mechanism) -> float:
-    """Branch-and-bound tolerance in delta: 1% (~0.05% in epsilon) up to 2e6 users, 3% above,
-    where every leaf costs more (~0.1-0.3% in epsilon)."""
-    return 0.01 if mech.n <= 2_000_000 else 0.03
+def _k2_rtol(mech: Mechanism, log_slope: float | None = None) -> float:
+    """Branch-and-bound tolerance in delta: 1% up to 2e6 users; above, where every leaf costs
+    more (~0.1 s at 1e9), 3%, or with `log_slope` (d log delta / d log epsilon near the
+    answer) what keeps epsilon within 0.5% (1% above 1e8 users): looser in delta where the
+    curve is steep (delta = 1e-12: up to 25%), tighter where it is flat (tiny eps0: ~0.5%)."""
+    if mech.n <= 2_000_000:
+        return 0.01
+    if log_slope is None or not math.isfinite(log_slope) or log_slope == 0.0:
+        return 0.03
+    share = 0.005 if mech.n <= 100_000_000 else 0.01
+    return min(0.25, max(0.005, math.expm1(share * abs(log_slope))))
 
 
 def _k2(mech: Mechanism, eps: float, *, rtol: float) -> K2Bound | None:
@@ -139,11 +141,12 @@ def _k2_epsilon(
     """
     cuts: list[int] | None = None
     bounds: dict[float, K2Bound] = {}  # by epsilon evaluated
+    k2_rtol = _k2_rtol(mech, slope * eps_l)
 
     def fg(x: float) -> tuple[float, float | None]:
         nonlocal cuts
         # the root only needs the sign at each x
-        res, cuts = k2_bounds(mech, min(x, hi), rtol=_k2_rtol(mech), cuts=cuts, target=ld - SAFETY)
+        res, cuts = k2_bounds(mech, min(x, hi), rtol=k2_rtol, cuts=cuts, target=ld - SAFETY)
         bounds[x] = res
         return res.log_upper + SAFETY - ld, None
 
@@ -172,7 +175,7 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
-    upper_note = "blanket with the others' blanket bits revealed" + _beyond_k2(mech)
+    upper_note = "blanket with the others' blanket bits revealed"
     k2 = _k2(mech, eps, rtol=_k2_rtol(mech))
     if k2 is not None:
         up = min(up, k2.log_upper + SAFETY)
@@ -352,7 +355,7 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     upper_note = "blanket with the others' blanket bits revealed"
     if mech.k == 2:
         details |= k2_note or _k2_details(mech, None)
-        upper_note = _K2_NOTE if k2_note else upper_note + _beyond_k2(mech)
+        upper_note = _K2_NOTE if k2_note else upper_note
     note = f"upper: {upper_note}; lower: {worst}"
     return _LABEL.result(eps_u, ld, t0, details, note, (eps_l, ld))
 

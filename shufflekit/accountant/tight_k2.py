@@ -24,7 +24,9 @@ splits the interval with the largest bound until it is within `rtol` of the best
 Numerics: pmfs come from log-space binomials, scaled by their maxima, summed by
 `numerics.pmf_sum`: directly where that is cheap (non-negative products), else by tilted FFTs
 with a certified relative error per entry (added to the margin of the entries it touches), so
-n = 1e8 takes seconds (each leaf summed only from a few standard deviations below the threshold).
+n = 1e9 takes seconds: each leaf is summed only from two standard deviations below the
+threshold and only that part is kept, leaves are evaluated on WORKERS threads, and an interval
+that fails is cut into as many parts as its excess calls for (`split_interval`).
 Windows cut at tail level e^log_tau; the mass left out (exact binomial tails, and entries no
 FFT tilt certified) is added to every upper bound and subtracted from every lower bound, with a
 relative float margin of 1e-9. A leaf's sum is cached across the root search's epsilons (the
@@ -37,6 +39,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +61,7 @@ from shufflekit.base.errors import InternalError, InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
+WORKERS = min(4, os.cpu_count() or 1)  # threads evaluating leaves (the k = 2 pair's too)
 
 
 @dataclass(frozen=True)
@@ -74,19 +80,19 @@ def _hockey(total: PmfSum, a: float, b: float) -> tuple[float, float, float] | N
     """(log upper, log lower, log dropped) of H for C = `total` (+ target bit);
     a = p - e^eps q, b = e^eps p - q (given without cancellation).
 
-    If `total` accounts for its entries only from `total.first` on, the terms below are left
+    If `total` is `partial` (its mass below `lo` not accounted for), the terms below are left
     out where that is exact: C is log-concave (a sum of binomials), so C(s-1)/C(s) grows with
-    s and a term a C(s-1) - b C(s) certified negative at some s >= first makes every term
-    below it negative too. None if no such s is found (the caller then sums everything)."""
+    s and a term a C(s-1) - b C(s) certified negative at some s > lo makes every term below it
+    negative too. None if no such s is found (the caller then sums everything)."""
     c, log_scale, dropped = total.vals, total.log_scale, total.log_out
     cm1, c0, own = total.neighbours()  # C(s-1), C(s) for s = lo .. hi+1
     rel = _FLOAT_REL + own
     lin = a * cm1 - b * c0
     gross = a * cm1 + b * c0
     near = lin > -2 * rel * gross
-    if total.first > total.lo:
-        negative = np.flatnonzero((cm1 > 0) & (c0 > 0) & ~near)
-        if negative.size == 0 or negative[-1] < total.first - total.lo:
+    if total.partial:
+        negative = np.flatnonzero((cm1 > 0) & (c0 > 0) & ~near)  # (C(lo - 1) is not known)
+        if negative.size == 0:
             return None
         cut = int(negative[-1]) + 1  # terms 0 .. cut-1 are negative: exactly 0 in H
         lin[:cut] = 0.0
@@ -121,6 +127,7 @@ class _Evaluator:
         self.log_b_tau = log_tau  # level below which small blanket counts are paid for in full
         self.evaluations = 0
         self.max_dropped = -math.inf
+        self._lock = threading.Lock()
 
     def _hockey_of(self, m1: int, m2: int, b_min: int) -> tuple[float, float, float]:
         """`_hockey` of the law of A1 + B1 + Bin(b_min, 1/2), summed where the hockey-stick
@@ -128,12 +135,18 @@ class _Evaluator:
         log(b/a)) and the whole law only if that does not reach below the threshold. Cached
         by leaf: the root search over epsilon moves the threshold little."""
         key = (self.n1, self.p, m1, m2, b_min, self.log_tau)
+        # mass left uncertified by the FFTs is paid in full: e^-20 below what an interval pays
+        # for its unrevealed users (~rtol delta / 20) is plenty (k2_bounds checks it) and
+        # saves the extra tilts the windows' own e^-60 would take
+        out = max(self.log_tau, self.log_b_tau - 20.0)
         total = SUMS.get(key)
         if total is None:
-            total = SUMS.put(key, pmf_sum(self._pieces(m1, m2, b_min), tail_tilt=self.theta))
+            pieces = self._pieces(m1, m2, b_min)
+            total = SUMS.put(key, pmf_sum(pieces, tail_tilt=self.theta, log_out_target=out))
         res = _hockey(total, self.a, self.b)
         if res is None:  # the threshold lies below what was summed: sum everything
-            SUMS.replace(key, total := pmf_sum(self._pieces(m1, m2, b_min)))
+            total = pmf_sum(self._pieces(m1, m2, b_min), log_out_target=out)
+            SUMS.replace(key, total)
             res = _hockey(total, self.a, self.b)
         if res is None:  # a whole law is accounted for from its first entry: never
             raise InternalError(f"k = 2 leaf [{m1}, {m2}]: no hockey-stick from its whole law")
@@ -155,9 +168,17 @@ class _Evaluator:
             if b_min > 0:
                 extra = float(log_cdf(b_min - 1, w, self.gamma, "upper")) + math.log(self.a)
         up, low, dropped = self._hockey_of(m1, m2, b_min)
-        self.evaluations += 1
-        self.max_dropped = max(self.max_dropped, dropped)
+        with self._lock:
+            self.evaluations += 1
+            self.max_dropped = max(self.max_dropped, dropped)
         return float(np.logaddexp(up, extra)), (low if w == 0 else -math.inf)
+
+    def intervals(self, spans: list[tuple[int, int]]) -> list[tuple[float, float]]:
+        """`interval` of each span, on up to WORKERS threads (the transforms release the GIL)."""
+        if len(spans) < 2 or WORKERS < 2:
+            return [self.interval(a, b) for a, b in spans]
+        with ThreadPoolExecutor(WORKERS) as pool:
+            return list(pool.map(lambda ab: self.interval(*ab), spans))
 
 
 def default_cuts(n: int) -> list[int]:
@@ -166,14 +187,18 @@ def default_cuts(n: int) -> list[int]:
     Singletons at both ends (the extreme datasets, usually the worst), intervals growing
     geometrically away from them (x1.5 from the top end, x4 from the bottom), because H_m
     changes fastest near the ends. Only a starting point: branch and bound refines it.
+    The geometric cuts start at n / 1e5 from the ends (two singletons at each end below
+    that): an interval that narrow is as good as its exact values (what revealing its
+    uniform reports takes away is a ~1e-5 share of the count's variance), and at n = 1e9
+    the finer cuts cost ~30 more evaluations of ~0.1 s for nothing.
     """
     n1 = n - 1
-    cuts = {0, n, 1, max(n1, 0)}
-    d = 1.0
+    cuts = {0, n, 1, 2, max(n1 - 1, 0), max(n1, 0)}
+    d = max(1.0, n / 1e5)
     while d < n:
         cuts.add(max(0, n1 - int(d)))
         d *= 1.5
-    d = 1.0
+    d = max(1.0, n / 1e5)
     while d < n:
         cuts.add(min(n, 1 + int(d)))
         d *= 4.0
@@ -232,21 +257,25 @@ def _branch_and_bound(
     best_low, best_m = -math.inf, ev.n1
     heap: list[tuple[float, int, int]] = []  # (-log upper, m1, m2)
 
-    def push(m1: int, m2: int) -> None:
+    def push(m1: int, m2: int, bounds: tuple[float, float]) -> None:
         nonlocal best_low, best_m
-        up, low = ev.interval(m1, m2)
+        up, low = bounds
         if low > best_low:
             best_low, best_m = low, m1
             # P(b < b_min) is paid in full: keep it ~rtol/20 of delta, no smaller than needed
-            ev.log_b_tau = max(log_tau, min(-10.0, low + log_rtol - 3.0))
+            # (whole numbers, so that the leaves' sums stay cached across the root search)
+            ev.log_b_tau = max(log_tau, float(math.floor(min(-10.0, low + log_rtol - 3.0))))
         heapq.heappush(heap, (-up, m1, m2))
 
     log_rtol = math.log1p(rtol)
     pairs = list(itertools.pairwise(cuts))  # singletons first: their exact values set log_b_tau
-    for a, b in [pr for pr in pairs if pr[1] == pr[0] + 1] + [
-        pr for pr in pairs if pr[1] > pr[0] + 1
-    ]:
-        push(a, b - 1)
+    for batch in (
+        [pr for pr in pairs if pr[1] == pr[0] + 1],
+        [pr for pr in pairs if pr[1] > pr[0] + 1],
+    ):
+        spans = [(a, b - 1) for a, b in batch]
+        for span, res in zip(spans, ev.intervals(spans), strict=True):
+            push(*span, res)
     while True:
         neg_up, m1, m2 = heap[0]
         top = -neg_up
@@ -260,9 +289,9 @@ def _branch_and_bound(
             converged = False  # allowances exceed rtol at an exact value, or out of budget
             break
         heapq.heappop(heap)
-        mid = (m1 + m2) // 2
-        push(m1, mid)
-        push(mid + 1, m2)
+        spans = split_interval(m1, m2, top - best_low, log_rtol)
+        for span, res in zip(spans, ev.intervals(spans), strict=True):
+            push(*span, res)
     leaves = sorted({m1 for _, m1, _ in heap} | {ev.n1 + 1})
     bound = K2Bound(
         log_upper=-heap[0][0],
@@ -273,6 +302,22 @@ def _branch_and_bound(
         log_dropped=ev.max_dropped,
     )
     return bound, leaves
+
+
+def split_interval(
+    m1: int, m2: int, log_excess: float = 0.0, log_rtol: float = 1.0, max_parts: int = 16
+) -> list[tuple[int, int]]:
+    """Equal parts of [m1, m2] (halves by default) for an interval whose bound exceeds the best
+    exact value by e^log_excess. What the bound gives away (the revealed users' share of the
+    variance) grows with the width, and log delta with it about linearly, so parts of
+    1 / (excess / rtol) of the width usually pass at once (2 to `max_parts` parts; halving
+    alone re-splits wide intervals level by level: ~1.5x the evaluations at n = 1e9)."""
+    parts = 2
+    if math.isfinite(log_excess) and log_excess > 0:
+        parts = max(2, min(max_parts, math.ceil(1.5 * log_excess / log_rtol)))
+    parts = min(parts, m2 - m1 + 1)
+    edges = [m1 + (m2 - m1 + 1) * i // parts for i in range(parts + 1)]
+    return [(a, b - 1) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def k2_log_delta_m(

@@ -21,9 +21,10 @@ reported in `log_out` with the mass outside the pieces' windows, for the caller 
 an upper bound needs it and subtract where a lower bound does.
 
 A caller that needs only the upper part of the law (a hockey-stick sums only above its
-threshold) passes `tail_tilt`: tilting starts there, and entries more than 4 standard deviations
-below that tilt's peak are neither certified nor counted (`PmfSum.first` says where the
-accounting starts).
+threshold) passes `tail_tilt`: tilting starts there, and entries more than TAIL_SDS = 2 standard
+deviations below that tilt's peak are neither certified nor counted nor kept (`PmfSum.partial`
+says so): one tilt certifies about 4 standard deviations either side of its peak,
+so the entries a hockey-stick needs below its threshold take no tilt of their own.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ _FFT_C = 50.0  # see the module docstring
 #: at most FFT_ROUNDOFF log2(N) ||x||_2 ||y||_1 (the module docstring; shared with `k2_dp`).
 FFT_ROUNDOFF = _FFT_C * _U
 _LOG_ROUND = 1e-11  # relative error of rescaling a tilted value (log values up to ~1e4)
+#: With `tail_tilt`: how far below that tilt's peak (in standard deviations) the sum is needed.
+TAIL_SDS = 2.0
 #: Direct convolution above this many multiply-adds costs more than the tilted FFTs.
 DIRECT_MAX_WORK = 3e7
 
@@ -85,9 +88,9 @@ def _binomial_piece(n: int, r: float, log_tau: float) -> Piece:
 class PmfSum:
     """The pmf of the sum on lo .. lo + len - 1, values scaled by exp(-log_scale); entries not
     certified are 0. `rel`: each entry's relative error from the summing (the pieces' own
-    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals` from
-    index `first` on (below `first`, where the caller said it needs nothing, it is not
-    counted; `first` is `lo` unless `tail_tilt` was given)."""
+    errors come on top); `log_out`: log of an upper bound on the true mass not in `vals`, from
+    `lo` on. `partial`: the law has mass below `lo` that is not counted anywhere (`tail_tilt`
+    asked only for the upper part); else `log_out` covers the whole law."""
 
     lo: int
     vals: FloatArray
@@ -95,7 +98,7 @@ class PmfSum:
     rel: FloatArray
     log_out: float
     tilts: int
-    first: int
+    partial: bool = False
 
     @property
     def max_rel(self) -> float:
@@ -118,7 +121,7 @@ _PIECES: BoundedLRU[tuple[int, float, float], Piece] = BoundedLRU(
 
 #: Laws of sums kept by their users (the k = 2 leaves, by leaf), cleared with the windows.
 SUMS: BoundedLRU[tuple[object, ...], PmfSum] = BoundedLRU(
-    4096, 256 << 20, lambda s: int(s.vals.nbytes + s.rel.nbytes) + 200
+    4096, 2 << 30, lambda s: int(s.vals.nbytes + s.rel.nbytes) + 200
 )
 
 
@@ -138,7 +141,7 @@ def pmf_sum(
 ) -> PmfSum:
     """The pmf of the sum of `pieces` (see the module docstring). `log_out_target` (default:
     the mass already outside the windows, else e^-65): uncertified mass to stop at.
-    `tail_tilt`: only the entries from 4 standard deviations left of this tilt's peak on are
+    `tail_tilt`: only the entries from TAIL_SDS standard deviations left of this tilt's peak on are
     needed (a hockey-stick threshold sits at the peak of tilt log(b/a)); it is tried first."""
     parts = sorted((p for p in pieces if p.vals.size > 1), key=lambda p: p.vals.size)
     log_scale = sum(p.log_scale for p in pieces)
@@ -146,7 +149,7 @@ def pmf_sum(
     dropped = float(np.logaddexp.reduce([p.log_out for p in pieces] + [-math.inf]))
     scalar = math.prod(float(p.vals[0]) for p in pieces if p.vals.size == 1)
     if not parts:
-        return PmfSum(lo, np.array([scalar]), log_scale, np.zeros(1), dropped, 0, lo)
+        return PmfSum(lo, np.array([scalar]), log_scale, np.zeros(1), dropped, 0)
     work, width = 0.0, parts[0].vals.size
     for p in parts[1:]:
         work += width * p.vals.size
@@ -155,16 +158,15 @@ def pmf_sum(
         c = parts[0].vals
         for p in parts[1:]:
             c = np.convolve(c, p.vals)
-        return PmfSum(lo, c * scalar, log_scale, np.zeros(c.size), dropped, 0, lo)
+        return PmfSum(lo, c * scalar, log_scale, np.zeros(c.size), dropped, 0)
     target = log_out_target if log_out_target is not None else (dropped if dropped > -65 else -65.0)
     tilted = _Tilted(parts, rel)
-    start = lo
+    first = 0
     if tail_tilt is not None:
         base = sum(p.lo for p in parts)
-        local = tilted.mean(tail_tilt) - 4.0 * math.sqrt(tilted.var(tail_tilt)) - base
+        local = tilted.mean(tail_tilt) - TAIL_SDS * math.sqrt(tilted.var(tail_tilt)) - base
         first = min(max(math.floor(local), 0), tilted.size - 1)
         tilted.care[:first] = False
-        start = lo + first
     tilted.add(0.0 if tail_tilt is None else tail_tilt)
     while tilted.tilts < max_tilts:
         side, log_unc = tilted.uncertified()
@@ -174,16 +176,20 @@ def pmf_sum(
             break  # the new tilt certified nothing more
     _, log_unc = tilted.uncertified()
     ok = np.isfinite(tilted.best_log)
+    ok[:first] = False
     top = float(np.max(tilted.best_log[ok]))
-    vals = np.where(ok, np.exp(tilted.best_log - top), 0.0) * scalar
+    # a tail sum keeps from `first` to its last certified entry (past it, all is in log_out):
+    # ~10 standard deviations, not the windows' ~30 (the k = 2 leaves cache them)
+    keep = slice(first, int(np.flatnonzero(ok)[-1]) + 1 if tail_tilt is not None else None)
+    vals = np.where(ok[keep], np.exp(tilted.best_log[keep] - top), 0.0) * scalar
     return PmfSum(
-        lo,
+        lo + first,
         vals,
         log_scale + top,
-        np.where(ok, tilted.best_rel + _LOG_ROUND, 0.0),
+        np.where(ok[keep], tilted.best_rel[keep] + _LOG_ROUND, 0.0),
         float(np.logaddexp(dropped, log_unc + log_scale + math.log(max(scalar, 1e-300)))),
         tilted.tilts,
-        start,
+        tail_tilt is not None and first > 0,
     )
 
 
