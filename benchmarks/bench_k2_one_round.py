@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _timing import load_line, median_seconds
 from scipy.stats import binom
 
-from benchmarks._timing import load_line, median_seconds
 from shufflekit.accountant import Mechanism, tight_epsilon
 from shufflekit.accountant.composition import clear_caches
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
+from shufflekit.accountant import k2_compose
 from shufflekit.accountant.composition import (
     compose,
     compose_lower,
@@ -19,7 +20,13 @@ from shufflekit.accountant.composition import (
 )
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
-from shufflekit.accountant.curve_pld import CurvePLD, attack_curve_pld, k2_pair, k2_upper_pld
+from shufflekit.accountant.curve_pld import (
+    CurvePLD,
+    attack_curve_pld,
+    clear_k2_caches,
+    k2_pair,
+    k2_upper_pld,
+)
 from tests.bruteforce_oracle import _pairs
 
 
@@ -78,9 +85,17 @@ def test_hull_grids_bracket_the_exact_curve() -> None:
     assert max(gaps) < 0.05
 
 
-@pytest.mark.parametrize("engine", ["dp_accounting", "fft"])
-def test_k2_composition_brackets_brute_force(engine: str) -> None:
-    # n = 6, k = 2: every dataset of the others; 3 rounds, every sequence of datasets
+@pytest.mark.parametrize(
+    ("engine", "cells"), [("dp_accounting", False), ("fft", False), ("dp_accounting", True)]
+)
+def test_k2_composition_brackets_brute_force(
+    engine: str, cells: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # n = 6, k = 2: every dataset of the others; 3 rounds, every sequence of datasets.
+    # `cells`: wide leaves keep cells, as above 1e7 users (`k2_compose.ATOMS_MAX_N`)
+    if cells:
+        monkeypatch.setattr(k2_compose, "ATOMS_MAX_N", 1)
+    clear_k2_caches()
     n, eps0, rounds = 6, 1.5, 3
     datasets, ps, qs = _pairs(n, 2, eps0)
     pairs = list(zip(ps, qs, strict=True))
@@ -100,6 +115,8 @@ def test_k2_composition_brackets_brute_force(engine: str) -> None:
         worst = max(_composed_delta(list(seq), eps) for seq in seqs)
         assert lower.delta(eps) <= _composed_delta([own] * rounds, eps) <= worst
         assert worst <= upper.delta(eps)
+    assert (k2_pair(mech).cell_step is not None) == cells
+    clear_k2_caches()
 
 
 def test_attack_composition_k3_below_brute_force() -> None:

@@ -65,3 +65,23 @@ def test_the_proper_lower_grid_stays_below_the_exact_curve_and_is_tighter() -> N
         excess = (exact - (1.0 - t))[below]
         deficits.append(float(np.max((exact - curve)[below] / excess)))
     assert deficits[1] < deficits[0]
+
+
+def test_curve_at_any_grid_point_brackets_the_exact_curve() -> None:
+    """`curve_at`: cells over the atoms' own range give the exact curve (within the allowance)
+    at points of a coarser grid below, inside and above that range."""
+    losses, big_p, big_q = _pair(300, 0.8)
+    mass = big_p.copy()
+    mass[:3] *= 1 + 1e-9  # masses off by their stated relative error at most
+    cells = CurveCells.empty(1e-4, float(losses.min()), float(losses.max()), rel_error=1e-9)
+    cells.add(losses, np.log(mass))
+    step = 5e-4
+    first = math.floor(losses.min() / step) - 40  # 40 points below the cells
+    size = math.ceil(losses.max() / step) + 40 - first  # and 40 above
+    h, allow = cells.curve_at(step, first, size)
+    t = np.exp((first + np.arange(size)) * step)
+    exact = _exact(big_p, big_q, t)
+    assert np.all(h - allow <= exact) and np.all(exact <= h + allow)
+    assert np.all(allow <= 1e-8)
+    below = (first + np.arange(size)) * step < cells.first * cells.step
+    assert below.sum() >= 40 and np.all(h[-30:] == 0.0)

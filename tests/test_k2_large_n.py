@@ -1,6 +1,7 @@
 """k = 2 at n = 1e7 .. 1e9 (the certified method, by tilted FFT sums): never below the exact curve
 of "all others at x0" (40-digit oracle, `tests/exact_families_mp.py`), and within a percent of
-it; across 1,000 rounds within 2% of the composed attack."""
+it; across 1,000 rounds within 2% of the composed attack (at 2e7 with the pair's wide leaves kept
+as cells, as above 1e7 users)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from shufflekit.accountant import Mechanism, tight_delta, tight_epsilon
 from shufflekit.accountant.composition import compose_rounds_bounds
-from shufflekit.accountant.curve_pld import composition_pld
+from shufflekit.accountant.curve_pld import composition_pld, k2_pair
 from tests.exact_families_mp import k2_all_at_x0
 
 DELTA = 1e-6
@@ -43,3 +44,15 @@ def test_a_thousand_rounds_at_ten_million() -> None:
     assert "k = 2 dominating pair" in composition_pld(mech).description  # not the blanket
     assert low is not None and 0 < low <= up <= 1.02 * low
     assert math.isfinite(up)
+
+
+def test_a_thousand_rounds_above_ten_million_keep_cells() -> None:
+    mech = Mechanism(20_000_000, 2, 4.0)
+    b = compose_rounds_bounds([mech], counts=[1000])
+    low, up = b.epsilon(DELTA)
+    assert "k = 2 dominating pair" in composition_pld(mech).description  # not the blanket
+    pair = k2_pair(mech)
+    assert pair.cell_step is not None and pair.converged
+    assert all(lf.cells is not None for lf in pair.leaves)
+    assert sum(lf.nbytes for lf in pair.leaves) < 50e6  # atoms would take ~1 GB
+    assert low is not None and 0 < low <= up <= 1.02 * low

@@ -137,6 +137,29 @@ class CurveCells:
             allow = allow + 2.0 * (r + r_suffix + np.concatenate([[0.0], r[:-1]]))
         return h, allow
 
+    def curve_at(self, step: float, first: int, size: int) -> tuple[FloatArray, FloatArray]:
+        """(h, allowance) as `curve` gives them, at the points j step, j = first .. first +
+        size - 1, of a grid whose step is a multiple of the base step, wherever they lie: below
+        the cells every atom is above the point, so h = P - t Q exactly (P, Q: all the mass);
+        above them h = 0."""
+        r = coarse(self.step, step)
+        h_in, allow_in = self.curve()
+        idx = (first + np.arange(size, dtype=np.int64)) * r - self.first
+        inside = (idx >= 0) & (idx < self.w.size)
+        h, allow = np.zeros(size), np.zeros(size)
+        h[inside], allow[inside] = h_in[idx[inside]], allow_in[idx[inside]]
+        below = idx < 0
+        if np.any(below):
+            mass = float(np.sum(self.w))
+            q_mass = float(
+                np.sum(self.v * np.exp(-(self.first + np.arange(self.v.size)) * self.step))
+            )
+            t = np.exp((first + np.flatnonzero(below)) * step)
+            h[below] = np.maximum(mass - t * q_mass, 0.0)
+            own = 0.0 if self.r is None else 2.0 * float(np.sum(self.r))
+            allow[below] = (2.0 * self.rel_error + _ROUND) * mass + own + 1e-300
+        return h, allow
+
     def curve_below(self) -> tuple[FloatArray, FloatArray]:
         """(g, allowance) at every grid point j: g_j = sum over the atoms below t_j = e^(j s) of
         t_j Q - P = w (e^(j s - l) - 1), so that a proper pair (P and Q of total mass 1) has

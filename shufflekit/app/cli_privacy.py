@@ -271,7 +271,8 @@ def epsilon(
     if n is None or k is None or eps0 is None or delta is None:
         refuse("give --n, --k, --eps0 and --delta (or --round N,K,EPS0[,COUNT], or --from-ledger)")
     mech = _mech(n, k, eps0)
-    row = epsilon_row(get_method(method), mech, delta, rounds)
+    with working(f"epsilon ({method}, {rounds} round(s))", quiet=json_out):
+        row = epsilon_row(get_method(method), mech, delta, rounds)
     tail = f" at delta = {delta:g} for {rounds} round(s) of n={n}, k={k}, eps0={eps0:g}"
     _show(row, json_out, "epsilon", tail, _epsilon_gap(row))
 
@@ -305,7 +306,8 @@ def _epsilon_of_rounds(
         parsed = [cli_rounds.parse_round(sp) for sp in specs]
     if delta is None:
         refuse("give --delta")
-    row = cli_rounds.rounds_row(parsed, delta, model, mode)
+    with working("epsilon of the rounds", quiet=json_out):
+        row = cli_rounds.rounds_row(parsed, delta, model, mode)
     if ledger_url is not None:
         row |= {"deployment": deployment, "ledger_epsilon_spent": ledger_spent}
     kinds = ", ".join(
@@ -329,7 +331,8 @@ def delta(
 ) -> None:
     """delta at a given epsilon (natural log given too: it may underflow)."""
     mech = _mech(n, k, eps0)
-    row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
+    with working(f"delta ({method}, {rounds} round(s))", quiet=json_out):
+        row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
     lower = row.get("lower_bound_log_delta")
     tail = f" (log delta = {row['log_delta']:.6g}) at epsilon = {epsilon:g} for {rounds} round(s)"
     _show(row, json_out, "delta", tail, None if lower is None else f"log delta = {lower:.6g}")
