@@ -20,7 +20,7 @@ delta is its maximum over m. `accountant.tight_k2` certifies it from both sides 
 bound over intervals of m (an interval is bounded by revealing the blanket bits of its middle
 users only); the upper bound used is the smaller of that and the blanket bound, and its best
 exact dataset joins the lower bounds. Measured gap: ~0.1% in epsilon up to 2e6, 0.3-0.5% up to
-1e8, 0.4-1.4% at 1e9 in 1-10 s (the tolerance in delta follows the curve's slope there; the
+1e8, 0.4-1.4% at 1e9 in 1-8 s (the tolerance in delta follows the curve's slope there; the
 blanket alone: 10-30%). Across rounds see
 `k2_compose` (n <= 1e7). Lower bounds ignore dropped mass (never add it).
 
