@@ -49,7 +49,7 @@ import scipy.fft as sfft
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import upper_grid
 from shufflekit.accountant.curve_pld import k2_pair
-from shufflekit.accountant.k2_compose import MAX_N, K2Pair, Leaf
+from shufflekit.accountant.k2_compose import ATOMS_MAX_N, K2Pair, Leaf
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.pmf_sum import FFT_ROUNDOFF
@@ -212,8 +212,8 @@ def dp_curve(plds: list[GridPLD], rounds: int, step: float, top: float = TOP) ->
 def k2_dp_curve(mech: Mechanism, rounds: int, epsilon_hint: float) -> DpCurve:
     """The DP bound of `rounds` identical k = 2 rounds, on a grid fine relative to
     `epsilon_hint` (the composed pair's epsilon: the answer is below it)."""
-    if mech.k != 2 or mech.n > MAX_N:
-        raise InvalidParameters(f"the k = 2 DP needs k = 2 and n <= {MAX_N:,}")
+    if mech.k != 2 or mech.n > ATOMS_MAX_N:  # (its grid steps need the leaves' atoms)
+        raise InvalidParameters(f"the k = 2 DP needs k = 2 and n <= {ATOMS_MAX_N:,}")
     if not (1 <= rounds <= MAX_ROUNDS):
         raise InvalidParameters(f"the k = 2 DP runs 1 to {MAX_ROUNDS:,} rounds, got {rounds}")
     step = dp_step(epsilon_hint)
@@ -251,11 +251,11 @@ class K2Tightener:
 
     @staticmethod
     def applies(mechs: Sequence[Mechanism], counts: Sequence[int]) -> bool:
-        """One k = 2 mechanism (n <= MAX_N), 2 to MAX_ROUNDS rounds."""
+        """One k = 2 mechanism (n <= ATOMS_MAX_N), 2 to MAX_ROUNDS rounds."""
         return (
             len(mechs) == 1
             and mechs[0].k == 2
-            and mechs[0].n <= MAX_N
+            and mechs[0].n <= ATOMS_MAX_N
             and 2 <= sum(counts) <= MAX_ROUNDS
         )
 
