@@ -88,3 +88,25 @@ def test_tail_mode_certifies_everything_it_is_asked_for() -> None:
     assert got.log_out < -55.0
     needed = got.vals
     assert np.all(needed[: needed.size // 2] > 0)  # no hole where the mass is
+
+
+@pytest.mark.parametrize("theta", [0.01, 0.2])
+def test_tail_mode_far_out_counts_what_it_cannot_certify(theta: float) -> None:
+    """A tilt far beyond the windows certifies nothing a tail sum needs: everything from `lo` on
+    is then in `log_out` (this raised on an empty array before), and never less than the law
+    holds there."""
+    n1, p = 10**9 - 1, 0.7310585786300049
+    m1 = n1 // 2
+    pieces = [
+        ps.binomial_piece(m1, p, -60.0),
+        ps.binomial_piece(n1 - m1 - 1000, 1 - p, -60.0),
+        ps.binomial_piece(500, 0.5, -60.0),
+    ]
+    got = ps.pmf_sum(pieces, tail_tilt=theta)
+    assert got.partial
+    whole = ps.pmf_sum(pieces)
+    beyond = whole.vals[got.lo - whole.lo :]
+    mass = math.log(float(np.sum(beyond))) + whole.log_scale if np.any(beyond) else -math.inf
+    kept = float(np.sum(got.vals))
+    held = np.logaddexp(got.log_out, math.log(kept) + got.log_scale if kept > 0 else -math.inf)
+    assert held >= mass - 1e-9

@@ -62,6 +62,7 @@ from shufflekit.base.errors import InternalError, InvalidParameters
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
 WORKERS = min(4, os.cpu_count() or 1)  # threads evaluating leaves (the k = 2 pair's too)
+THREADS_MIN_N = 1_000_000  # below, a leaf costs too little for threads or wide splits to pay
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class _Evaluator:
 
     def intervals(self, spans: list[tuple[int, int]]) -> list[tuple[float, float]]:
         """`interval` of each span, on up to WORKERS threads (the transforms release the GIL)."""
-        if len(spans) < 2 or WORKERS < 2:
+        if len(spans) < 2 or WORKERS < 2 or self.n1 < THREADS_MIN_N:
             return [self.interval(a, b) for a, b in spans]
         with ThreadPoolExecutor(WORKERS) as pool:
             return list(pool.map(lambda ab: self.interval(*ab), spans))
@@ -263,8 +264,10 @@ def _branch_and_bound(
         if low > best_low:
             best_low, best_m = low, m1
             # P(b < b_min) is paid in full: keep it ~rtol/20 of delta, no smaller than needed
-            # (whole numbers, so that the leaves' sums stay cached across the root search)
-            ev.log_b_tau = max(log_tau, float(math.floor(min(-10.0, low + log_rtol - 3.0))))
+            level = min(-10.0, low + log_rtol - 3.0)
+            if ev.n1 >= THREADS_MIN_N:  # whole numbers: the leaves' sums stay cached across
+                level = float(math.floor(level))  # the root search's epsilons
+            ev.log_b_tau = max(log_tau, level)
         heapq.heappush(heap, (-up, m1, m2))
 
     log_rtol = math.log1p(rtol)
@@ -289,7 +292,9 @@ def _branch_and_bound(
             converged = False  # allowances exceed rtol at an exact value, or out of budget
             break
         heapq.heappop(heap)
-        spans = split_interval(m1, m2, top - best_low, log_rtol)
+        # (below THREADS_MIN_N an evaluation is cheap and plain halving evaluates fewer)
+        wide = ev.n1 >= THREADS_MIN_N
+        spans = split_interval(m1, m2, top - best_low if wide else 0.0, log_rtol)
         for span, res in zip(spans, ev.intervals(spans), strict=True):
             push(*span, res)
     leaves = sorted({m1 for _, m1, _ in heap} | {ev.n1 + 1})

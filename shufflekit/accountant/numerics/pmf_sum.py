@@ -177,6 +177,10 @@ def pmf_sum(
     _, log_unc = tilted.uncertified()
     ok = np.isfinite(tilted.best_log)
     ok[:first] = False
+    log_out = float(np.logaddexp(dropped, log_unc + log_scale + math.log(max(scalar, 1e-300))))
+    if not np.any(ok):  # nothing needed was certified: all of it is in log_out
+        zero = np.zeros(1)
+        return PmfSum(lo + first, zero, log_scale, zero, log_out, tilted.tilts, first > 0)
     top = float(np.max(tilted.best_log[ok]))
     # a tail sum keeps from `first` to its last certified entry (past it, all is in log_out):
     # ~10 standard deviations, not the windows' ~30 (the k = 2 leaves cache them)
@@ -187,7 +191,7 @@ def pmf_sum(
         vals,
         log_scale + top,
         np.where(ok[keep], tilted.best_rel[keep] + _LOG_ROUND, 0.0),
-        float(np.logaddexp(dropped, log_unc + log_scale + math.log(max(scalar, 1e-300)))),
+        log_out,
         tilted.tilts,
         tail_tilt is not None and first > 0,
     )
