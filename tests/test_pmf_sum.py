@@ -71,16 +71,21 @@ def test_direct_path_and_scalars() -> None:
     assert ps.binomial_piece(7, 0.0, -60.0).vals.tolist() == [1.0]
 
 
-def test_tail_mode_certifies_everything_it_is_asked_for() -> None:
-    """`tail_tilt`: from TAIL_SDS (2) sd below the tilt's peak on, every entry is certified or
-    counted in `log_out`, and only that part of the law is kept."""
+def _leaf_at_a_billion() -> list[ps.Piece]:
+    """The three binomials of a k = 2 leaf at n = 1e9 (eps0 = 1, m in the middle, w = 1,000)."""
     n1, p = 10**9 - 1, 0.7310585786300049
     m1 = n1 // 2
-    pieces = [
+    return [
         ps.binomial_piece(m1, p, -60.0),
         ps.binomial_piece(n1 - m1 - 1000, 1 - p, -60.0),
         ps.binomial_piece(500, 0.5, -60.0),
     ]
+
+
+def test_tail_mode_certifies_everything_it_is_asked_for() -> None:
+    """`tail_tilt`: from TAIL_SDS (2) sd below the tilt's peak on, every entry is certified or
+    counted in `log_out`, and only that part of the law is kept."""
+    pieces = _leaf_at_a_billion()
     got = ps.pmf_sum(pieces, tail_tilt=math.log(1.0001))
     assert got.partial  # the bulk below was left out on purpose
     whole = ps.pmf_sum(pieces)
@@ -95,13 +100,7 @@ def test_tail_mode_far_out_counts_what_it_cannot_certify(theta: float) -> None:
     """A tilt far beyond the windows certifies nothing a tail sum needs: everything from `lo` on
     is then in `log_out` (this raised on an empty array before), and never less than the law
     holds there."""
-    n1, p = 10**9 - 1, 0.7310585786300049
-    m1 = n1 // 2
-    pieces = [
-        ps.binomial_piece(m1, p, -60.0),
-        ps.binomial_piece(n1 - m1 - 1000, 1 - p, -60.0),
-        ps.binomial_piece(500, 0.5, -60.0),
-    ]
+    pieces = _leaf_at_a_billion()
     got = ps.pmf_sum(pieces, tail_tilt=theta)
     assert got.partial
     whole = ps.pmf_sum(pieces)
