@@ -91,9 +91,9 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
     The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
     composition step that is a multiple of it takes every r-th value (each is an upper bound of
     the curve at its point, which is all `upper_grid` needs; FINE_STEPS where the losses spread
-    little), a finer step takes the hull at that step from the (cached) leaves, any other step
-    falls back to splitting the hull at the base step onto the grid (`numerics.grid.discretise`,
-    also sound).
+    little), a finer step takes the hull at that step from the (cached) leaves where they keep
+    atoms (n <= ATOMS_MAX_N), any other step falls back to splitting the hull at the base step
+    onto the grid (`numerics.grid.discretise`, also sound).
     """
     check_query(mech)
     pair = k2_pair(mech)

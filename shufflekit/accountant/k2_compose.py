@@ -39,7 +39,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +49,7 @@ from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.pmf_sum import binomial_piece, pmf_sum
-from shufflekit.accountant.tight_k2 import WORKERS, default_cuts, split_interval
+from shufflekit.accountant.tight_k2 import default_cuts, on_threads, split_interval
 from shufflekit.base.errors import InvalidParameters
 
 _REL = 1e-9  # relative error allowed for each mass (log-space pmfs + direct convolution)
@@ -243,14 +242,7 @@ class K2Pair:
         """The leaves of `spans` ([m1, m2] each), built on up to WORKERS threads (the
         transforms and convolutions release the GIL)."""
         step = self.cell_step
-
-        def build(ab: tuple[int, int]) -> Leaf:
-            return leaf(self.mech, *ab, cell_step=step)
-
-        if len(spans) < 4 or WORKERS < 2:
-            return [build(ab) for ab in spans]
-        with ThreadPoolExecutor(WORKERS) as pool:
-            return list(pool.map(build, spans))
+        return on_threads(lambda ab: leaf(self.mech, *ab, cell_step=step), spans, len(spans) >= 4)
 
     def _check_range(self) -> tuple[float, float]:
         """The losses of every atom of mass above e^-69 (~1e-30), with a margin: beyond them

@@ -22,7 +22,7 @@ users only); the upper bound used is the smaller of that and the blanket bound, 
 exact dataset joins the lower bounds. Measured gap: ~0.1% in epsilon up to 2e6, 0.3-0.5% up to
 1e8, 0.4-1.4% at 1e9 in 1-8 s (the tolerance in delta follows the curve's slope there; the
 blanket alone: 10-30%). Across rounds see
-`k2_compose` (n <= 1e7). Lower bounds ignore dropped mass (never add it).
+`k2_compose` (n <= 1e9 too). Lower bounds ignore dropped mass (never add it).
 
 The PLDs (`tight_pld`, `attack_pld`) are for composition over rounds by a separate engine; see
 their docstrings for the discretisation (losses rounded UP for the upper bound, DOWN for the

@@ -41,8 +41,10 @@ import itertools
 import math
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -61,8 +63,12 @@ from shufflekit.base.errors import InternalError, InvalidParameters
 
 _FLOAT_REL = 1e-9  # relative error allowance for one evaluation (pmfs + direct convolution)
 _UNDERFLOW = 1e-280  # absolute allowance for entries that underflow in the scaled products
+S = TypeVar("S")
+R = TypeVar("R")
 WORKERS = min(4, os.cpu_count() or 1)  # threads evaluating leaves (the k = 2 pair's too)
-THREADS_MIN_N = 1_000_000  # below, a leaf costs too little for threads or wide splits to pay
+#: From here a leaf is an FFT sum (~0.01-0.5 s): worth threads, wide splits and cache keys that
+#: stay put across epsilons; below, plain halving and exact levels cost less.
+LARGE_N = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -176,10 +182,16 @@ class _Evaluator:
 
     def intervals(self, spans: list[tuple[int, int]]) -> list[tuple[float, float]]:
         """`interval` of each span, on up to WORKERS threads (the transforms release the GIL)."""
-        if len(spans) < 2 or WORKERS < 2 or self.n1 < THREADS_MIN_N:
-            return [self.interval(a, b) for a, b in spans]
-        with ThreadPoolExecutor(WORKERS) as pool:
-            return list(pool.map(lambda ab: self.interval(*ab), spans))
+        return on_threads(lambda ab: self.interval(*ab), spans, self.n1 >= LARGE_N)
+
+
+def on_threads(fn: Callable[[S], R], items: Sequence[S], threaded: bool = True) -> list[R]:
+    """[fn(x) for x in items], on up to WORKERS threads if `threaded` and there is more than one
+    (the transforms and convolutions of a leaf release the GIL)."""
+    if not threaded or len(items) < 2 or WORKERS < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return list(pool.map(fn, items))
 
 
 def default_cuts(n: int) -> list[int]:
@@ -265,7 +277,7 @@ def _branch_and_bound(
             best_low, best_m = low, m1
             # P(b < b_min) is paid in full: keep it ~rtol/20 of delta, no smaller than needed
             level = min(-10.0, low + log_rtol - 3.0)
-            if ev.n1 >= THREADS_MIN_N:  # whole numbers: the leaves' sums stay cached across
+            if ev.n1 >= LARGE_N:  # whole numbers: the leaves' sums stay cached across
                 level = float(math.floor(level))  # the root search's epsilons
             ev.log_b_tau = max(log_tau, level)
         heapq.heappush(heap, (-up, m1, m2))
@@ -292,8 +304,7 @@ def _branch_and_bound(
             converged = False  # allowances exceed rtol at an exact value, or out of budget
             break
         heapq.heappop(heap)
-        # (below THREADS_MIN_N an evaluation is cheap and plain halving evaluates fewer)
-        wide = ev.n1 >= THREADS_MIN_N
+        wide = ev.n1 >= LARGE_N  # (below, plain halving evaluates fewer)
         spans = split_interval(m1, m2, top - best_low if wide else 0.0, log_rtol)
         for span, res in zip(spans, ev.intervals(spans), strict=True):
             push(*span, res)
