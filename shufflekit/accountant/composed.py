@@ -144,17 +144,22 @@ class ComposedPLD(GridMasses):
             raise InvalidParameters("compose(..., bracket=True) is needed for epsilon_bracket")
         return self.bracket_lower.epsilon(delta), self.epsilon(delta)
 
+    @property
+    def min_certified_delta(self) -> float:
+        """The smallest delta this composition answers for: its numerical slack (aliasing,
+        round-off estimate, truncation) may take at most `max_error_fraction` of it."""
+        return (self.error_bound + self.truncation_slack) / self.max_error_fraction
+
     def _check_accuracy(self, log_delta: float) -> None:
         slack = self.error_bound + self.truncation_slack
         if slack > 0 and math.log(slack) > log_delta + math.log(self.max_error_fraction):
             raise AccuracyError(
-                f"the numerical slack of this composition ({slack:.3g}: "
-                f"aliasing {self.details.get('alias_error', 0.0):.2g}, round-off "
+                f"{self.rounds} rounds composed cannot certify delta={math.exp(log_delta):.3g}: "
+                f"the composition's numerical slack ({slack:.3g}: aliasing "
+                f"{self.details.get('alias_error', 0.0):.2g}, round-off "
                 f"{self.details.get('fp_error', 0.0):.2g}, truncation "
-                f"{self.truncation_slack:.2g}) exceeds "
-                f"{self.max_error_fraction:g} x the requested delta {math.exp(log_delta):.3g}; "
-                "ask for a larger delta, use fewer/equal rounds per composition, or engine='fft' "
-                "with a smaller alias_target"
+                f"{self.truncation_slack:.2g}) may take at most {self.max_error_fraction:g} of "
+                f"delta; ask for delta >= {self.min_certified_delta:.2g}"
             )
 
     def _log_delta_at(self, eps: float) -> float:
@@ -304,10 +309,20 @@ class ComposedBounds:
     tightener: Tightener | None = None
 
     def epsilon(self, delta: float) -> tuple[float | None, float]:
-        """(lower-bound epsilon or None, upper-bound epsilon) at `delta`."""
-        lo = self.lower.epsilon(delta) if self.lower is not None else None
+        """(lower-bound epsilon or None, upper-bound epsilon) at `delta`; the lower bound is
+        None too where its numerics cannot certify `delta` (it only informs)."""
+        lo = self.lower_epsilon(delta)
         up = self.upper.epsilon(delta)
         return lo, self.tightener.epsilon(delta, up, lo) if self.tightener else up
+
+    def lower_epsilon(self, delta: float) -> float | None:
+        """The composed attack's epsilon at `delta`, or None (no attack, or AccuracyError)."""
+        if self.lower is None:
+            return None
+        try:
+            return self.lower.epsilon(delta)
+        except AccuracyError:
+            return None
 
     def log_delta(self, epsilon: float) -> tuple[float | None, float]:
         """(lower-bound log delta or None, upper-bound log delta) at `epsilon`."""

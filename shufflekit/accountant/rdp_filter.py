@@ -86,6 +86,21 @@ def filter_epsilon(rho_sum: FloatArray, delta_total: float, orders: FloatArray =
     return float(np.min(rho_sum + slack))
 
 
+def rdp_epsilon(
+    rho_sum: FloatArray, delta0_sum: float, delta: float, orders: FloatArray = ORDERS
+) -> float:
+    """epsilon at `delta` of a planned (non-adaptive) composition from its summed Rényi curve:
+    min over orders of  rho + log((a-1)/a) - (log(delta - delta0_sum) + log a) / (a-1)
+    (Canonne, Kamath and Steinke 2020, Prop. 12), the split-off infinite-loss masses paid in
+    full; inf when they reach `delta`. The fallback where the PLD composition's numerics cannot
+    certify a tiny delta: RDP adds curves exactly, at the price of a looser conversion."""
+    if not delta0_sum < delta:
+        return math.inf
+    log_d = math.log(delta - delta0_sum)
+    eps = rho_sum + np.log((orders - 1.0) / orders) - (log_d + np.log(orders)) / (orders - 1.0)
+    return max(0.0, float(np.min(eps)))
+
+
 def inf_budget(delta_total: float) -> float:
     """The most the rounds' infinite-loss masses may add up to."""
     return delta_total * INF_SHARE

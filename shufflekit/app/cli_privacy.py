@@ -117,15 +117,27 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         res = m.epsilon(mech, delta)
         row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
     elif m.name == "tight":
+        epsilon = TightCost().total_epsilon([mech] * rounds, delta)  # the ledger's number
         bounds = composition.compose_rounds_bounds([mech], counts=[rounds])
-        lower, best = bounds.epsilon(delta)
-        dp = best < bounds.upper.epsilon(delta)  # the k = 2 DP beat the composed pair
+        if delta >= bounds.upper.min_certified_delta:
+            lower, best = bounds.epsilon(delta)
+            how = "dominating pairs composed (PLD, pessimistic grid)" + (
+                ", tightened by the adaptive k = 2 dynamic program (k2_dp)"
+                if best < bounds.upper.epsilon(delta)  # the k = 2 DP beat the composed pair
+                else ""
+            )
+        else:
+            lower = bounds.lower_epsilon(delta)
+            how = (
+                "the dominating pairs' Rényi curves composed (the PLD composition certifies "
+                f"delta >= {bounds.upper.min_certified_delta:.2g} only)"
+            )
         row |= {
-            "epsilon": TightCost().total_epsilon([mech] * rounds, delta),
+            "epsilon": epsilon,
             "lower_bound": lower,
-            "note": "dominating pairs composed (PLD, pessimistic grid)"
-            + (", tightened by the adaptive k = 2 dynamic program (k2_dp)" if dp else "")
-            + ", capped by the LDP sum; lower bound: the worst-case dataset's attack composed",
+            "note": how
+            + ", capped by the LDP sum; lower bound: the worst-case dataset's attack"
+            + (" composed" if lower is not None else " cannot be certified at this delta"),
         }
     elif m.name == "ldp":
         row |= {"epsilon": rounds * mech.eps0, "note": "pure DP composes by summation"}

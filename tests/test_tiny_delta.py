@@ -1,0 +1,101 @@
+"""Many rounds at a tiny delta: where the PLD composition's numerics cannot certify delta, the
+ledger and `privacy epsilon --rounds` charge the same pairs' Rényi bound (sound, a few percent
+looser) instead of refusing; where the pairs' own infinite-loss mass reaches delta, nothing can
+certify it and the error says what delta to ask for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from shufflekit.accountant.composition import compose_rounds_bounds
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.policy import WIDE_ORDERS, TightCost
+from shufflekit.accountant.rdp_filter import rdp_curve, rdp_epsilon
+from shufflekit.app.cli import app
+from shufflekit.base.errors import AccuracyError
+
+# n = 1e4, k = 10, eps0 = 1 (seconds to compose): at delta = 1e-12 the PLD composition of 100
+# rounds has a round-off estimate of 4.4e-13, above a tenth of delta; its pairs leave 2.4e-15
+# each at infinite loss, so 1,000 rounds leave 2.4e-12, above delta.
+MECH = Mechanism(10_000, 10, 1.0)
+TINY = 1e-12
+
+
+def _rr_delta(eps0: float, rounds: int, epsilon: mp.mpf) -> mp.mpf:
+    """Exact hockey-stick divergence of `rounds` composed binary randomized responses: the loss
+    is eps0 (2B - rounds) with B ~ Binomial(rounds, e^eps0 / (1 + e^eps0)) under P."""
+    p = mp.e**eps0 / (1 + mp.e**eps0)
+    total = mp.mpf(0)
+    for b in range(rounds + 1):
+        loss = eps0 * (2 * b - rounds)
+        if loss > epsilon:
+            total += (
+                mp.binomial(rounds, b)
+                * p**b
+                * (1 - p) ** (rounds - b)
+                * (1 - mp.e ** (epsilon - loss))
+            )
+    return total
+
+
+def test_renyi_conversion_is_sound_and_close_for_composed_randomized_response() -> None:
+    mp.mp.dps = 40
+    eps0, rounds = 0.05, 400
+    p = math.exp(eps0) / (1 + math.exp(eps0))
+    pair = PrivacyLossDistribution(
+        np.array([-eps0, eps0]), np.log(np.array([1 - p, p])), description="randomized response"
+    )
+    rho, delta0 = rdp_curve(pair, WIDE_ORDERS)
+    assert delta0 == 0.0
+    eps = rdp_epsilon(rounds * rho, 0.0, TINY, WIDE_ORDERS)
+    assert _rr_delta(eps0, rounds, mp.mpf(eps)) <= TINY  # sound against the exact curve
+    lo, hi = mp.mpf(0), mp.mpf(eps)  # the exact epsilon at TINY, by bisection
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _rr_delta(eps0, rounds, mid) <= TINY else (mid, hi)
+    assert eps <= 1.10 * float(hi), (eps, float(hi))  # and not far above it
+
+
+def test_renyi_conversion_pays_the_infinite_loss_masses() -> None:
+    rho = np.full(WIDE_ORDERS.size, 1e-4)
+    free = rdp_epsilon(rho, 0.0, TINY, WIDE_ORDERS)
+    assert free < rdp_epsilon(rho, TINY / 2, TINY, WIDE_ORDERS) < math.inf
+    assert rdp_epsilon(rho, TINY, TINY, WIDE_ORDERS) == math.inf
+
+
+def test_the_ledger_charges_the_renyi_bound_where_the_pld_cannot_certify_delta() -> None:
+    bounds = compose_rounds_bounds([MECH], counts=[100])
+    with pytest.raises(AccuracyError):  # the premise: the PLD composition refuses TINY
+        bounds.upper.epsilon(TINY)
+    lower = bounds.lower_epsilon(TINY)
+    assert lower is not None
+    charged = TightCost().total_epsilon([MECH] * 100, TINY)
+    assert lower <= charged <= 1.10 * lower  # sound against the composed attack, and close
+    # and above what the PLD composition certifies at a larger delta
+    assert TightCost().total_epsilon([MECH] * 100, 10 * TINY) < charged
+
+
+def test_rounds_past_what_their_pairs_can_certify_get_a_one_line_error() -> None:
+    with pytest.raises(AccuracyError) as err:
+        TightCost().total_epsilon([MECH] * 1000, TINY)
+    msg = str(err.value)
+    assert "infinite loss" in msg and "ask for a delta above" in msg and "\n" not in msg
+
+
+def test_privacy_epsilon_names_the_renyi_bound_and_keeps_the_lower_bound() -> None:
+    args = ["--n", "10000", "--k", "10", "--eps0", "1", "--delta", "1e-12", "--rounds", "100"]
+    r = CliRunner().invoke(app, ["privacy", "epsilon", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["epsilon"] == TightCost().total_epsilon([MECH] * 100, TINY)
+    assert out["lower_bound"] is not None and out["lower_bound"] <= out["epsilon"]
+    assert "Rényi" in out["note"]
+    r = CliRunner().invoke(app, ["privacy", "epsilon", *args[:-1], "1000"])
+    assert r.exit_code != 0 and "infinite loss" in r.output and "Traceback" not in r.output
