@@ -28,11 +28,14 @@ demo: $(STAMP)
 	rm -f .shufflekit/make-demo.db .shufflekit/make-demo.db-wal .shufflekit/make-demo.db-shm
 	$(BIN)/shufflekit demo --ledger sqlite:///.shufflekit/make-demo.db
 
+# Tests run on TEST_WORKERS processes (pytest-xdist); `make test TEST_WORKERS=0` runs them in one.
+TEST_WORKERS ?= 2
+
 test: $(TSTAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check .
