@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from shufflekit.accountant.calibrate import calibrate_eps0
 from shufflekit.accountant.composition import compose_rounds_bounds
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.policy import WIDE_ORDERS, TightCost
-from shufflekit.accountant.rdp_filter import rdp_curve, rdp_epsilon
+from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.rdp_filter import WIDE_ORDERS, rdp_curve, rdp_epsilon
 from shufflekit.app.cli import app
 from shufflekit.base.errors import AccuracyError
 
@@ -99,3 +100,9 @@ def test_privacy_epsilon_names_the_renyi_bound_and_keeps_the_lower_bound() -> No
     assert "Rényi" in out["note"]
     r = CliRunner().invoke(app, ["privacy", "epsilon", *args[:-1], "1000"])
     assert r.exit_code != 0 and "infinite loss" in r.output and "Traceback" not in r.output
+
+
+def test_calibration_reaches_the_same_tiny_delta_as_the_ledger() -> None:
+    eps0 = calibrate_eps0(n=10_000, k=10, rounds=100, epsilon=0.5, delta=TINY)
+    charged = TightCost().total_epsilon([Mechanism(10_000, 10, eps0)] * 100, TINY)
+    assert 0.45 < charged <= 0.5  # the ledger accepts what calibration found, and it is close

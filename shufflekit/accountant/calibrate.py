@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
-from shufflekit.accountant.composition import PldFn, compose_rounds
+from shufflekit.accountant.composition import PldFn, rounds_epsilon
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.roots import bracket_boundary, shrink_bracket
 from shufflekit.base.errors import InvalidParameters, NotApplicable, UnsoundResult
@@ -129,10 +129,9 @@ class _Evaluator:
         mech = self.make(param)
         mechs = [*self.spent, mech]
         counts = [1] * len(self.spent) + [self.rounds]
-        c = compose_rounds(
-            mechs, pld_fn=self.pld_fn, counts=counts, engine=self.engine, grid=self.grid
+        eps = rounds_epsilon(
+            mechs, self.delta, pld_fn=self.pld_fn, counts=counts, engine=self.engine, grid=self.grid
         )
-        eps = c.epsilon(self.delta)
         self.memo[param] = eps
         return eps
 

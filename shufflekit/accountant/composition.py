@@ -45,7 +45,8 @@ from shufflekit.accountant.numerics.grid import (
     pld_fingerprint,
 )
 from shufflekit.accountant.numerics.lru import BoundedLRU
-from shufflekit.base.errors import InvalidParameters
+from shufflekit.accountant.rdp_filter import planned_epsilon
+from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ENGINES = ("dp_accounting", "fft")
 
@@ -429,6 +430,40 @@ def compose_rounds(
     """
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     return compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
+
+
+def rounds_epsilon(
+    rounds: Sequence[Mechanism],
+    delta: float,
+    *,
+    pld_fn: PldFn | None = None,
+    counts: Sequence[int] | None = None,
+    engine: str = "dp_accounting",
+    grid: float | None = None,
+) -> float:
+    """`compose_rounds(...).epsilon(delta)`, or where the PLD composition's numerics cannot
+    certify `delta` (many rounds, tiny delta) the same pairs' Rényi bound (`renyi_fallback`)."""
+    plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
+    try:
+        return compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
+    except AccuracyError as exc:
+        return renyi_fallback(plds, cs, delta, exc)
+
+
+def renyi_fallback(
+    plds: Sequence[PrivacyLossDistribution], counts: Sequence[int], delta: float, exc: AccuracyError
+) -> float:
+    """The planned Rényi bound of the pairs (`rdp_filter.planned_epsilon`: curves add exactly,
+    the conversion is a few percent looser) after the PLD composition raised `exc`; a one-line
+    AccuracyError where the pairs' infinite-loss masses alone reach `delta`."""
+    eps = planned_epsilon(plds, counts, delta)
+    if math.isfinite(eps):
+        return eps
+    delta0 = sum(c * math.exp(p.log_inf_mass) for p, c in zip(plds, counts, strict=True))
+    raise AccuracyError(
+        f"{sum(counts)} rounds cannot be certified at delta={delta:.3g}: their dominating pairs "
+        f"leave {delta0:.2g} of mass at infinite loss; ask for a delta above that"
+    ) from exc
 
 
 _ATTACK_FNS: dict[str, PldFn] = {}

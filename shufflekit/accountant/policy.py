@@ -13,13 +13,10 @@ under adaptive choice). The `ldp` cost model (sum of eps0, pure DP) is valid in 
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
-
-import numpy as np
 
 from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
 from shufflekit.accountant.composition import (
@@ -28,20 +25,18 @@ from shufflekit.accountant.composition import (
     compose,
     compose_rounds,
     compose_rounds_bounds,
+    renyi_fallback,
     round_pld,
 )
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, lookup
 from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
 from shufflekit.accountant.k2_dp import K2Tightener
-from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon, rdp_curve, rdp_epsilon
+from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon
 from shufflekit.accountant.round_types import KRR, RoundType
 from shufflekit.accountant.tight import tight_epsilon
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 MODES = ("planned", "adaptive")
-#: Rényi orders of the planned fallback (`_renyi_epsilon`): many rounds at a tiny delta want
-#: orders far above the filter's (its order grid is fixed in every budget's records).
-WIDE_ORDERS = np.geomspace(1.25, 1e5, 160)
 
 
 @dataclass(frozen=True)
@@ -152,26 +147,8 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
         return float(compose(plds, counts=list(grouped.values())).epsilon(delta))
     except AccuracyError as exc:
-        return _renyi_epsilon(grouped, delta, cache, exc)
-
-
-def _renyi_epsilon(
-    grouped: OrderedDict[Charge, int], delta: float, cache: CurveCache, exc: AccuracyError
-) -> float:
-    """The planned composition's epsilon from the pairs' Rényi curves (`rdp_epsilon`: curves
-    add exactly, the conversion is looser); AccuracyError where the pairs' infinite-loss
-    masses alone reach `delta`, as no composition of these pairs can certify it then."""
-    curves = [rdp_curve(_pld_of(t, n, cache)(), WIDE_ORDERS) for t, n in grouped]
-    counts = list(grouped.values())
-    rho = sum((c * r for (r, _), c in zip(curves, counts, strict=True)), np.zeros(WIDE_ORDERS.size))
-    d0 = float(sum(c * d for (_, d), c in zip(curves, counts, strict=True)))
-    eps = rdp_epsilon(rho, d0, delta, WIDE_ORDERS)
-    if math.isfinite(eps):
-        return eps
-    raise AccuracyError(
-        f"{sum(counts)} rounds cannot be certified at delta={delta:.3g}: their dominating pairs "
-        f"leave {d0:.2g} of mass at infinite loss; ask for a delta above that"
-    ) from exc
+        plds = [_pld_of(t, n, cache)() for t, n in grouped]
+        return renyi_fallback(plds, list(grouped.values()), delta, exc)
 
 
 class CostModel(Protocol):
