@@ -148,7 +148,8 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
         return float(compose(plds, counts=list(grouped.values())).epsilon(delta))
     except AccuracyError as exc:
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
-        return renyi_fallback(plds, list(grouped.values()), delta, exc)
+        mechs = [Mechanism(n, t.size, t.eps0) if t.mechanism == KRR else None for t, n in grouped]
+        return renyi_fallback(plds, list(grouped.values()), delta, exc, mechs)
 
 
 class CostModel(Protocol):
