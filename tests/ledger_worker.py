@@ -44,7 +44,9 @@ def race(
 
 
 def steps(url: str) -> None:
-    """A fixed sequence of ledger steps, announcing each one as it completes."""
+    """A fixed sequence of ledger steps, announcing each one as it completes and then waiting
+    for a line on stdin before the next, so that a kill lands exactly after the step the test
+    waits for (without the wait, a loaded machine let the next step slip in first)."""
     led = Ledger(url)
     for name, step in [
         ("reserved-r1", lambda: led.reserve("kill", "r1", 4, 1.0)),
@@ -55,6 +57,8 @@ def steps(url: str) -> None:
     ]:
         step()
         print(name, flush=True)
+        if not sys.stdin.readline():  # EOF: the test is gone; stop here as if killed
+            return
     time.sleep(60)  # wait to be killed
 
 

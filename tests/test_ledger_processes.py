@@ -51,6 +51,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.ledger_worker", *args],
         cwd=ROOT,
+        stdin=subprocess.PIPE,  # `steps` waits for a line on it after each step
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -113,10 +114,14 @@ def test_eight_processes_never_overspend(ledger_url: str, tmp_path: Path, race: 
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str) -> None:
-    assert proc.stdout is not None
+    """Let the `steps` worker go on, step by step, until it announces `marker`; it then waits
+    (for the kill) with nothing after that step begun."""
+    assert proc.stdout is not None and proc.stdin is not None
     for line in proc.stdout:
         if line.strip() == marker:
             return
+        proc.stdin.write("\n")  # go on to the next step
+        proc.stdin.flush()
     raise AssertionError(
         f"worker ended before {marker}: {proc.stderr.read() if proc.stderr else ''}"
     )
