@@ -118,3 +118,15 @@ def test_k2_rounds_take_the_blanket_pairs_renyi_bound_where_it_is_smaller() -> N
     lower = bounds.lower_epsilon(TINY)
     assert lower is not None
     assert lower <= TightCost().total_epsilon([mech] * 100, TINY) <= 1.35 * lower
+
+
+def test_compare_answers_every_composable_sound_method_at_a_tiny_delta() -> None:
+    args = ["--n", "10000", "--k", "10", "--eps0", "1", "--delta", "1e-12", "--rounds", "100"]
+    r = CliRunner().invoke(app, ["privacy", "compare", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["method"]: row for row in json.loads(r.stdout)["rows"]}
+    lower = rows["tight"]["lower_bound"]
+    for name in ("tight", "blanket-strong", "blanket-weak", "clones"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert lower <= rows[name]["epsilon"] < 100, rows[name]  # sound, and below the LDP sum
+        assert "Rényi" in rows[name]["note"]

@@ -24,7 +24,12 @@ from shufflekit.app import cli_rounds
 from shufflekit.app.cli_common import JsonOpt, refuse
 from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
-from shufflekit.base.errors import AccountantError, InvalidParameters, NotApplicable
+from shufflekit.base.errors import (
+    AccountantError,
+    AccuracyError,
+    InvalidParameters,
+    NotApplicable,
+)
 
 app = typer.Typer(
     help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
@@ -142,9 +147,17 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
     elif m.name == "ldp":
         row |= {"epsilon": rounds * mech.eps0, "note": "pure DP composes by summation"}
     elif m.pld is not None:
-        composed = composition.compose([m.pld(mech)], counts=[rounds]).epsilon(delta)
-        cap = rounds * mech.eps0 if m.soundness is Soundness.SOUND_UPPER else math.inf
-        row |= {"epsilon": min(composed, cap), "note": "the method's pair composed (PLD)"}
+        sound = m.soundness is Soundness.SOUND_UPPER
+        pld = m.pld(mech)
+        how = "the method's pair composed (PLD)"
+        try:
+            composed = composition.compose([pld], counts=[rounds]).epsilon(delta)
+        except AccuracyError as exc:
+            if not sound:  # a Rényi bound of a pair that is not an upper bound means nothing
+                raise
+            composed = composition.renyi_fallback([pld], [rounds], delta, exc)
+            how = "the method's pair's Rényi curve composed (the PLD cannot certify this delta)"
+        row |= {"epsilon": min(composed, rounds * mech.eps0 if sound else math.inf), "note": how}
     else:
         raise NotApplicable(
             f"{m.name} is a per-round formula with no privacy loss "
