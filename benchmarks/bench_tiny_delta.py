@@ -2,9 +2,10 @@
 
 Each cell is R identical rounds (n, k, eps0 = 1) at a delta of 1e-8, 1e-10 or 1e-12, charged as
 the ledger charges them (`policy.TightCost`: the PLD composition where its numerical slack is
-at most a tenth of delta, else the same pairs' Rényi bound, `composition.renyi_fallback`).
-`how` says which answered ("pld", "renyi", or "none": the pairs' infinite-loss masses reach
-delta); the gap is charged / attack - 1, with "-" where the attack cannot be certified either.
+at most a tenth of delta, else `composition.fallback_epsilon`). `how` says which answered:
+"pld" (one FFT power), "square" (the PLD self-composed by repeated squaring), "renyi" (the
+pairs' Rényi bound) or "none" (the pairs' infinite-loss masses reach delta); the gap is
+charged / attack - 1, with "-" where the attack cannot be certified either.
 
 Run: .venv/bin/python benchmarks/bench_tiny_delta.py [--quick]
 """
@@ -17,7 +18,13 @@ from pathlib import Path
 
 from _timing import load_line
 
-from shufflekit.accountant.composition import clear_caches, compose_rounds_bounds
+from shufflekit.accountant.composition import (
+    BY_SQUARING,
+    clear_caches,
+    compose_rounds_bounds,
+    fallback_epsilon,
+    round_pld,
+)
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.policy import TightCost
 from shufflekit.base.errors import AccuracyError
@@ -33,7 +40,12 @@ def cell(mech: Mechanism, rounds: int, delta: float) -> tuple[str, float, float 
         charged = TightCost().total_epsilon([mech] * rounds, delta)
     except AccuracyError:
         return "none", float("inf"), bounds.lower_epsilon(delta), time.perf_counter() - start
-    how = "pld" if delta >= bounds.upper.min_certified_delta else "renyi"
+    how = "pld"
+    if delta < bounds.upper.min_certified_delta:  # what the ledger's fallback did
+        plds = [round_pld(mech)]
+        err = AccuracyError("the one-shot FFT power cannot certify delta")
+        by = fallback_epsilon(plds, [rounds], delta, err, [mech])[1]
+        how = "square" if by == BY_SQUARING else "renyi"
     return how, charged, bounds.lower_epsilon(delta), time.perf_counter() - start
 
 

@@ -25,7 +25,7 @@ from shufflekit.accountant.composition import (
     compose,
     compose_rounds,
     compose_rounds_bounds,
-    renyi_fallback,
+    fallback_epsilon,
     round_pld,
 )
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, lookup
@@ -149,7 +149,7 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
     except AccuracyError as exc:
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
         mechs = [Mechanism(n, t.size, t.eps0) if t.mechanism == KRR else None for t, n in grouped]
-        return renyi_fallback(plds, list(grouped.values()), delta, exc, mechs)
+        return fallback_epsilon(plds, list(grouped.values()), delta, exc, mechs)[0]
 
 
 class CostModel(Protocol):

@@ -96,6 +96,16 @@ def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
     return float(attack.epsilon(delta)) if attack is not None else 0.0
 
 
+def _fallback_how(plds: list[Any], rounds: int, delta: float) -> str:
+    """Which fallback answers for `rounds` rounds of the pair at `delta` (the ledger's order:
+    the PLD by repeated squaring, else the Rényi curves), for the note."""
+    try:
+        composition.compose(plds, counts=[rounds], squaring=True).epsilon(delta)
+        return "dominating pairs: " + composition.BY_SQUARING
+    except AccuracyError:
+        return "dominating pairs: " + composition.BY_RENYI
+
+
 def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
     """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row.
 
@@ -134,8 +144,8 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         else:
             lower = bounds.lower_epsilon(delta)
             how = (
-                "the dominating pairs' Rényi curves composed (the PLD composition certifies "
-                f"delta >= {bounds.upper.min_certified_delta:.2g} only)"
+                _fallback_how([composition.round_pld(mech)], rounds, delta)
+                + f" (one FFT power certifies delta >= {bounds.upper.min_certified_delta:.2g} only)"
             )
         row |= {
             "epsilon": epsilon,
@@ -155,8 +165,8 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         except AccuracyError as exc:
             if not sound:  # a Rényi bound of a pair that is not an upper bound means nothing
                 raise
-            composed = composition.renyi_fallback([pld], [rounds], delta, exc)
-            how = "the method's pair's Rényi curve composed (the PLD cannot certify this delta)"
+            composed, by = composition.fallback_epsilon([pld], [rounds], delta, exc)
+            how = f"the method's pair: {by} (one FFT power cannot certify this delta)"
         row |= {"epsilon": min(composed, rounds * mech.eps0 if sound else math.inf), "note": how}
     else:
         raise NotApplicable(
