@@ -40,7 +40,11 @@ def race(
             mine.append(rid)
         for rid in mine:
             led.commit(f"{prefix}{rep}", rid, batch_size=batch, actor=f"worker{worker}")
-        (barrier / f"done{rep}-{worker}").write_text(str(len(mine)))
+        # written under another name, then renamed: the test globs for done files and reads
+        # them at once, and must never see one created but not yet written
+        part = barrier / f"part{rep}-{worker}"
+        part.write_text(str(len(mine)))
+        part.replace(barrier / f"done{rep}-{worker}")
 
 
 def steps(url: str) -> None:

@@ -48,9 +48,10 @@ class Procs:
         return (self.folder / f"{name}.err").read_text()
 
     def lines(self, name: str) -> list[dict[str, Any]]:
-        """The JSON objects a service printed on stdout, one per line."""
+        """The JSON objects a service printed on stdout, one per complete line (a line still
+        being written, without its newline yet, is left for the next call)."""
         text = (self.folder / f"{name}.out").read_text()
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
     def wait_log(self, name: str, text: str, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
