@@ -93,21 +93,17 @@ def loss_sd(p: PrivacyLossDistribution) -> float:
     return math.sqrt(float(np.sum(w * (x - mean) ** 2) / np.sum(w)))
 
 
-def make_engine(
-    engine: str,
-    *,
-    alias_target: float | None = None,
-    truncation_total: float | None = None,
-    squaring: bool = False,
-) -> CompositionEngine:
-    """The engine called `engine` ("dp_accounting" or "fft"), with its own options if given."""
-    if engine == "fft":
-        opts: dict[str, Any] = {} if alias_target is None else {"alias_target": alias_target}
-        return GridEngine(engine, compose_fft, opts)
-    if engine == "dp_accounting":
-        opts = {} if truncation_total is None else {"truncation_total": truncation_total}
-        return GridEngine(engine, compose_dpa, opts | ({"squaring": True} if squaring else {}))
-    raise InvalidParameters(f"engine must be one of {ENGINES}, got {engine!r}")
+#: The options each engine takes (`ComposeOptions`); an option of the other engine is ignored.
+ENGINE_OPTIONS = {"fft": ("alias_target",), "dp_accounting": ("truncation_total", "squaring")}
+
+
+def make_engine(engine: str, **options: Any) -> CompositionEngine:
+    """The engine called `engine` ("dp_accounting" or "fft"), with those `options` that are
+    its own (`ENGINE_OPTIONS`) and set (None: the engine's default)."""
+    if engine not in ENGINE_OPTIONS:
+        raise InvalidParameters(f"engine must be one of {ENGINES}, got {engine!r}")
+    own = {k: v for k, v in options.items() if k in ENGINE_OPTIONS[engine] and v is not None}
+    return GridEngine(engine, compose_fft if engine == "fft" else compose_dpa, own)
 
 
 # ----------------------------------------------------------------------------- PLDs
