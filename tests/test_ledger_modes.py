@@ -200,3 +200,10 @@ def test_costs_are_computed_outside_the_write_lock(
     # the slow reservation saw the state change, computed again, and was refused (2 + 2 > 3)
     assert len(errors) == 1 and isinstance(errors[0], BudgetExceeded), errors
     assert [r.round_id for r in led.rounds_of("d")] == ["fast"]
+
+
+def test_identical_one_bit_rounds_are_charged() -> None:
+    # a single-type budget of L = 1 bit records: no k-RR mechanism may be built from (n, L)
+    charges = [(RoundType("bits", 1, 1.0), 1000)] * 3
+    eps = policy.charges_epsilon("tight", charges, 1e-6)
+    assert 0.0 < eps <= 3.0

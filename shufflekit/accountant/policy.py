@@ -137,19 +137,19 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
     grouped: OrderedDict[Charge, int] = OrderedDict()
     for c in charges:
         grouped[c] = grouped.get(c, 0) + 1
+    # the k-RR mechanism of each group (None for another mechanism: (n, size) is no k-RR)
+    mechs = [Mechanism(n, t.size, t.eps0) if t.mechanism == KRR else None for t, n in grouped]
+    counts = list(grouped.values())
     try:
-        if len(grouped) == 1:
-            (t, n), count = next(iter(grouped.items()))
-            mech = Mechanism(n, t.size, t.eps0)
-            if t.mechanism == KRR and K2Tightener.applies([mech], [count]):
-                # identical k = 2 rounds: also the adaptive DP (k2_dp), as `privacy epsilon` does
-                return float(compose_rounds_bounds([mech], counts=[count]).epsilon(delta)[1])
+        one = mechs[0] if len(mechs) == 1 else None
+        if one is not None and K2Tightener.applies([one], counts):
+            # identical k = 2 rounds: also the adaptive DP (k2_dp), as `privacy epsilon` does
+            return float(compose_rounds_bounds([one], counts=counts).epsilon(delta)[1])
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
-        return float(compose(plds, counts=list(grouped.values())).epsilon(delta))
+        return float(compose(plds, counts=counts).epsilon(delta))
     except AccuracyError as exc:
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
-        mechs = [Mechanism(n, t.size, t.eps0) if t.mechanism == KRR else None for t, n in grouped]
-        return fallback_epsilon(plds, list(grouped.values()), delta, exc, mechs)[0]
+        return fallback_epsilon(plds, counts, delta, exc, mechs)[0]
 
 
 class CostModel(Protocol):
