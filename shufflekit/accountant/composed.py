@@ -150,9 +150,15 @@ class ComposedPLD(GridMasses):
         round-off estimate, truncation) may take at most `max_error_fraction` of it."""
         return (self.error_bound + self.truncation_slack) / self.max_error_fraction
 
+    def certifies(self, log_delta: float) -> bool:
+        """Whether the numerical slack takes at most `max_error_fraction` of e^log_delta (else
+        `epsilon` raises AccuracyError)."""
+        slack = self.error_bound + self.truncation_slack
+        return slack <= 0 or math.log(slack) <= log_delta + math.log(self.max_error_fraction)
+
     def _check_accuracy(self, log_delta: float) -> None:
         slack = self.error_bound + self.truncation_slack
-        if slack > 0 and math.log(slack) > log_delta + math.log(self.max_error_fraction):
+        if not self.certifies(log_delta):
             raise AccuracyError(
                 f"{self.rounds} rounds composed cannot certify delta={math.exp(log_delta):.3g}: "
                 f"the composition's numerical slack ({slack:.3g}: aliasing "

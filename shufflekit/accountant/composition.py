@@ -401,10 +401,10 @@ def clear_caches() -> None:
     clear_dp_cache()
 
 
-def _round_plds(
-    rounds: Sequence[Mechanism], counts: Sequence[int] | None, pld_fn: PldFn
-) -> tuple[list[PrivacyLossDistribution], list[int]]:
-    """One (cached) PLD per distinct mechanism (n, k, eps0), with its total count."""
+def _grouped(
+    rounds: Sequence[Mechanism], counts: Sequence[int] | None
+) -> OrderedDict[tuple[int, int, float], int]:
+    """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order."""
     rounds = list(rounds)
     if not rounds:
         raise InvalidParameters("nothing to compose: no rounds")
@@ -416,6 +416,14 @@ def _round_plds(
             raise InvalidParameters(f"expected Mechanism, got {type(m).__name__}")
         key = (int(m.n), int(m.k), float(m.eps0))
         grouped[key] = grouped.get(key, 0) + int(c)
+    return grouped
+
+
+def _round_plds(
+    rounds: Sequence[Mechanism], counts: Sequence[int] | None, pld_fn: PldFn
+) -> tuple[list[PrivacyLossDistribution], list[int]]:
+    """One (cached) PLD per distinct mechanism (n, k, eps0), with its total count."""
+    grouped = _grouped(rounds, counts)
     plds = [round_pld(Mechanism(n, k, e), pld_fn) for (n, k, e) in grouped]
     return plds, list(grouped.values())
 
@@ -454,8 +462,8 @@ def rounds_epsilon(
     try:
         return compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
     except AccuracyError as exc:
-        distinct = list(dict.fromkeys(Mechanism(int(m.n), int(m.k), float(m.eps0)) for m in rounds))
-        return fallback_epsilon(plds, cs, delta, exc, distinct, grid=grid)[0]
+        mechs = [Mechanism(n, k, e) for (n, k, e) in _grouped(rounds, counts)]  # as `plds`
+        return fallback_epsilon(plds, cs, delta, exc, mechs, grid=grid)[0]
 
 
 #: How `fallback_epsilon` answered, for notes.

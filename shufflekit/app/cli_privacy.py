@@ -134,7 +134,7 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
     elif m.name == "tight":
         epsilon = TightCost().total_epsilon([mech] * rounds, delta)  # the ledger's number
         bounds = composition.compose_rounds_bounds([mech], counts=[rounds])
-        if delta >= bounds.upper.min_certified_delta:
+        if bounds.upper.certifies(math.log(delta)):
             lower, best = bounds.epsilon(delta)
             how = "dominating pairs composed (PLD, pessimistic grid)" + (
                 ", tightened by the adaptive k = 2 dynamic program (k2_dp)"
