@@ -78,38 +78,44 @@ def _pld_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomLists:
     return _collect(_iter_all_at_z(mech, log_tau, z_bins))
 
 
-def _iter_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomChunks:
-    """`_pld_all_at_z`'s atoms, chunk by chunk."""
+def z_view(
+    mech: Mechanism, log_tau: float, z_bins: int
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """What the adversary of "all others at z" sees besides h_x0: the totals T = h_x0 + h_x1
+    in their window, and per T and h_z bin the bin's log weight and blanket term V (the law of
+    h_x0 given T and the bin is then Bin(T, 1/2) tilted by (1 - gamma) h_x0 + V)."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
     p, q, g = rr.p, rr.q, rr.gamma
     kappa = 1.0 - math.exp(-eps0)
-    lnq = math.log(n * q)
     tlo, thi = tail_window(n, 2 * q, log_tau)
     t_all = np.arange(tlo[0], thi[0] + 1)
-    # per T: list of (log weight of the h_z bin, V = blanket term)
     if k == 3:
-        bin_lw = np.zeros((t_all.size, 1))
-        bin_v = ((g / k) * (n - kappa * (n - t_all)))[:, None]
-    else:
-        pz = p / (1.0 - 2 * q)
-        big_n = n - t_all
-        zlo, zhi = tail_window(big_n, pz, log_tau)
-        edges = zlo[:, None] + (zhi - zlo + 1)[:, None] * np.arange(z_bins + 1)[None, :] / z_bins
-        edges = np.floor(edges)
-        a = edges[:, :-1]
-        b = edges[:, 1:] - 1
-        b[:, -1] = zhi
-        nn = np.broadcast_to(big_n[:, None], a.shape)
-        lm0 = log_interval(a, b, nn, pz)
-        # E[h_z 1{a <= h_z <= b}] = N pz P(a-1 <= Bin(N-1, pz) <= b-1)
-        lm1 = np.log(np.maximum(nn * pz, 1e-300)) + log_interval(
-            a - 1, b - 1, np.maximum(nn - 1, 0), pz
-        )
-        with np.errstate(invalid="ignore", over="ignore"):
-            mean_z = np.where(np.isfinite(lm0), np.exp(lm1 - lm0), 0.0)
-        bin_lw = lm0
-        bin_v = (g / k) * (n - kappa * mean_z)
+        return t_all, np.zeros((t_all.size, 1)), ((g / k) * (n - kappa * (n - t_all)))[:, None]
+    pz = p / (1.0 - 2 * q)
+    big_n = n - t_all
+    zlo, zhi = tail_window(big_n, pz, log_tau)
+    edges = zlo[:, None] + (zhi - zlo + 1)[:, None] * np.arange(z_bins + 1)[None, :] / z_bins
+    edges = np.floor(edges)
+    a = edges[:, :-1]
+    b = edges[:, 1:] - 1
+    b[:, -1] = zhi
+    nn = np.broadcast_to(big_n[:, None], a.shape)
+    lm0 = log_interval(a, b, nn, pz)
+    # E[h_z 1{a <= h_z <= b}] = N pz P(a-1 <= Bin(N-1, pz) <= b-1)
+    lm1 = np.log(np.maximum(nn * pz, 1e-300)) + log_interval(
+        a - 1, b - 1, np.maximum(nn - 1, 0), pz
+    )
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean_z = np.where(np.isfinite(lm0), np.exp(lm1 - lm0), 0.0)
+    return t_all, lm0, (g / k) * (n - kappa * mean_z)
+
+
+def _iter_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomChunks:
+    """`_pld_all_at_z`'s atoms, chunk by chunk."""
+    n, q, g = mech.n, mech.krr.q, mech.krr.gamma
+    lnq = math.log(n * q)
+    t_all, bin_lw, bin_v = z_view(mech, log_tau, z_bins)
     for i0 in range(0, t_all.size, 64):
         tt = t_all[i0 : i0 + 64]
         clo, chi = tail_window(tt, 0.5, log_tau)

@@ -102,15 +102,26 @@ class CurveCells:
             raise UnsoundResult("curve atom outside the cells it was sized for")
         frac = loss - cell * self.step  # in [0, step) up to round-off
         mass = np.exp(lm) * scale
-        n = self.w.size
-        self.w += np.bincount(idx, weights=mass, minlength=n)
-        self.v += np.bincount(idx, weights=mass * np.exp(-frac), minlength=n)
-        self.d += np.bincount(idx, weights=mass * -np.expm1(-frac), minlength=n)
+        sums = [mass, mass * np.exp(-frac), mass * -np.expm1(-frac)]
+        fields = [self.w, self.v, self.d]
         if own is not None:
             if self.r is None or self.rq is None:
-                self.r, self.rq = np.zeros(n), np.zeros(n)
-            self.r += np.bincount(idx, weights=mass * own, minlength=n)
-            self.rq += np.bincount(idx, weights=mass * own * np.exp(-frac), minlength=n)
+                self.r, self.rq = np.zeros(self.w.size), np.zeros(self.w.size)
+            sums += [mass * own, mass * own * np.exp(-frac)]
+            fields += [self.r, self.rq]
+        _bin_into(fields, idx, sums)
+
+    def add_sums(
+        self, cell: npt.NDArray[np.int64], w: FloatArray, v: FloatArray, d: FloatArray
+    ) -> None:
+        """Add sums already formed per cell (absolute cell numbers, the fields' meaning), for
+        atoms summed in closed form (`attack_cells`) instead of one by one."""
+        idx = np.asarray(cell, dtype=np.int64).ravel() - self.first
+        if idx.size == 0:
+            return
+        if idx.min() < 0 or idx.max() >= self.w.size - 1:
+            raise UnsoundResult("curve cell outside the cells it was sized for")
+        _bin_into([self.w, self.v, self.d], idx, [np.ravel(w), np.ravel(v), np.ravel(d)])
 
     def losses(self) -> FloatArray:
         """Loss at the start of every cell (the grid points)."""
@@ -190,6 +201,16 @@ class CurveCells:
         """Per cell j: (t_j+1 - t_j)(slope change of h inside the cell)/4, the most a convex
         curve falls below its chord on the cell."""
         return math.expm1(self.step) / 4.0 * self.v
+
+
+def _bin_into(fields: list[FloatArray], idx: npt.NDArray[np.int64], sums: list[FloatArray]) -> None:
+    """fields[i][idx] += sums[i], summing repeated indices; bins only the span idx covers (the
+    cells may be many: millions at fine steps, against thousands of indices per call)."""
+    lo = int(idx.min())
+    local = idx - lo
+    size = int(local.max()) + 1
+    for acc, add in zip(fields, sums, strict=True):
+        acc[lo : lo + size] += np.bincount(local, weights=add, minlength=size)
 
 
 def merge_max(curves: list[tuple[FloatArray, FloatArray]]) -> FloatArray:

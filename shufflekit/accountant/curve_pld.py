@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shufflekit.accountant.attack_cells import all_at_z_cells, all_at_z_loss_sd
 from shufflekit.accountant.attack_pld import dataset_atoms
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
@@ -156,6 +157,14 @@ def _cells(
     return cells
 
 
+def _dataset_cells(mech: Mechanism, dataset: str, step: float, lo: float, hi: float) -> CurveCells:
+    """The cells of a dataset's exact pair: "all_at_z" summed row by row in closed form
+    (`attack_cells`), any other dataset atom by atom."""
+    if dataset == "all_at_z" and mech.k >= 3:
+        return all_at_z_cells(mech, step, lo, hi)
+    return _cells(_atoms(mech, dataset), step, lo, hi)
+
+
 def _atoms(
     mech: Mechanism, dataset: str
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
@@ -166,6 +175,19 @@ def _atoms(
         lf = k2_pair(mech).exact_leaf(m)
         return iter([(lf.losses, lf.log_mass, lf.rels)])
     return ((loss, lm, None) for loss, lm in dataset_atoms(mech, dataset=dataset))
+
+
+def _attack_base(mech: Mechanism, dataset: str) -> float:
+    """The base step of an attack's cells: the largest of CELL_STEPS within the pair's loss
+    spread / 8 with a margin (every composition step `default_grid` may then choose for it is
+    a multiple: one pass over the outcomes), within the cell budget (else 1e-3)."""
+    fits = [s for s in CELL_STEPS if 2 * mech.eps0 / s <= _MAX_BASE_CELLS]
+    if not fits:
+        return 1e-3
+    if dataset != "all_at_z" or mech.k < 3:
+        return fits[0]
+    sd = all_at_z_loss_sd(mech)
+    return next((s for s in fits if sd / 8 >= 1.25 * s), fits[-1])
 
 
 def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
@@ -186,14 +208,14 @@ def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:
             dataset = "all_at_z" if mech.k >= 3 else "all_at_x0"
         desc = dataset
     lo, hi = -mech.eps0, mech.eps0  # k-RR is eps0-LDP: every loss of a pair is in there
-    base = BASE_STEP if 2 * mech.eps0 / BASE_STEP <= _MAX_BASE_CELLS else 1e-3
-    cells = _cells(_atoms(mech, dataset), base, lo, hi)
+    base = _attack_base(mech, dataset)
+    cells = _dataset_cells(mech, dataset, base, lo, hi)
 
     def make(step: float) -> GridPLD:
         ratio = step / base
         if abs(ratio - round(ratio)) <= 1e-9 * ratio:
             return lower_grid(cells, step, f"attack:{mech}:{desc}:{step!r}", proper=True)
-        again = _cells(_atoms(mech, dataset), step, lo, hi)
+        again = _dataset_cells(mech, dataset, step, lo, hi)
         return lower_grid(again, step, f"attack:{mech}:{desc}:{step!r}", proper=True)
 
     fine = make(1e-4 if base <= 1e-4 else base)
