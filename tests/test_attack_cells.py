@@ -33,7 +33,7 @@ def _no_atoms(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("n", "k", "eps0", "step"),
-    [(400_000, 3, 1.0, 5e-5), (600_000, 10, 1.0, 5e-5), (300_000, 5, 0.3, 5e-6)],
+    [(250_000, 3, 1.0, 5e-5), (200_000, 10, 1.0, 5e-5), (300_000, 5, 0.3, 5e-6)],
 )
 def test_rows_give_the_cells_of_the_atoms(
     monkeypatch: pytest.MonkeyPatch, n: int, k: int, eps0: float, step: float
@@ -70,12 +70,12 @@ def test_a_drifting_row_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     never a silently wrong curve."""
     monkeypatch.setattr(attack_cells, "_RECURRENCE_TOL", -1.0)
     with pytest.raises(UnsoundResult, match="drifted"):
-        all_at_z_cells(Mechanism(n=400_000, k=3, eps0=1.0), 5e-5, -1.0, 1.0)
+        all_at_z_cells(Mechanism(n=250_000, k=3, eps0=1.0), 5e-5, -1.0, 1.0)
 
 
 def test_composed_attack_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ten rounds of the attack composed from the rows equal those composed from the atoms."""
-    mech = Mechanism(n=600_000, k=10, eps0=1.0)
+    mech = Mechanism(n=200_000, k=10, eps0=1.0)
     new = compose_lower([curve_pld.attack_curve_pld(mech)], counts=[10], grid=5e-5)
     monkeypatch.setattr(
         curve_pld,
