@@ -12,7 +12,7 @@ differences of running sums over the lower half only, a cell above the mode take
 mirror image h -> T - h: every sum runs from the far tail towards the mode, so a cell's error
 is relative to the mass beyond it (about 1e-11 of the mass at and above each grid point; the
 cells allow 1e-7). The work per outcome is a handful of array passes on half the row, shared
-by the h_z bins: measured 10-17x faster than one by one at n = 1e6-3e6
+by the h_z bins: measured 6-12x faster than one by one at n = 1e6-3e6
 (`benchmarks/bench_attack_cells.py`), the same cells to 1e-13 (`tests/test_attack_cells.py`).
 """
 
