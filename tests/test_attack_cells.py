@@ -28,7 +28,7 @@ def _no_atoms(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object) -> None:
         raise AssertionError("summed atom by atom")
 
-    monkeypatch.setattr(attack_cells, "_iter_all_at_z", refuse)
+    monkeypatch.setattr(attack_cells, "iter_all_at_z", refuse)
 
 
 @pytest.mark.parametrize(

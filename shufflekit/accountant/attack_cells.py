@@ -1,5 +1,5 @@
 """The "all others at z" attack (k >= 3) summed straight into curve cells, a row of outcomes
-at a time, instead of one atom per outcome (`attack_pld._iter_all_at_z` + `CurveCells.add`).
+at a time, instead of one atom per outcome (`attack_pld.iter_all_at_z` + `CurveCells.add`).
 
 Given the total T = h_x0 + h_x1 and the h_z bin (`attack_pld.z_view`), h_x0 ~ Bin(T, 1/2)
 tilted by a0(h) = (1 - gamma) h + V under P (target at x0) and by a1(h) = (1 - gamma)(T - h)
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from shufflekit.accountant.attack_pld import LOG_TAU, Z_BINS, _iter_all_at_z, z_view
+from shufflekit.accountant.attack_pld import LOG_TAU, Z_BINS, iter_all_at_z, z_view
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import CurveCells
 from shufflekit.accountant.numerics.binomial import log_pmf, tail_window
@@ -65,7 +65,7 @@ def all_at_z_cells(
     )
     if 2 * np.median(np.max(crossed, axis=0)) >= np.median(chi - clo + 1):
         # few users: rows cross about as many cells as they have outcomes; one by one
-        for loss, lm in _iter_all_at_z(mech, log_tau, z_bins):
+        for loss, lm in iter_all_at_z(mech, log_tau, z_bins):
             cells.add(loss, lm)
         return cells
     parts, start = [], 0

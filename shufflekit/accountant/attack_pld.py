@@ -75,7 +75,7 @@ def _iter_all_at_x0(mech: Mechanism, reverse: bool, log_tau: float) -> AtomChunk
 def _pld_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomLists:
     """Atoms of "all others at z" (k >= 3); for k >= 4 the adversary sees h_z in z_bins bins
     per T (a post-processing of the histogram, so still a lower bound)."""
-    return _collect(_iter_all_at_z(mech, log_tau, z_bins))
+    return _collect(iter_all_at_z(mech, log_tau, z_bins))
 
 
 def z_view(
@@ -111,7 +111,7 @@ def z_view(
     return t_all, lm0, (g / k) * (n - kappa * mean_z)
 
 
-def _iter_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomChunks:
+def iter_all_at_z(mech: Mechanism, log_tau: float, z_bins: int) -> AtomChunks:
     """`_pld_all_at_z`'s atoms, chunk by chunk."""
     n, q, g = mech.n, mech.krr.q, mech.krr.gamma
     lnq = math.log(n * q)
@@ -249,7 +249,7 @@ def dataset_atoms(
     if dataset == "all_at_x1":
         dataset, reverse = "all_at_x0", not reverse
     if dataset == "all_at_z" and mech.k >= 3:
-        return _iter_all_at_z(mech, log_tau, z_bins)
+        return iter_all_at_z(mech, log_tau, z_bins)
     if dataset == "all_at_x0":
         return _iter_all_at_x0(mech, reverse, log_tau)
     ls, ms, _ = _dataset_atoms(mech, dataset, direction, m, log_tau, z_bins)
