@@ -27,11 +27,9 @@ from shufflekit.accountant.numerics.pmf_sum import clear_sums
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
-#: Base step of the curves: every default composition step (`composition.GRID_STEPS`) is a
-#: multiple; FINE_STEPS (also such divisors) where a round's losses spread less than 8 x the
-#: step (many users, small eps0), so that the composition grid can follow.
-BASE_STEP, *_FINE = CELL_STEPS
-FINE_STEPS = tuple(_FINE)
+#: The curves' base steps are CELL_STEPS (`k2_compose`): the first divides every default
+#: composition step (`composition.GRID_STEPS`), the finer ones serve rounds whose losses spread
+#: less than 8 x it (many users, small eps0), so that the composition grid can follow.
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -89,12 +87,12 @@ def k2_pair(mech: Mechanism) -> K2Pair:
 def k2_upper_pld(mech: Mechanism) -> CurvePLD:
     """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`).
 
-    The max curve is kept at the grid points of BASE_STEP only (not the leaves: memory); a
-    composition step that is a multiple of it takes every r-th value (each is an upper bound of
-    the curve at its point, which is all `upper_grid` needs; FINE_STEPS where the losses spread
-    little), a finer step takes the hull at that step from the (cached) leaves where they keep
-    atoms (n <= ATOMS_MAX_N), any other step falls back to splitting the hull at the base step
-    onto the grid (`numerics.grid.discretise`, also sound).
+    The max curve is kept at the grid points of the pair's base step only (`K2Pair.base_step`,
+    one of CELL_STEPS; not the leaves: memory); a composition step that is a multiple of it
+    takes every r-th value (each is an upper bound of the curve at its point, which is all
+    `upper_grid` needs), a finer step takes the hull at that step from the (cached) leaves
+    where they keep atoms (n <= ATOMS_MAX_N), any other step falls back to splitting the hull
+    at the base step onto the grid (`numerics.grid.discretise`, also sound).
     """
     check_query(mech)
     pair = k2_pair(mech)
