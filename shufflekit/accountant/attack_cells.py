@@ -89,7 +89,7 @@ def all_at_z_cells(
         for i in range(0, len(parts), WORKERS):
             for chunk in pool.map(sums, parts[i : i + WORKERS]):
                 for cell, w, v in chunk:
-                    cells.add_sums(cell, w, v, np.maximum(w - v, 0.0))
+                    cells.add_sums(cell, w, v)
     return cells
 
 

@@ -111,17 +111,17 @@ class CurveCells:
             fields += [self.r, self.rq]
         _bin_into(fields, idx, sums)
 
-    def add_sums(
-        self, cell: npt.NDArray[np.int64], w: FloatArray, v: FloatArray, d: FloatArray
-    ) -> None:
-        """Add sums already formed per cell (absolute cell numbers, the fields' meaning), for
-        atoms summed in closed form (`attack_cells`) instead of one by one."""
+    def add_sums(self, cell: npt.NDArray[np.int64], w: FloatArray, v: FloatArray) -> None:
+        """Add sums already formed per cell (absolute cell numbers; w and v as the fields), for
+        atoms summed in closed form (`attack_cells`) instead of one by one. d is w - v (at
+        least 0): an absolute error of the order of w's and v's own, inside the allowance."""
         idx = np.asarray(cell, dtype=np.int64).ravel() - self.first
         if idx.size == 0:
             return
         if idx.min() < 0 or idx.max() >= self.w.size - 1:
             raise UnsoundResult("curve cell outside the cells it was sized for")
-        _bin_into([self.w, self.v, self.d], idx, [np.ravel(w), np.ravel(v), np.ravel(d)])
+        w, v = np.ravel(w), np.ravel(v)
+        _bin_into([self.w, self.v, self.d], idx, [w, v, np.maximum(w - v, 0.0)])
 
     def losses(self) -> FloatArray:
         """Loss at the start of every cell (the grid points)."""
