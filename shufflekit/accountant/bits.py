@@ -43,9 +43,9 @@ from shufflekit.accountant.core import (
     check_delta,
     check_epsilon,
 )
+from shufflekit.accountant.curve_pld import blanket_pld
 from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp
 from shufflekit.accountant.numerics.roots import solve_epsilon
-from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
 MAX_BITS = 16  # a record travels in the 2-byte value field of the fixed 6-byte report
@@ -271,11 +271,12 @@ def mechanism_tag(mech: RoundMechanism) -> str:
 
 
 def round_pld(mech: RoundMechanism) -> PrivacyLossDistribution:
-    """The round's dominating pair: k-RR's tight pair, or the bits round's generic pair."""
+    """The round's dominating pair: k-RR's blanket pair (`curve_pld.blanket_pld`: the pair of
+    `tight`'s upper bound), or the bits round's generic pair."""
     if isinstance(mech, BitsMechanism):
         return bits_pld(mech)
     if isinstance(mech, Mechanism):
-        return tight_pld(mech)
+        return blanket_pld(mech)
     raise InvalidParameters(f"expected a round mechanism, got {type(mech).__name__}")
 
 

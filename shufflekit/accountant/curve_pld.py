@@ -10,6 +10,7 @@ gets a bound of the right side.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,18 +19,23 @@ import numpy as np
 
 from shufflekit.accountant.attack_cells import all_at_z_cells, all_at_z_loss_sd
 from shufflekit.accountant.attack_pld import dataset_atoms
+from shufflekit.accountant.blanket_cells import blanket_cells, blanket_loss_sd, blanket_rows
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
-from shufflekit.accountant.k2_compose import ATOMS_MAX_N, CELL_STEPS, CELLS_RTOL, MAX_N, K2Pair
+from shufflekit.accountant.k2_compose import ATOMS_MAX_N, CELLS_RTOL, MAX_N, K2Pair
 from shufflekit.accountant.numerics.grid import GridPLD, discretise
+from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.numerics.pmf_sum import clear_sums
+from shufflekit.accountant.row_cells import rows_pay
 from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
-#: The curves' base steps are CELL_STEPS (`k2_compose`): the first divides every default
-#: composition step (`composition.GRID_STEPS`), the finer ones serve rounds whose losses spread
-#: less than 8 x it (many users, small eps0), so that the composition grid can follow.
+#: Base steps of the k >= 3 curves (attack and blanket): each divides every step of
+#: `composition.GRID_STEPS` at or above it, so cells at a base no coarser than the composition
+#: grid serve it in one pass. A round whose losses spread less (many users, small eps0) gets a
+#: finer base; the k = 2 pair keeps its own ladder (`k2_compose.CELL_STEPS`).
+CURVE_STEPS = (5e-5, 1e-5, 5e-6, 1e-6, 5e-7)
 _MAX_BASE_CELLS = 4_000_000
 
 
@@ -41,6 +47,10 @@ class CurvePLD(PrivacyLossDistribution):
     upper: bool = True
     _grids: dict[float, GridPLD] = field(default_factory=dict, repr=False, compare=False)
     payload_bytes: int = 0  # memory held besides losses / log_probs (for cache budgets)
+    #: An upper side's values (base step, first index, upper bounds of the curve there) that
+    #: rebuild it (`hull_pld`): what the curve cache stores, so a reloaded pair gives the
+    #: same composed numbers as a fresh one.
+    hull: tuple[float, int, FloatArray] | None = field(default=None, repr=False, compare=False)
 
     def on_grid(self, step: float, upper: bool) -> GridPLD:
         """This pair on the grid {j step}, as a bound of side `upper` (cached per step)."""
@@ -88,55 +98,125 @@ def k2_upper_pld(mech: Mechanism) -> CurvePLD:
     """Dominating pair of one k = 2 round from the certified leaves (`k2_compose`).
 
     The max curve is kept at the grid points of the pair's base step only (`K2Pair.base_step`,
-    one of CELL_STEPS; not the leaves: memory); a composition step that is a multiple of it
-    takes every r-th value (each is an upper bound of the curve at its point, which is all
-    `upper_grid` needs), a finer step takes the hull at that step from the (cached) leaves
-    where they keep atoms (n <= ATOMS_MAX_N), any other step falls back to splitting the hull
-    at the base step onto the grid (`numerics.grid.discretise`, also sound).
+    one of CELL_STEPS; not the leaves: memory) as a `hull_pld`; a finer step takes the hull at
+    that step from the (cached) leaves where they keep atoms (n <= ATOMS_MAX_N).
     """
     check_query(mech)
     pair = k2_pair(mech)
     bstep = pair.base_step()
     first, vals = pair.upper_values(bstep)
     vals[-1] = max(pair.tail_mass(bstep), float(vals[-1]))
-    base = upper_grid(bstep, first, vals, float(vals[-1]), f"k2:{mech.n}:{mech.eps0!r}")
+
+    def finer(step: float) -> GridPLD:
+        j, v = pair.upper_values(step)
+        v[-1] = max(pair.tail_mass(step), float(v[-1]))
+        return upper_grid(step, j, v, float(v[-1]), f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+
+    return hull_pld(
+        bstep,
+        first,
+        vals,
+        f"k = 2 dominating pair: max over {len(pair.leaves)} certified dataset intervals "
+        f"({'converged' if pair.converged else 'not converged: looser'} to "
+        f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
+        finer if pair.cell_step is None else None,
+    )
+
+
+def hull_pld(
+    base: float,
+    first: int,
+    vals: FloatArray,
+    description: str,
+    finer: Callable[[float], GridPLD] | None = None,
+) -> CurvePLD:
+    """The dominating pair whose curve is the hull of upper bounds `vals[i]` >= h(e^((first +
+    i) base)) of a proper pair's curve (`vals[-1]` also bounds it beyond: +inf mass).
+
+    A composition step that is a multiple of `base` takes every r-th value (each is an upper
+    bound of the curve at its point, which is all `upper_grid` needs); a finer step calls
+    `finer` if given; any other step splits the hull at the base step onto the grid
+    (`numerics.grid.discretise`, also sound).
+    """
+    vals = np.asarray(vals, dtype=np.float64)
+    key = f"hull:{base!r}:{first}:{hashlib.sha256(vals.tobytes()).hexdigest()[:16]}"
+    base_grid = upper_grid(base, first, vals, float(vals[-1]), key)
+    losses, lps, lim = _as_pld(base_grid)
+    fallback = PrivacyLossDistribution(losses, lps, lim, "hull at the base step")
 
     def make(step: float) -> GridPLD:
-        r = round(step / bstep)
-        if step < bstep and pair.cell_step is None:  # finer still: from the leaves' atoms
-            j, v = pair.upper_values(step)
-            v[-1] = max(pair.tail_mass(step), float(v[-1]))
-            return upper_grid(step, j, v, float(v[-1]), f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
-        if r < 1 or abs(step / bstep - r) > 1e-9 * r:
+        r = round(step / base)
+        if step < base and finer is not None:
+            return finer(step)
+        if r < 1 or abs(step / base - r) > 1e-9 * r:
             return discretise(fallback, step)
         j0 = -((-first) // r)  # first multiple of r at or after `first`
-        sub = vals[j0 * r - first :: r]
         tail = float(vals[-1])  # beyond the last point: the curve is below the tail bound
-        sub = np.maximum(sub, tail)
-        return upper_grid(step, j0, sub, tail, f"k2:{mech.n}:{mech.eps0!r}:{step!r}")
+        sub = np.maximum(vals[j0 * r - first :: r], tail)
+        return upper_grid(step, j0, sub, tail, f"{key}:{step!r}")
 
-    losses, lps, lim = _as_pld(base)
-    fallback = PrivacyLossDistribution(losses, lps, lim, "k = 2 hull at the base step")
     return CurvePLD(
         losses,
         lps,
         lim,
-        f"k = 2 dominating pair: max over {len(pair.leaves)} certified dataset intervals "
-        f"({'converged' if pair.converged else 'not converged: looser'} to "
-        f"rtol {pair.rtol:g}), n={mech.n}, eps0={mech.eps0}; hull on the composition grid",
+        description,
         make,
         True,
-        {bstep: base},
+        {base: base_grid},
         int(vals.nbytes),
+        (base, first, vals),
     )
 
 
 def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
     """The per-round dominating pair composed by default: the k = 2 pair for k = 2 and
-    n <= MAX_N (tight), else the blanket pair `tight_upper.tight_pld`."""
+    n <= MAX_N (tight), else the blanket pair (`blanket_pld`)."""
     if mech.k == 2 and mech.n <= MAX_N:
         return k2_upper_pld(mech)
-    return tight_pld(mech)
+    return blanket_pld(mech)
+
+
+# ----------------------------------------------------------------------------- blanket
+
+
+def blanket_pld(mech: Mechanism) -> PrivacyLossDistribution:
+    """The blanket pair behind `tight`'s upper bound (`tight_upper.tight_pld`'s pair: the same
+    buckets and windows), put on a composition grid from its exact curve (`upper_grid`).
+
+    Its cells (`blanket_cells`, summed row by row) are kept at a base step of CURVE_STEPS
+    chosen from the loss spread, so that every step `default_grid` picks is a multiple: there
+    the curve is exact at every grid point up to the cells' float allowance, plus the mass
+    left out of the cells (as +inf); another step splits the hull (`hull_pld`). Unlike
+    rounding each loss up (`tight_pld`), the hull's error is of second order in the step, and
+    no per-bucket table over every T is held (tight_pld peaks at 5.5 GB at n = 1e9). With few
+    users the rows are too narrow to pay (`row_cells.rows_pay`): there `tight_pld` itself is
+    faster, and as tight to within 1e-3 relative (measured).
+    """
+    check_query(mech)
+    base = _base_step(mech, blanket_loss_sd(mech))
+    rows, log_inf = blanket_rows(mech)
+    if not rows_pay(rows, rows.crossings(base)[1]):
+        return tight_pld(mech)
+    cells = blanket_cells(rows, log_inf, base)
+    first, size = cells.first, cells.w.size + 1  # and one point above the cells: h = 0 there
+    h, allow = cells.curve_at(base, first, size)
+    return hull_pld(
+        base,
+        first,
+        h + allow + cells.inf_mass,
+        f"tight upper: blanket pair (others' blanket bits revealed), n={mech.n}, k={mech.k}, "
+        f"eps0={mech.eps0}; exact curve in cells of {base:g}, hull on the composition grid",
+    )
+
+
+def _base_step(mech: Mechanism, sd: float) -> float:
+    """The largest of CURVE_STEPS within the loss spread `sd` / 8 with a margin of 1.25 (so
+    that every step `default_grid` may choose for the pair is a multiple: one pass over its
+    outcomes), within the cell budget (else 1e-3)."""
+    fits = [s for s in CURVE_STEPS if 2 * mech.eps0 / s <= _MAX_BASE_CELLS]
+    if not fits:
+        return 1e-3
+    return next((s for s in fits if sd / 8 >= 1.25 * s), fits[-1])
 
 
 # ----------------------------------------------------------------------------- attacks
@@ -176,16 +256,11 @@ def _atoms(
 
 
 def _attack_base(mech: Mechanism, dataset: str) -> float:
-    """The base step of an attack's cells: the largest of CELL_STEPS within the pair's loss
-    spread / 8 with a margin (every composition step `default_grid` may then choose for it is
-    a multiple: one pass over the outcomes), within the cell budget (else 1e-3)."""
-    fits = [s for s in CELL_STEPS if 2 * mech.eps0 / s <= _MAX_BASE_CELLS]
-    if not fits:
-        return 1e-3
+    """The base step of an attack's cells (`_base_step`; the loss spread of "all_at_z" from
+    its closed form, any other dataset at the coarsest step that fits)."""
     if dataset != "all_at_z" or mech.k < 3:
-        return fits[0]
-    sd = all_at_z_loss_sd(mech)
-    return next((s for s in fits if sd / 8 >= 1.25 * s), fits[-1])
+        return _base_step(mech, math.inf)
+    return _base_step(mech, all_at_z_loss_sd(mech))
 
 
 def attack_curve_pld(mech: Mechanism, dataset: str = "auto") -> CurvePLD:

@@ -25,6 +25,7 @@ import numpy as np
 import scipy
 
 from shufflekit.accountant.core import PrivacyLossDistribution
+from shufflekit.accountant.curve_pld import CurvePLD, hull_pld
 from shufflekit.accountant.rdp_filter import ORDERS, FloatArray, rdp_curve
 from shufflekit.accountant.round_types import RoundType
 
@@ -58,14 +59,20 @@ def charges_digest(charges: Sequence[Charge]) -> str:
 
 
 def pack_pld(p: PrivacyLossDistribution) -> bytes:
-    """A PLD as bytes (numpy's npz, no pickle)."""
+    """A PLD as bytes (numpy's npz, no pickle); an exact-curve upper side (`curve_pld.hull_pld`)
+    with its hull values, so that it comes back with the same gridding."""
     buf = io.BytesIO()
+    hull = p.hull if isinstance(p, CurvePLD) and p.upper else None
+    extra: dict[str, Any] = {}  # (Any: numpy's stubs type ** as its `allow_pickle` flag)
+    if hull is not None:
+        extra = {"hull_at": np.array([hull[0], hull[1]]), "hull": hull[2]}
     np.savez_compressed(
         buf,
         losses=np.asarray(p.losses, dtype=np.float64),
         log_probs=np.asarray(p.log_probs, dtype=np.float64),
         log_inf_mass=np.array([p.log_inf_mass]),
         description=np.array([p.description]),
+        **extra,
     )
     return buf.getvalue()
 
@@ -73,11 +80,15 @@ def pack_pld(p: PrivacyLossDistribution) -> bytes:
 def unpack_pld(data: bytes) -> PrivacyLossDistribution:
     """Inverse of `pack_pld`."""
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        description = str(z["description"][0])
+        if "hull" in z:
+            base, first = z["hull_at"]
+            return hull_pld(float(base), int(first), z["hull"], description)
         return PrivacyLossDistribution(
             losses=z["losses"],
             log_probs=z["log_probs"],
             log_inf_mass=float(z["log_inf_mass"][0]),
-            description=str(z["description"][0]),
+            description=description,
         )
 
 

@@ -378,6 +378,43 @@ def upper_log_delta(mech: Mechanism, epsilon: float) -> float:
     return upper_bound(mech, float(epsilon))[0]
 
 
+@dataclass(frozen=True)
+class BlanketSupport:
+    """The blanket pair's rows as `tight_pld` sums them: buckets of B (`blanket_grid`, at
+    bucket_scale 4), per (bucket, T) the window [clo, chi] of c0 ~ Bin(T, 1/2), beta and alpha
+    of the row's bucket, and the log of the P-mass left out (B, T and c0 outside windows)."""
+
+    grid: BlanketGrid
+    clo: FloatArray
+    chi: FloatArray
+    beta: FloatArray
+    alpha: FloatArray
+    log_inf: float
+
+
+def blanket_support(mech: Mechanism, log_tau: float, log_delta_hint: float) -> BlanketSupport:
+    """The rows of the blanket pair's PLD, truncated at level e^log_tau per window."""
+    if not (log_tau < -5):
+        raise InvalidParameters("log_tau must be < -5")
+    g = mech.gamma
+    k = mech.k
+    # buckets as wide as before the single-round refinement: the PLD grid step dominates here
+    grid = blanket_grid(mech, log_tau, log_delta_hint, bucket_scale=4.0)
+    b1 = grid.b_rep + 1.0
+    beta = g * b1 / ((1.0 - g) * k)
+    alpha = (1.0 - g) * k / b1
+    # per (bucket, T): window of c0 ~ Bin(T, 1/2)
+    t = grid.t
+    clo, chi = tail_window(t, 0.5, log_tau)
+    # P_x0(c0 > chi | T) <= P(Bin(T-1, 1/2) >= chi), P_x0(c0 < clo | T) <= P(Bin(T, 1/2) < clo)
+    drop_c = np.logaddexp(
+        np.where(clo > 0, log_cdf(clo - 1, t, 0.5), -np.inf),
+        np.where(t >= 1, log_sf(chi, np.maximum(t - 1, 0), 0.5), -np.inf),
+    )
+    log_inf = float(np.logaddexp(grid.log_dropped, logsumexp(grid.log_weight + drop_c)))
+    return BlanketSupport(grid, clo, chi, beta, alpha, log_inf)
+
+
 def tight_pld(
     mech: Mechanism,
     *,
@@ -400,24 +437,10 @@ def tight_pld(
     binomial tails, at level e^log_tau per window) is put in `log_inf_mass`, never renormalised.
     """
     check_query(mech)
-    if not (log_tau < -5):
-        raise InvalidParameters("log_tau must be < -5")
-    g = mech.gamma
-    k = mech.k
-    # buckets as wide as before the single-round refinement: the PLD grid step dominates here
-    grid = blanket_grid(mech, log_tau, log_delta_hint, bucket_scale=4.0)
-    b1 = grid.b_rep + 1.0
-    beta = g * b1 / ((1.0 - g) * k)
-    alpha = (1.0 - g) * k / b1
-    # per (bucket, T): window of c0 ~ Bin(T, 1/2)
+    sup = blanket_support(mech, log_tau, log_delta_hint)
+    grid, clo, chi, beta = sup.grid, sup.clo, sup.chi, sup.beta
     t = grid.t
-    clo, chi = tail_window(t, 0.5, log_tau)
-    # P_x0(c0 > chi | T) <= P(Bin(T-1, 1/2) >= chi), P_x0(c0 < clo | T) <= P(Bin(T, 1/2) < clo)
-    drop_c = np.logaddexp(
-        np.where(clo > 0, log_cdf(clo - 1, t, 0.5), -np.inf),
-        np.where(t >= 1, log_sf(chi, np.maximum(t - 1, 0), 0.5), -np.inf),
-    )
-    log_inf = float(np.logaddexp(grid.log_dropped, logsumexp(grid.log_weight + drop_c)))
+    k = mech.k
     span = 2.0 * float(
         np.max(np.log((chi + beta) / np.maximum(t - chi + beta, 1e-300)), initial=mech.eps0 * 1e-3)
     )
@@ -426,9 +449,9 @@ def tight_pld(
     if not (step > 0 and math.isfinite(step)):
         raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
     binner = LossBinner(step, up=True)
-    idx, mass, log_tiny = _blanket_atoms(grid, clo, chi, beta, alpha, step, binner.tolerance)
+    idx, mass, log_tiny = _blanket_atoms(grid, clo, chi, beta, sup.alpha, step, binner.tolerance)
     binner.add_indexed(idx, mass)
-    binner.add_inf(log_inf)
+    binner.add_inf(sup.log_inf)
     binner.add_inf(log_tiny)
     return binner.build(
         f"tight upper: blanket pair (others' blanket bits revealed), n={mech.n}, k={k}, "
