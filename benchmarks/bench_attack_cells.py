@@ -5,7 +5,8 @@ in the same run), and the composed bounds of 10 rounds that use it, at large n.
 Part 1, ratio: atoms seconds / rows seconds for one pass (k = 10, eps0 = 1, the step the
 composition would pick), and the largest difference of the two curves over their allowance.
 Part 2: `compose_rounds_bounds` (what `privacy epsilon --rounds 10` runs: upper bound and
-composed attack, cold) at n = 1e7 and 1e8, the upper pair (`tight_pld`) timed apart.
+composed attack, cold) at n = 1e7 and 1e8, the upper pair (`round_pld`: the blanket pair,
+`curve_pld.blanket_pld`) timed apart.
 
 Run: .venv/bin/python benchmarks/bench_attack_cells.py [--quick]
 """

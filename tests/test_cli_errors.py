@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from shufflekit.app.cli import app
-from shufflekit.app.cli_common import EXIT_INTERNAL, EXIT_USER, ShufflekitGroup, describe
+from shufflekit.app.cli_common import EXIT_INTERNAL, EXIT_USER, ShufflekitGroup, count, describe
 from shufflekit.base.errors import (
     BudgetExceeded,
     InternalError,
@@ -104,6 +104,34 @@ def test_real_commands_fail_in_one_line(tmp_path: Path) -> None:
 def test_the_cli_app_uses_the_handler() -> None:
     result = CliRunner().invoke(
         app, ["privacy", "epsilon", "--n", "10", "--k", "1", "--eps0", "1", "--delta", "1e-6"]
+    )
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("1e7", 10_000_000), ("10_000_000", 10_000_000), (" 250 ", 250), (7, 7)]
+)
+def test_counts_are_read_as_people_write_them(text: str | int, want: int) -> None:
+    assert count(text) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("1.5", "not a whole number"),
+        ("abc", "not a whole number"),
+        ("nan", "not a whole"),
+        ("0", "below 1"),
+        ("-3", "below 1"),
+        ("1e30", "more people than there are"),
+    ],
+)
+def test_bad_counts_are_usage_errors(text: str, says: str) -> None:
+    with pytest.raises(typer.BadParameter, match=says):
+        count(text)
+    result = CliRunner().invoke(
+        app, ["privacy", "epsilon", "--n", text, "--k", "10", "--eps0", "1", "--delta", "1e-9"]
     )
     assert result.exit_code == 2
     assert "Traceback" not in result.output

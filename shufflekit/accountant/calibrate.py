@@ -21,7 +21,7 @@ the exact integer). The returned value is always a trial whose composed upper bo
 computed and met the target, and it is checked once more before returning (soundness does not
 depend on monotonicity; only optimality within the tolerance does).
 
-Per-round PLDs come from `pld_fn(Mechanism)` (default `accountant.tight_upper.tight_pld`) and
+Per-round PLDs come from `pld_fn(Mechanism)` (default `curve_pld.composition_pld`) and
 are cached by (pld_fn, n, k, eps0).
 """
 
@@ -44,7 +44,7 @@ EPS0_RTOL = 1e-3
 
 
 class CompositionOptions(TypedDict, total=False):
-    """How each trial is composed: per-round PLDs (`pld_fn`, default `tight_pld`), the engine
+    """How each trial is composed: per-round PLDs (`pld_fn`, default `composition_pld`), the engine
     ("dp_accounting" or "fft") and grid step, and rounds already `spent` before the new ones."""
 
     pld_fn: PldFn | None

@@ -2,7 +2,7 @@
 distributions, as a sound upper bound (dominating pairs) and a lower bound (a composed attack).
 
 A deployment runs rounds with different (n, k, eps0). Each round's privacy is described by a
-PLD of a *dominating pair* (sound upper bound, e.g. `accountant.tight_upper.tight_pld`) or of
+PLD of a *dominating pair* (sound upper bound, e.g. `curve_pld.composition_pld`) or of
 an *attack* (one concrete worst-case dataset: a lower bound). Composing dominating pairs is
 sound (seed 002 Thm 6, accountant-design.md "Composition"); composing attack pairs gives a lower
 bound. Both are reported side by side (`compose_bounds`, `compose_rounds_bounds`).
@@ -363,7 +363,7 @@ PLD_CACHE_MAX_BYTES = 256 * 1024 * 1024
 
 def default_pld_fn() -> PldFn:
     """`accountant.curve_pld.composition_pld`: the sound, tight default per-round pair (the
-    certified k = 2 pair for k = 2, the blanket pair `tight_upper.tight_pld` otherwise)."""
+    certified k = 2 pair for k = 2, the blanket pair `curve_pld.blanket_pld` otherwise)."""
     return composition_pld
 
 

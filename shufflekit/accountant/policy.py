@@ -180,7 +180,7 @@ class LdpSumCost:
 
 
 class TightCost:
-    """The default: the rounds' tight dominating pairs (`accountant.tight_upper.tight_pld`),
+    """The default: the rounds' tight dominating pairs (`bits.round_pld`: k-RR's blanket pair),
     composed by `accountant.composition`, and never above the LDP sum (both are sound upper
     bounds at the same delta, so their minimum is one too). One round alone is evaluated
     exactly, without the composition grid. `shufflekit privacy epsilon --rounds R` calls this
@@ -193,8 +193,8 @@ class TightCost:
 
 
 class PldCost:
-    """The composed PLD upper bound of all recorded rounds (`pld_fn`, default `tight_pld`, on a
-    chosen engine and grid), without the LDP cap or the exact single round of `TightCost`."""
+    """The composed PLD upper bound of all recorded rounds (`pld_fn`, default `composition_pld`,
+    on a chosen engine and grid), without the LDP cap or the exact single round of `TightCost`."""
 
     def __init__(
         self,

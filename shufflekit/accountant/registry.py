@@ -55,6 +55,7 @@ from shufflekit.accountant.core import (
     Soundness,
     lookup,
 )
+from shufflekit.accountant.curve_pld import composition_pld
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
             "exact worst-case delta of shuffled k-RR (upper bound, with the matching attack)",
             _tight_delta,
             _tight_epsilon,
-            tight.tight_pld,
+            composition_pld,  # the pair `privacy epsilon --rounds` composes
         ),
         Method(
             blanket.STRONG,

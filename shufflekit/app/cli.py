@@ -14,7 +14,14 @@ from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
-from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, ShufflekitGroup, refuse
+from shufflekit.app.cli_common import (
+    DeploymentOpt,
+    JsonOpt,
+    LedgerOpt,
+    ShufflekitGroup,
+    count,
+    refuse,
+)
 from shufflekit.app.cli_leakage import leakage
 from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
@@ -68,7 +75,7 @@ app.command()(rounds)
 
 @app.command()
 def demo(
-    users: Annotated[int, typer.Option(min=1, help="Simulated users.")] = 10_000,
+    users: Annotated[int, typer.Option(parser=count, help="Simulated users.")] = 10_000,
     k: Annotated[int, typer.Option(min=2, max=65535, help="Categories.")] = 10,
     eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from shufflekit.app.cli_common import JsonOpt
+from shufflekit.app.cli_common import JsonOpt, count
 from shufflekit.app.render import console, err_console, print_json, progress_bar
 from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport, default_workers, replay, run_chaos
 from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome
@@ -27,7 +27,9 @@ def chaos(
     seed: Annotated[
         int | None, typer.Option(help="Replay this one seed and print its trace (JSON lines).")
     ] = None,
-    users: Annotated[int, typer.Option(help="Users per round: each draws from U/4 to U.")] = 200,
+    users: Annotated[
+        int, typer.Option(parser=count, help="Users per round: each draws from U/4 to U.")
+    ] = 200,
     mixes: Annotated[int, typer.Option(help="Mixes in the cascade.")] = 2,
     rounds: Annotated[int, typer.Option(help="Rounds per seed.")] = 2,
     faults: Annotated[

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -23,6 +24,25 @@ LedgerOpt = Annotated[
 ]
 DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+def count(text: str | int) -> int:
+    """A count of people as they are written (`--n`, `--users`): 10000000, 10_000_000 or 1e7;
+    from 1 to 1e15. typer.BadParameter (a usage error, exit 2) otherwise."""
+    try:
+        value = Decimal(str(text).strip())
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if not value.is_finite() or value != value.to_integral_value():
+        raise typer.BadParameter(
+            f"{text!r} is not a whole number (write 10000000, 10_000_000 or 1e7)"
+        )
+    if value < 1:
+        raise typer.BadParameter(f"{text} is below 1")
+    if value.adjusted() > 15:
+        raise typer.BadParameter(f"{text} is more people than there are")
+    return int(value)
+
 
 _value_type = TyperOption.display_type_rich
 

@@ -16,7 +16,7 @@ from shufflekit.accountant import leakage as lk
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.leakage_insider import MAX_EPS0
 from shufflekit.accountant.tight import tight_epsilon
-from shufflekit.app.cli_common import JsonOpt, refuse
+from shufflekit.app.cli_common import JsonOpt, count, refuse
 from shufflekit.app.render import console, err_console, print_json, progress_bar
 
 JSON_KEYS = (
@@ -41,7 +41,9 @@ def leakage_json(r: lk.Leakage, statement: str) -> dict[str, Any]:
 def leakage(
     k: Annotated[int, typer.Option("--k", min=2, help="Values each participant may hold.")],
     eps0: Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")],
-    n: Annotated[int | None, typer.Option("--n", min=1, help="Participants in the round.")] = None,
+    n: Annotated[
+        int | None, typer.Option("--n", parser=count, help="Participants in the round.")
+    ] = None,
     max_excess: Annotated[
         float | None,
         typer.Option(

@@ -8,14 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from shufflekit.app.cli_common import JsonOpt
+from shufflekit.app.cli_common import JsonOpt, count
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.wire import MAX_RECORD_BITS
 
 
 def loadtest(
-    users: Annotated[int, typer.Option(min=1, help="Simulated users per round.")] = 10_000,
+    users: Annotated[int, typer.Option(parser=count, help="Simulated users per round.")] = 10_000,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds.")] = 3,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 2,
     k: Annotated[int, typer.Option(min=2, help="Categories.")] = 10,

@@ -21,7 +21,7 @@ from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
 from shufflekit.accountant.policy import TightCost
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
-from shufflekit.app.cli_common import JsonOpt, refuse
+from shufflekit.app.cli_common import JsonOpt, count, refuse
 from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import (
@@ -36,7 +36,7 @@ app = typer.Typer(
 )
 
 # n and k are checked by Mechanism (one-line typed errors naming the valid range)
-N = Annotated[int, typer.Option("--n", help="Users per round.")]
+N = Annotated[int, typer.Option("--n", parser=count, help="Users per round.")]
 K = Annotated[int, typer.Option("--k", help="Categories.")]
 EPS0 = Annotated[float, typer.Option("--eps0", help="Local epsilon of k-RR.")]
 ROUNDS = Annotated[int, typer.Option("--rounds", min=1, help="Identical rounds composed.")]
@@ -268,7 +268,7 @@ def epsilon(
     delta: Annotated[
         float | None, typer.Option(help="Target delta (with --from-ledger: the budget's).")
     ] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Users per round.")] = None,
+    n: Annotated[int | None, typer.Option("--n", parser=count, help="Users per round.")] = None,
     k: Annotated[int | None, typer.Option("--k", help="Categories.")] = None,
     eps0: Annotated[float | None, typer.Option("--eps0", help="Local epsilon of k-RR.")] = None,
     rounds: ROUNDS = 1,
@@ -380,7 +380,8 @@ def calibrate_cmd(
     epsilon: Annotated[float, typer.Option(help="Target total epsilon.")],
     delta: Annotated[float, typer.Option(help="Target total delta.")],
     n: Annotated[
-        int | None, typer.Option("--n", help="Users per round: find the largest eps0.")
+        int | None,
+        typer.Option("--n", parser=count, help="Users per round: find the largest eps0."),
     ] = None,
     eps0: Annotated[
         float | None, typer.Option("--eps0", help="Local epsilon: find the smallest n.")

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shufflekit.analyzer.estimators import ESTIMATORS
-from shufflekit.app.cli_common import JsonOpt, refuse
+from shufflekit.app.cli_common import JsonOpt, count, refuse
 from shufflekit.app.datasets import (
     DATASET_HELP,
     CsvColumn,
@@ -63,7 +63,7 @@ IbuTolOpt = Annotated[
 def simulate(
     users: Annotated[
         int | None,
-        typer.Option(min=1, help="Users (default 10000; with --csv: the column's rows)."),
+        typer.Option(parser=count, help="Users (default 10000; with --csv: the column's rows)."),
     ] = None,
     k: Annotated[
         int | None,
@@ -286,7 +286,7 @@ def _compact(x: float | None, digits: int = 3, width: int = 8) -> str:
 
 @experiment_app.command()
 def utility(
-    n: Annotated[int, typer.Option(min=1, help="Users (unless --ns).")] = 100_000,
+    n: Annotated[int, typer.Option(parser=count, help="Users (unless --ns).")] = 100_000,
     k: Annotated[
         int | None,
         typer.Option(min=2, help="Categories unless --ks (default 10; probs: its length)."),
@@ -427,7 +427,7 @@ def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
 
 @experiment_app.command()
 def individual(
-    n: Annotated[int, typer.Option(min=1, help="Users.")] = 100_000,
+    n: Annotated[int, typer.Option(parser=count, help="Users.")] = 100_000,
     k: Annotated[
         int | None, typer.Option(min=2, help="Categories (default 15; probs: its length).")
     ] = None,
