@@ -427,8 +427,8 @@ def test_public_api_and_plain_imports() -> None:
     code = (
         "from shufflekit.accountant import (Budget, Ledger, Mechanism, calibrate_eps0, "
         "compose_rounds, tight_delta, tight_epsilon); "
-        "from shufflekit.accountant import registry, tight; "
-        "print(registry.get_method('tight').pld is tight.tight_pld)"
+        "from shufflekit.accountant import curve_pld, registry; "
+        "print(registry.get_method('tight').pld is curve_pld.composition_pld)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -122,8 +122,6 @@ def test_counts_are_read_as_people_write_them(text: str | int, want: int) -> Non
         ("1.5", "not a whole number"),
         ("abc", "not a whole number"),
         ("nan", "not a whole"),
-        ("0", "below 1"),
-        ("-3", "below 1"),
         ("1e30", "more people than there are"),
     ],
 )
@@ -135,3 +133,20 @@ def test_bad_counts_are_usage_errors(text: str, says: str) -> None:
     )
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["privacy", "epsilon", "--n", "0", "--k", "10", "--eps0", "1", "--delta", "1e-9"],
+        ["demo", "--users", "0"],
+        ["demo", "--users", "-1e3"],
+        ["leakage", "--n", "0", "--k", "3", "--eps0", "1"],
+    ],
+)
+def test_counts_below_one_are_refused_in_one_line(argv: list[str]) -> None:
+    """The count is read as written; its range is the command's, refused in one line."""
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output

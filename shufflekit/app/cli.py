@@ -117,6 +117,8 @@ def demo(
     says so). With --mechanism bits --bits L each user holds an L-bit record and flips each
     bit (eps0 per record); the result has per-bit estimates with standard errors.
     """
+    if users < 1:
+        refuse(f"--users must be at least 1, got {users}")
     if not math.isfinite(eps0) or eps0 <= 0:
         refuse("--eps0 must be a finite number > 0")
     if mechanism not in ("krr", "bits"):
