@@ -14,11 +14,11 @@ from shufflekit.accountant.blanket_cells import blanket_cells, blanket_loss_sd, 
 from shufflekit.accountant.composition import compose, compose_lower, default_grid, loss_sd
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid
-from shufflekit.accountant.curve_pld import CurvePLD, blanket_pld
+from shufflekit.accountant.curve_pld import CurvePLD, blanket_pld, composition_pld
 from shufflekit.accountant.curves import pack_pld, unpack_pld
 from shufflekit.accountant.numerics.binomial import log_pmf
 from shufflekit.accountant.row_cells import Rows, add_rows, row_loss
-from shufflekit.accountant.tight_upper import blanket_eval, blanket_support, tight_pld
+from shufflekit.accountant.tight_upper import blanket_eval, tight_pld
 
 
 def _one_by_one(rows: Rows, step: float) -> CurveCells:
@@ -41,9 +41,15 @@ def _one_by_one(rows: Rows, step: float) -> CurveCells:
 @pytest.mark.parametrize(
     ("n", "k", "eps0", "step"), [(100_000, 10, 1.0, 5e-5), (100_000, 3, 0.5, 2e-5)]
 )
-def test_rows_give_the_cells_of_the_atoms(n: int, k: int, eps0: float, step: float) -> None:
-    rows, log_inf = blanket_rows(Mechanism(n=n, k=k, eps0=eps0))
-    got, want = blanket_cells(rows, log_inf, step), _one_by_one(rows, step)
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_cells_equal_the_atoms_one_by_one(
+    n: int, k: int, eps0: float, step: float, by_rows: bool
+) -> None:
+    """Both ways of summing (rows in closed form; `tight_pld`'s kernel, atom by atom) give the
+    cells of the atoms added one by one with masses from `log_pmf`."""
+    mech = Mechanism(n=n, k=k, eps0=eps0)
+    rows, sup = blanket_rows(mech)
+    got, want = blanket_cells(mech, step, by_rows=by_rows), _one_by_one(rows, step)
     assert got.first == want.first and got.w.size == want.w.size
     total = float(want.w.sum())
     assert total == pytest.approx(1.0, abs=1e-12)  # the rows hold all but the windows' tails
@@ -52,7 +58,7 @@ def test_rows_give_the_cells_of_the_atoms(n: int, k: int, eps0: float, step: flo
         assert np.max(np.abs(a - b)) <= 1e-13 * total, name
         big = b > 1e-9 * b.max()
         assert np.max(np.abs(a[big] / b[big] - 1.0)) < 1e-9, name
-    assert math.exp(log_inf) <= got.inf_mass < 1e-12
+    assert math.exp(sup.log_inf) <= got.inf_mass < 1e-12
 
 
 @pytest.mark.parametrize(("n", "k", "eps0"), [(1_000_000, 10, 1.0), (300_000, 4, 2.0)])
@@ -61,10 +67,9 @@ def test_curve_is_the_pairs_closed_form(n: int, k: int, eps0: float) -> None:
     closed form (`blanket_eval`: partial expectations of whole binomial rows, an independent
     computation), within the cells' allowance and the mass their windows leave out."""
     mech = Mechanism(n=n, k=k, eps0=eps0)
-    rows, log_inf = blanket_rows(mech)
-    cells = blanket_cells(rows, log_inf, 5e-5)
+    cells = blanket_cells(mech, 5e-5)
     h, allow = cells.curve()
-    grid = blanket_support(mech, -32.0, -14.0).grid
+    grid = blanket_rows(mech)[1].grid
     losses = cells.losses()
     sd = blanket_loss_sd(mech)
     checked = 0
@@ -90,8 +95,7 @@ def test_composed_between_the_lower_hull_and_the_atoms() -> None:
     step = default_grid(10, [pld])
     upper = compose([pld], counts=[10], grid=step).epsilon(1e-9)
     atoms = compose([tight_pld(mech)], counts=[10], grid=step).epsilon(1e-9)
-    rows, log_inf = blanket_rows(mech)
-    cells = blanket_cells(rows, log_inf, step)
+    cells = blanket_cells(mech, step)
     low = CurvePLD(
         pld.losses,
         pld.log_probs,
@@ -106,11 +110,17 @@ def test_composed_between_the_lower_hull_and_the_atoms() -> None:
     assert atoms - upper < 2e-3 * upper
 
 
-def test_few_users_keep_the_atoms() -> None:
+def test_few_users_sum_atoms_into_the_same_kind_of_pair() -> None:
     """Where rows cross about as many cells as they hold outcomes, summing them does not pay:
-    the pair is `tight_pld`'s; with many users it is the exact-curve pair."""
-    assert not isinstance(blanket_pld(Mechanism(n=1_000, k=10, eps0=1.0)), CurvePLD)
-    assert isinstance(blanket_pld(Mechanism(n=1_000_000, k=10, eps0=1.0)), CurvePLD)
+    the atoms go into the cells one by one (`tight_pld`'s kernel), and the pair is the same
+    exact-curve hull, at or below the atoms rounded up from one round to many."""
+    for mech in (Mechanism(n=1_000, k=10, eps0=1.0), Mechanism(n=100, k=3, eps0=8.0)):
+        pld, atoms = blanket_pld(mech), tight_pld(mech)
+        assert isinstance(pld, CurvePLD)
+        for rounds in (1, 10, 300):
+            step = default_grid(rounds, [atoms])
+            upper = compose([pld], counts=[rounds], grid=step).epsilon(1e-6)
+            assert upper <= compose([atoms], counts=[rounds], grid=step).epsilon(1e-6) * (1 + 1e-9)
 
 
 def test_base_step_divides_the_default_grid() -> None:
@@ -150,3 +160,17 @@ def test_reloaded_pair_composes_the_same() -> None:
     # a step that is no multiple of the base splits the hull there: sound, a little looser
     off = compose([fresh], counts=[10], grid=3.3e-5).epsilon(1e-9)
     assert compose([fresh], counts=[10], grid=5e-5).epsilon(1e-9) <= off * (1 + 1e-3)
+
+
+@pytest.mark.parametrize(
+    "mech", [Mechanism(n=100, k=3, eps0=8.0), Mechanism(n=1_000, k=2, eps0=1.0)]
+)
+def test_a_coarser_grid_ends_at_the_tail(mech: Mechanism) -> None:
+    """On a multiple of the base step the hull ends at the tail bound (`vals[-1]`), not at the
+    last sampled value before it (which put 3.7e-9 at +inf at n = 100, eps0 = 8: enough to
+    fail 1,000 rounds at delta = 1e-6)."""
+    pld = composition_pld(mech)
+    assert isinstance(pld, CurvePLD) and pld.hull is not None
+    base, _, vals = pld.hull
+    for r in (2, 3, 7, 10):
+        assert pld.on_grid(r * base, True).inf_mass == vals[-1]

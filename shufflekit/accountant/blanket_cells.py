@@ -17,31 +17,47 @@ import numpy as np
 
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import CurveCells
-from shufflekit.accountant.row_cells import Rows, add_rows
-from shufflekit.accountant.tight_upper import blanket_support
+from shufflekit.accountant.numerics.logspace import logsumexp
+from shufflekit.accountant.row_cells import Rows, add_rows, rows_pay
+from shufflekit.accountant.tight_upper import BlanketSupport, blanket_atoms, blanket_support
 
 LOG_TAU = -32.0  # the windows' truncation level, as `tight_pld`'s
 LOG_DELTA_HINT = -14.0
 #: Relative error allowed for each cell's masses: twice the row recurrence's tolerance
-#: (`row_cells.RECURRENCE_TOL`); the log-space weights and sums are far more accurate.
+#: (`row_cells.RECURRENCE_TOL`); the log-space weights, sums and atoms are far more accurate.
 REL_ERROR = 2e-9
 
 
-def blanket_rows(mech: Mechanism) -> tuple[Rows, float]:
-    """The pair's rows and the log of the P-mass their windows leave out."""
+def blanket_rows(mech: Mechanism) -> tuple[Rows, BlanketSupport]:
+    """The pair's rows (`row_cells`) and the support they come from."""
     sup = blanket_support(mech, LOG_TAU, LOG_DELTA_HINT)
     log_k = sup.grid.log_weight + np.log(sup.alpha)
     rows = Rows(sup.grid.t, sup.clo, sup.chi, sup.beta[:, None], log_k[:, None], 1.0)
-    return rows, sup.log_inf
+    return rows, sup
 
 
-def blanket_cells(rows: Rows, log_inf: float, step: float) -> CurveCells:
-    """The cells of the pair's `rows` at base step `step` over the losses they reach, with
-    `inf_mass` an upper bound on everything left out of them (`log_inf` and float underflow)."""
+def blanket_cells(mech: Mechanism, step: float, *, by_rows: bool | None = None) -> CurveCells:
+    """The pair's cells at base step `step` over the losses it reaches, with `inf_mass` an
+    upper bound on everything left out of them (outside the windows, or below a float).
+
+    by_rows: sum each row in closed form (`row_cells.add_rows`), or add its atoms one by one
+    (`tight_upper.blanket_atoms`, the kernel of `tight_pld`); None: rows where they pay
+    (`row_cells.rows_pay`: rows crossing well under half as many cells as they hold outcomes).
+    """
+    rows, sup = blanket_rows(mech)
     lo, hi = rows.loss_range()
     cells = CurveCells.empty(step, lo, hi, rel_error=REL_ERROR)
-    lost = add_rows(cells, rows, step)
-    cells.inf_mass = math.exp(log_inf) + lost
+    if by_rows is None:
+        by_rows = rows_pay(rows, rows.crossings(step)[1])
+    if by_rows:
+        lost = add_rows(cells, rows, step)
+    else:
+        tiny = [-math.inf]
+        for loss, lm_up, keep_up, lm_mirror, keep_mirror in blanket_atoms(sup, tiny):
+            cells.add(loss[keep_up], lm_up[keep_up])
+            cells.add(-loss[keep_mirror], lm_mirror[keep_mirror])
+        lost = math.exp(logsumexp(np.array(tiny)))
+    cells.inf_mass = math.exp(sup.log_inf) + lost
     return cells
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from shufflekit.accountant.attack_cells import all_at_z_cells, all_at_z_loss_sd
 from shufflekit.accountant.attack_pld import dataset_atoms
-from shufflekit.accountant.blanket_cells import blanket_cells, blanket_loss_sd, blanket_rows
+from shufflekit.accountant.blanket_cells import blanket_cells, blanket_loss_sd
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
 from shufflekit.accountant.k2_compose import ATOMS_MAX_N, CELLS_RTOL, MAX_N, K2Pair
@@ -27,8 +27,6 @@ from shufflekit.accountant.numerics.grid import GridPLD, discretise
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.numerics.pmf_sum import clear_sums
-from shufflekit.accountant.row_cells import rows_pay
-from shufflekit.accountant.tight_upper import tight_pld
 from shufflekit.base.errors import InvalidParameters
 
 #: Base steps of the k >= 3 curves (attack and blanket): each divides every step of
@@ -153,6 +151,8 @@ def hull_pld(
         j0 = -((-first) // r)  # first multiple of r at or after `first`
         tail = float(vals[-1])  # beyond the last point: the curve is below the tail bound
         sub = np.maximum(vals[j0 * r - first :: r], tail)
+        if (j0 + sub.size - 1) * r < first + vals.size - 1:  # a point past the last one, so
+            sub = np.append(sub, tail)  # the hull ends at the tail, not at a value before it
         return upper_grid(step, j0, sub, tail, f"{key}:{step!r}")
 
     return CurvePLD(
@@ -179,25 +179,22 @@ def composition_pld(mech: Mechanism) -> PrivacyLossDistribution:
 # ----------------------------------------------------------------------------- blanket
 
 
-def blanket_pld(mech: Mechanism) -> PrivacyLossDistribution:
+def blanket_pld(mech: Mechanism) -> CurvePLD:
     """The blanket pair behind `tight`'s upper bound (`tight_upper.tight_pld`'s pair: the same
     buckets and windows), put on a composition grid from its exact curve (`upper_grid`).
 
-    Its cells (`blanket_cells`, summed row by row) are kept at a base step of CURVE_STEPS
+    Its cells (`blanket_cells`) are kept at a base step of CURVE_STEPS
     chosen from the loss spread, so that every step `default_grid` picks is a multiple: there
     the curve is exact at every grid point up to the cells' float allowance, plus the mass
     left out of the cells (as +inf); another step splits the hull (`hull_pld`). Unlike
     rounding each loss up (`tight_pld`), the hull's error is of second order in the step, and
-    no per-bucket table over every T is held (tight_pld peaks at 5.5 GB at n = 1e9). With few
-    users the rows are too narrow to pay (`row_cells.rows_pay`): there `tight_pld` itself is
-    faster, and as tight to within 1e-3 relative (measured).
+    no per-bucket table over every T is held where rows are summed (tight_pld peaks at 5.5 GB
+    at n = 1e9). With few users the rows are too narrow to pay (`row_cells.rows_pay`): their
+    atoms go into the cells one by one, from `tight_pld`'s kernel.
     """
     check_query(mech)
     base = _base_step(mech, blanket_loss_sd(mech))
-    rows, log_inf = blanket_rows(mech)
-    if not rows_pay(rows, rows.crossings(base)[1]):
-        return tight_pld(mech)
-    cells = blanket_cells(rows, log_inf, base)
+    cells = blanket_cells(mech, base)
     first, size = cells.first, cells.w.size + 1  # and one point above the cells: h = 0 there
     h, allow = cells.curve_at(base, first, size)
     return hull_pld(

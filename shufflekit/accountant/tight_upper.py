@@ -33,9 +33,11 @@ the discretisation (losses rounded UP, monotone in the composed delta and hence 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import (
@@ -54,6 +56,8 @@ from shufflekit.accountant.numerics.logspace import (
     logsumexp,
 )
 from shufflekit.base.errors import AccuracyError, InvalidParameters, NotApplicable
+
+BoolArray = npt.NDArray[np.bool_]
 
 SAFETY = 1e-7
 """Relative floating-point safety margin on delta: added to every log delta of an upper bound
@@ -238,26 +242,22 @@ def _thresholds(
 _CHUNK = 1 << 16  # atoms per block of the PLD kernel (its temporaries stay in the CPU cache)
 
 
-def _blanket_atoms(
-    grid: BlanketGrid,
-    clo: FloatArray,
-    chi: FloatArray,
-    beta: FloatArray,
-    alpha: FloatArray,
-    step: float,
-    tol: float,
-) -> tuple[IntArray, FloatArray, float]:
-    """The blanket pair's atoms summed by loss grid index (rounded up): (indices, P-masses,
-    log of the mass too small for a float, which the caller counts as infinite loss).
+def blanket_atoms(
+    sup: BlanketSupport, tiny: list[float]
+) -> Iterator[tuple[FloatArray, FloatArray, BoolArray, FloatArray, BoolArray]]:
+    """The blanket pair's atoms a block of rows at a time, from each row's upper half c0 >=
+    T/2 only: (loss x, log P-mass of c0, where valid, log P-mass of the mirror T - c0 whose
+    loss is -x, where a mirror is distinct). Masses with log below LOG_FLOAT_FLOOR are left
+    out of the masks; the log of their sum is appended to `tiny` (the caller counts it as
+    +inf loss).
 
     Atom (b, T, c0) has loss log(c0 + beta) - log(T - c0 + beta) and P-mass w(b, T)
     Bin(T, 1/2)(c0) alpha (c0 + beta). The c0-window [clo, chi] is symmetric about T/2
     (`tail_window` at p = 1/2), and c0 <-> T - c0 negates the loss and keeps the binomial term,
-    so each row is computed from c0 >= T/2 only: the mirror's index -floor(x + tol) is the same
-    float as ceil(-x - tol), its own loss rounded up. log(c + beta) comes from a per-bucket
-    table, the binomial from its ratio recurrence started at the centre (`log_pmf` there).
-    Masses with log below LOG_FLOAT_FLOOR are left out of the grid, as in `LossBinner`.
+    so each row is computed from c0 >= T/2 only. log(c + beta) comes from a per-bucket table,
+    the binomial from its ratio recurrence started at the centre (`log_pmf` there).
     """
+    grid, clo, chi, beta = sup.grid, sup.clo, sup.chi, sup.beta
     t = grid.t
     if not np.array_equal(clo, t - chi):
         raise AccuracyError("tight_pld: the c0-window is not symmetric about T/2")
@@ -269,9 +269,7 @@ def _blanket_atoms(
     log_cb = np.log(cs[None, :] + beta[first][:, None]).ravel()  # log(c + beta) per bucket
     with np.errstate(divide="ignore"):
         log_int = np.log(np.arange(tmax + 2, dtype=np.float64))  # log m, m = 0 .. tmax + 1
-    lstart = log_pmf(cm, t, 0.5) + grid.log_weight + np.log(alpha)
-    acc = _DenseSum()
-    tiny_terms = [-math.inf]
+    lstart = log_pmf(cm, t, 0.5) + grid.log_weight + np.log(sup.alpha)
     order = np.argsort(width, kind="stable")
     s0 = 0
     while s0 < t.size:
@@ -285,24 +283,37 @@ def _blanket_atoms(
         off = (bucket[rows] * (tmax + 1))[:, None]
         lcb = log_cb[off + c]
         lcb_m = log_cb[off + ti - c]
-        x = (lcb - lcb_m) / step
         ratio = log_int[np.maximum(ti - c, 1)] - log_int[c + 1]  # log pmf(c+1)/pmf(c)
         lbin = np.empty(c.shape)
         lbin[:, 0] = 0.0
         np.cumsum(ratio[:, :-1], axis=1, out=lbin[:, 1:])
         lbin += lstart[rows][:, None]
-        mirror = valid & (2 * c > ti)
-        for lm, keep, idx in (
-            (lbin + lcb, valid, np.ceil(x - tol)),
-            (lbin + lcb_m, mirror, -np.floor(x + tol)),
-        ):
-            tiny = lm < LOG_FLOAT_FLOOR
-            if np.any(tiny & keep):
-                tiny_terms.append(logsumexp(lm[tiny & keep]))
-                keep = keep & ~tiny
-            acc.add(idx.astype(np.int64), np.exp(lm) * keep)
+        masks = []
+        for lm, keep in ((lbin + lcb, valid), (lbin + lcb_m, valid & (2 * c > ti))):
+            small = lm < LOG_FLOAT_FLOOR
+            if np.any(small & keep):
+                tiny.append(logsumexp(lm[small & keep]))
+                keep = keep & ~small
+            masks.append((lm, keep))
+        (lm_up, keep_up), (lm_mirror, keep_mirror) = masks
+        yield lcb - lcb_m, lm_up, keep_up, lm_mirror, keep_mirror
+
+
+def _blanket_atoms(
+    sup: BlanketSupport, step: float, tol: float
+) -> tuple[IntArray, FloatArray, float]:
+    """The blanket pair's atoms summed by loss grid index (rounded up): (indices, P-masses,
+    log of the mass too small for a float, which the caller counts as infinite loss). The
+    mirror's index -floor(x + tol) is the same float as ceil(-x - tol), its own loss rounded
+    up."""
+    acc = _DenseSum()
+    tiny = [-math.inf]
+    for loss, lm_up, keep_up, lm_mirror, keep_mirror in blanket_atoms(sup, tiny):
+        x = loss / step
+        acc.add(np.ceil(x - tol).astype(np.int64), np.exp(lm_up) * keep_up)
+        acc.add((-np.floor(x + tol)).astype(np.int64), np.exp(lm_mirror) * keep_mirror)
     idx, mass = acc.nonzero()
-    return idx, mass, logsumexp(np.array(tiny_terms))
+    return idx, mass, logsumexp(np.array(tiny))
 
 
 class _DenseSum:
@@ -438,7 +449,7 @@ def tight_pld(
     """
     check_query(mech)
     sup = blanket_support(mech, log_tau, log_delta_hint)
-    grid, clo, chi, beta = sup.grid, sup.clo, sup.chi, sup.beta
+    grid, chi, beta = sup.grid, sup.chi, sup.beta
     t = grid.t
     k = mech.k
     span = 2.0 * float(
@@ -449,7 +460,7 @@ def tight_pld(
     if not (step > 0 and math.isfinite(step)):
         raise InvalidParameters(f"loss_step must be > 0, got {loss_step!r}")
     binner = LossBinner(step, up=True)
-    idx, mass, log_tiny = _blanket_atoms(grid, clo, chi, beta, sup.alpha, step, binner.tolerance)
+    idx, mass, log_tiny = _blanket_atoms(sup, step, binner.tolerance)
     binner.add_indexed(idx, mass)
     binner.add_inf(sup.log_inf)
     binner.add_inf(log_tiny)
