@@ -269,7 +269,11 @@ def upper_grid(
     step: float, first: int, upper_vals: FloatArray, inf_mass: float, key: str
 ) -> GridPLD:
     """A dominating grid PLD from upper bounds `upper_vals[i]` >= h(e^((first+i) step)) (inf
-    mass included) of a proper pair: the lower convex hull of (0, 1) and those points."""
+    mass included) of a proper pair: the lower convex hull of (0, 1) and those points.
+
+    The hull is constant after the last point: its +inf mass is the last value, of which what
+    exceeds the pair's own `inf_mass` is looseness (`truncated_mass`, which the accuracy check
+    counts as slack); the pair's own infinite mass is part of its delta, as for any PLD."""
     u = np.maximum.accumulate(np.asarray(upper_vals, dtype=np.float64)[::-1])[::-1]
     u = np.minimum(u, 1.0)
     if u[-1] < inf_mass:
@@ -289,7 +293,7 @@ def upper_grid(
         inf_mass=last,
         log_inf_mass=math.log(last) if last > 0 else -math.inf,
         upper=True,
-        truncated_mass=last,
+        truncated_mass=max(last - inf_mass, 0.0),
         method="hull",
         key=key,
     )
