@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-from shufflekit.accountant import ldp, tight
+from shufflekit.accountant import composition, ldp, tight
 from shufflekit.accountant.clones import METHOD as CLONES_METHOD
 from shufflekit.accountant.clones import clones_log_delta, clones_pld
 from shufflekit.accountant.composition import compose
@@ -43,7 +43,6 @@ from shufflekit.accountant.core import (
     check_delta,
     check_epsilon,
 )
-from shufflekit.accountant.curve_pld import blanket_pld
 from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp
 from shufflekit.accountant.numerics.roots import solve_epsilon
 from shufflekit.base.errors import InvalidParameters
@@ -271,12 +270,12 @@ def mechanism_tag(mech: RoundMechanism) -> str:
 
 
 def round_pld(mech: RoundMechanism) -> PrivacyLossDistribution:
-    """The round's dominating pair: k-RR's blanket pair (`curve_pld.blanket_pld`: the pair of
-    `tight`'s upper bound), or the bits round's generic pair."""
+    """The round's dominating pair: the ledger's for k-RR (`composition.round_pld`: the k = 2
+    pair, else the blanket pair on its exact curve; cached), or the bits round's generic pair."""
     if isinstance(mech, BitsMechanism):
         return bits_pld(mech)
     if isinstance(mech, Mechanism):
-        return blanket_pld(mech)
+        return composition.round_pld(mech)
     raise InvalidParameters(f"expected a round mechanism, got {type(mech).__name__}")
 
 

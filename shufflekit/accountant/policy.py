@@ -180,11 +180,11 @@ class LdpSumCost:
 
 
 class TightCost:
-    """The default: the rounds' tight dominating pairs (`bits.round_pld`: k-RR's blanket pair),
-    composed by `accountant.composition`, and never above the LDP sum (both are sound upper
-    bounds at the same delta, so their minimum is one too). One round alone is evaluated
-    exactly, without the composition grid. `shufflekit privacy epsilon --rounds R` calls this
-    same function, so the ledger and the CLI agree on the same rounds."""
+    """The default: the rounds' tight dominating pairs (`composition.round_pld`: the certified
+    k = 2 pair, else the blanket pair), composed by `accountant.composition`, and never above
+    the LDP sum (both are sound upper bounds at the same delta, so their minimum is one too).
+    One round alone is evaluated exactly, without the composition grid. `shufflekit privacy
+    epsilon --rounds R` calls this same function, so the ledger and the CLI agree."""
 
     name = "tight"
 
