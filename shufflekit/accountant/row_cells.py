@@ -43,7 +43,7 @@ CellSums = tuple[IntArray, FloatArray, FloatArray]
 #: Outcomes (T, h) held at once: rows of one chunk times their window.
 CHUNK_OUTCOMES = 1 << 20
 RECURRENCE_TOL = 1e-9  # largest error of the row's log pmf accepted (cells allow >= 2e-9)
-LOG_MASS_FLOOR = -745.0  # a mass below e^this is 0 in float: `Rows` count what falls below
+LOG_MASS_FLOOR = -745.0  # a mass below e^this is 0 in float: `add_rows` bounds what falls there
 
 
 @dataclass(frozen=True)
