@@ -166,3 +166,24 @@ def test_compare_answers_every_composable_sound_method_at_a_tiny_delta() -> None
         assert rows[name]["status"] == "ok", rows[name]
         assert lower <= rows[name]["epsilon"] < 100, rows[name]  # sound, and below the LDP sum
         assert BY_SQUARING in rows[name]["note"] or BY_RENYI in rows[name]["note"]
+
+
+def test_privacy_epsilon_composes_its_fallback_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note names the fallback that gave the ledger's number (`policy.composed_epsilon`):
+    the pairs are squared once, not once for the number and again for its name."""
+    from shufflekit.accountant import composition
+
+    squarings: list[bool] = []
+    real = composition.compose
+
+    def counted(*args: object, **kwargs: object) -> object:
+        if kwargs.get("squaring"):
+            squarings.append(True)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(composition, "compose", counted)
+    args = ["--n", "10000", "--k", "10", "--eps0", "1", "--delta", "1e-12", "--rounds", "100"]
+    r = CliRunner().invoke(app, ["privacy", "epsilon", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    assert BY_SQUARING in json.loads(r.stdout)["note"]
+    assert len(squarings) == 1

@@ -113,7 +113,19 @@ def charges_epsilon(
             ldp_sum, cache.number(key, lambda: mechanism_cost(t.mechanism).epsilon(t, n, delta))
         )
     key = cache.key("total", "tight", repr(float(delta)), charges_digest(charges))
-    return min(ldp_sum, cache.number(key, lambda: _compose(charges, delta, cache)))
+    return min(ldp_sum, cache.number(key, lambda: _compose(charges, delta, cache)[0]))
+
+
+def composed_epsilon(rounds: Sequence[Mechanism], delta: float) -> tuple[float, str]:
+    """`TightCost`'s epsilon of two or more k-RR rounds (the same number) and how their
+    composition answered: "pld" (one FFT power), `composition.BY_SQUARING` or `BY_RENYI`
+    (the fallbacks where it cannot certify `delta`); the cap by the LDP sum applied."""
+    charges = _charges(rounds)
+    if len(charges) < 2:
+        raise InvalidParameters("composed_epsilon needs two or more rounds")
+    ldp_sum = float(sum(r.eps0 for r in rounds))
+    eps, how = _compose(charges, delta, CurveCache())
+    return min(ldp_sum, eps), how
 
 
 def filter_level(charges: Sequence[Charge], delta: float, cache: CurveCache) -> tuple[float, float]:
@@ -131,9 +143,10 @@ def _pld_of(t: RoundType, n: int, cache: CurveCache) -> Callable[[], PrivacyLoss
     return get
 
 
-def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> float:
-    """PLD composition of the charges' (cached) dominating pairs, identical ones grouped; where
-    its numerics cannot certify `delta` (many rounds, tiny delta), the same pairs' Rényi bound."""
+def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> tuple[float, str]:
+    """PLD composition of the charges' (cached) dominating pairs, identical ones grouped, and
+    "pld"; where its numerics cannot certify `delta` (many rounds, tiny delta), the same pairs
+    by repeated squaring, else their Rényi bound (`composition.fallback_epsilon`), and which."""
     grouped: OrderedDict[Charge, int] = OrderedDict()
     for c in charges:
         grouped[c] = grouped.get(c, 0) + 1
@@ -144,12 +157,12 @@ def _compose(charges: Sequence[Charge], delta: float, cache: CurveCache) -> floa
         one = mechs[0] if len(mechs) == 1 else None
         if one is not None and K2Tightener.applies([one], counts):
             # identical k = 2 rounds: also the adaptive DP (k2_dp), as `privacy epsilon` does
-            return float(compose_rounds_bounds([one], counts=counts).epsilon(delta)[1])
+            return float(compose_rounds_bounds([one], counts=counts).epsilon(delta)[1]), "pld"
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
-        return float(compose(plds, counts=counts).epsilon(delta))
+        return float(compose(plds, counts=counts).epsilon(delta)), "pld"
     except AccuracyError as exc:
         plds = [_pld_of(t, n, cache)() for t, n in grouped]
-        return fallback_epsilon(plds, counts, delta, exc, mechs)[0]
+        return fallback_epsilon(plds, counts, delta, exc, mechs)
 
 
 class CostModel(Protocol):

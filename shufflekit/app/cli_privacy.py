@@ -18,7 +18,7 @@ from rich.text import Text
 
 from shufflekit.accountant import biswas, calibrate, composition, tight
 from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
-from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.policy import composed_epsilon
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
 from shufflekit.app.cli_common import JsonOpt, count, refuse
@@ -96,16 +96,6 @@ def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
     return float(attack.epsilon(delta)) if attack is not None else 0.0
 
 
-def _fallback_how(plds: list[Any], rounds: int, delta: float) -> str:
-    """Which fallback answers for `rounds` rounds of the pair at `delta` (the ledger's order:
-    the PLD by repeated squaring, else the Rényi curves), for the note."""
-    try:
-        composition.compose(plds, counts=[rounds], squaring=True).epsilon(delta)
-        return "dominating pairs: " + composition.BY_SQUARING
-    except AccuracyError:
-        return "dominating pairs: " + composition.BY_RENYI
-
-
 def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[str, Any]:
     """epsilon of `rounds` identical rounds at `delta` by method `m`, as a JSON-able row.
 
@@ -132,7 +122,8 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         res = m.epsilon(mech, delta)
         row |= {"epsilon": res.epsilon, "lower_bound": res.lower_epsilon, "note": res.note}
     elif m.name == "tight":
-        epsilon = TightCost().total_epsilon([mech] * rounds, delta)  # the ledger's number
+        # the ledger's number (`TightCost`), and which composition answered
+        epsilon, answered = composed_epsilon([mech] * rounds, delta)
         bounds = composition.compose_rounds_bounds([mech], counts=[rounds])
         if bounds.upper.certifies(math.log(delta)):
             lower, best = bounds.epsilon(delta)
@@ -144,7 +135,7 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
         else:
             lower = bounds.lower_epsilon(delta)
             how = (
-                _fallback_how([composition.round_pld(mech)], rounds, delta)
+                f"dominating pairs: {answered}"
                 + f" (one FFT power certifies delta >= {bounds.upper.min_certified_delta:.2g} only)"
             )
         row |= {
