@@ -1,8 +1,9 @@
 """Benchmark: many rounds at a tiny delta, what the ledger charges against the composed attack.
 
 Each cell is R identical rounds (n, k, eps0 = 1) at a delta of 1e-8, 1e-10 or 1e-12, charged as
-the ledger charges them (`policy.TightCost`: the PLD composition where its numerical slack is
-at most a tenth of delta, else `composition.fallback_epsilon`). `how` says which answered:
+the ledger charges them (`policy.composed_epsilon`, TightCost's number: the PLD composition
+where its numerical slack is at most a tenth of delta, else `composition.fallback_epsilon`),
+and `how` says which answered:
 "pld" (one FFT power), "square" (the PLD self-composed by repeated squaring), "renyi" (the
 pairs' Rényi bound) or "none" (the pairs' infinite-loss masses reach delta); the gap is
 charged / attack - 1, with "-" where the attack cannot be certified either.
@@ -13,21 +14,19 @@ Run: .venv/bin/python benchmarks/bench_tiny_delta.py [--quick]
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
 from _timing import load_line
 
 from shufflekit.accountant.composition import (
+    BY_RENYI,
     BY_SQUARING,
     clear_caches,
     compose_rounds_bounds,
-    fallback_epsilon,
-    round_pld,
 )
 from shufflekit.accountant.core import Mechanism
-from shufflekit.accountant.policy import TightCost
+from shufflekit.accountant.policy import composed_epsilon
 from shufflekit.base.errors import AccuracyError
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tiny_delta.txt"
@@ -38,15 +37,10 @@ def cell(mech: Mechanism, rounds: int, delta: float) -> tuple[str, float, float 
     start = time.perf_counter()
     bounds = compose_rounds_bounds([mech], counts=[rounds])
     try:
-        charged = TightCost().total_epsilon([mech] * rounds, delta)
+        charged, by = composed_epsilon([mech] * rounds, delta)  # the ledger's number
     except AccuracyError:
         return "none", float("inf"), bounds.lower_epsilon(delta), time.perf_counter() - start
-    how = "pld"
-    if not bounds.upper.certifies(math.log(delta)):  # what the ledger's fallback did
-        plds = [round_pld(mech)]
-        err = AccuracyError("the one-shot FFT power cannot certify delta")
-        by = fallback_epsilon(plds, [rounds], delta, err, [mech])[1]
-        how = "square" if by == BY_SQUARING else "renyi"
+    how = {BY_SQUARING: "square", BY_RENYI: "renyi"}.get(by, by)
     return how, charged, bounds.lower_epsilon(delta), time.perf_counter() - start
 
 
