@@ -101,7 +101,7 @@ def charges_epsilon(
     if not charges:
         return 0.0
     cache = cache if cache is not None else CurveCache()
-    ldp_sum = float(sum(mechanism_cost(t.mechanism).ldp_epsilon(t) for t, _ in charges))
+    ldp_sum = _ldp_sum(charges)
     if model == "ldp":
         return ldp_sum
     if mode == "adaptive":
@@ -123,9 +123,13 @@ def composed_epsilon(rounds: Sequence[Mechanism], delta: float) -> tuple[float, 
     charges = _charges(rounds)
     if len(charges) < 2:
         raise InvalidParameters("composed_epsilon needs two or more rounds")
-    ldp_sum = float(sum(r.eps0 for r in rounds))
     eps, how = _compose(charges, delta, CurveCache())
-    return min(ldp_sum, eps), how
+    return min(_ldp_sum(charges), eps), how
+
+
+def _ldp_sum(charges: Sequence[Charge]) -> float:
+    """The sum of the rounds' pure local epsilons: the cap of every tight charge."""
+    return float(sum(mechanism_cost(t.mechanism).ldp_epsilon(t) for t, _ in charges))
 
 
 def filter_level(charges: Sequence[Charge], delta: float, cache: CurveCache) -> tuple[float, float]:
