@@ -28,16 +28,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.fft as sfft
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
 from shufflekit.accountant.engine import ComposedGrid, fp_error_estimate, grid_rounds
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
+
+if TYPE_CHECKING:  # imported where used: dp_accounting (with scipy.signal) takes ~1 s to load
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
@@ -59,6 +61,9 @@ class _Tracker:
 
 def to_dp_accounting(g: GridPLD) -> dpa_pld.PrivacyLossDistribution:
     """A dp_accounting PLD with exactly the masses of the gridded round (same side)."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
     pmf = pld_pmf.DensePLDPmf(g.step, int(g.offset), g.probs.copy(), float(g.inf_mass), g.upper)
     return dpa_pld.PrivacyLossDistribution(pmf)
 
@@ -76,6 +81,8 @@ def _dense(p: dpa_pld.PrivacyLossDistribution) -> pld_pmf.DensePLDPmf:
 
 
 def _l2(p: Any) -> float:
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
     d = _dense(p) if isinstance(p, dpa_pld.PrivacyLossDistribution) else p
     return float(np.linalg.norm(d._probs))
 
@@ -117,6 +124,9 @@ def self_compose_upper(
 ) -> dpa_pld.PrivacyLossDistribution:
     """`p.self_compose(count, tail_mass_truncation=tau)` of dp_accounting (a pessimistic dense
     PLD): the same window, FFT power and infinity mass, with a faster window computation."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
     pmf = _dense(p)
     probs = np.asarray(pmf._probs, dtype=np.float64)
     lo, hi = _chernoff_window(probs, count, tau)

@@ -30,7 +30,6 @@ from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
-import scipy.signal as ssignal
 
 from shufflekit.accountant.core import PrivacyResult, Soundness, check_delta, check_epsilon
 from shufflekit.accountant.numerics.grid import GridMasses
@@ -81,6 +80,8 @@ class ComposedPLD(GridMasses):
     @cached_property
     def _approx_curve(self) -> FloatArray:
         """delta(x_j) - d_inf - error on the grid points (fast, approximate: for bracketing)."""
+        import scipy.signal as ssignal  # local: loading it takes ~0.5 s
+
         w = self._pos if self.upper else self.probs
         # S0_j = sum_{i>j} w_i ; D_j = sum_{i>j} w_i e^{x_j - x_i} = e^{-step} (w_{j+1} + D_{j+1})
         s0 = np.concatenate([np.cumsum(w[::-1])[::-1][1:], [0.0]])

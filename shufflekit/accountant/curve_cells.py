@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import scipy.signal as ssignal
 
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -131,6 +130,8 @@ class CurveCells:
         """(h, allowance) at every grid point: h(e^(j s)) without `inf_mass`, and a bound on its
         float error. h_j = d_j + X_j + Y_j with X_j = sum_{i>j} w_i (1 - e^-(i-j)s) and
         Y_j = sum_{i>j} e^-(i-j)s d_i, both by recursions of non-negative terms."""
+        import scipy.signal as ssignal  # local: loading it takes ~0.5 s
+
         a = math.exp(-self.step)
         one_minus_a = -math.expm1(-self.step)
         w, d = self.w, self.d
@@ -181,6 +182,8 @@ class CurveCells:
         below j), recursions of non-negative terms. Allowance: the masses' errors on t_j Q +
         P below (= g_j + 2 W_j) and in cell j (an atom there may truly lie below), 1e-10 of g
         for the recursions, and the rounding of u."""
+        import scipy.signal as ssignal  # local: loading it takes ~0.5 s
+
         es, em1 = math.exp(self.step), math.expm1(self.step)
         w, d = self.w, self.d
         u = np.maximum(em1 * w - es * d, 0.0)

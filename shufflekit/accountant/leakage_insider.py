@@ -22,7 +22,6 @@ from collections.abc import Iterator
 
 import numpy as np
 from scipy.special import gammaln
-from scipy.stats import binom
 
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -198,6 +197,8 @@ def general_worst_case(n: int, k: int, p: float) -> float:
 
 def blanket_bound(n: int, k: int, eps0: float) -> float:
     """A sound upper bound on the insider's vulnerability for any configuration (module doc)."""
+    from scipy.stats import binom  # local: scipy.stats takes ~0.5 s to load
+
     r = krr(k, eps0)
     gamma = r.gamma
     others = n - 1

@@ -15,7 +15,6 @@ import math
 import numpy as np
 import numpy.typing as npt
 from scipy import fft as sfft
-from scipy.stats import binom, poisson
 
 from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.base.errors import InvalidParameters
@@ -65,6 +64,8 @@ def _upper_tail(n: int, k: int, m0: int) -> tuple[int, int, FloatArray]:
     sd = math.sqrt(n / k * (1 - 1 / k))
     top = min(n, int(n / k + 60 * sd + 60))
     ms = np.arange(m0, top + 1)
+    from scipy.stats import binom  # local: scipy.stats takes ~0.5 s to load
+
     union = k * binom.sf(ms, n, 1.0 / k)
     pair = math.comb(k, 2) * union**2 / k**2  # C(k,2) P(N1>m)^2 >= P(N1>m, N2>m) summed
     fft_end = np.nonzero(pair < 1e-18)[0]
@@ -91,6 +92,8 @@ def expected_max_excess(n: int, k: int) -> float:
     total = (m0 - lam) + float(np.sum(np.minimum(union, 1.0)))
     if m_fft <= m0:
         return total
+    from scipy.stats import poisson  # local: scipy.stats takes ~0.5 s to load
+
     lo = max(0, math.floor(lam - LEFT_SD * math.sqrt(lam) - 2))
     f = poisson.pmf(np.arange(lo, m_fft), lam)
     target = n - k * lo
