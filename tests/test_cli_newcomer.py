@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from shufflekit.accountant.core import Mechanism
@@ -49,6 +51,19 @@ def test_flags_show_no_bool_placeholder(command: list[str]) -> None:
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output
     assert "--help" in result.output
+
+
+def test_every_command_summary_is_one_line() -> None:
+    """A command list shows each command's first paragraph with its line breaks kept (rich
+    mode): a summary wrapped in the source prints cut mid-sentence, so it must be one line."""
+    todo: list[tuple[str, click.Command]] = [("shufflekit", typer.main.get_command(app))]
+    wrapped = []
+    while todo:
+        path, command = todo.pop()
+        todo += [(f"{path} {n}", c) for n, c in getattr(command, "commands", {}).items()]
+        if "\n" in (command.help or "").strip().split("\n\n")[0]:
+            wrapped.append(path)
+    assert not wrapped
 
 
 def test_no_rich_markup_in_the_cli_sources() -> None:

@@ -43,8 +43,9 @@ def chaos(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run the real services on a simulated, faulty network and virtual clock, seed by seed,
-    checking every promise after every step; exit 1 if any seed broke one."""
+    """Run the real services on a simulated faulty network, checking every promise each step.
+
+    Seed by seed, on a virtual clock; exit 1 if any seed broke a promise."""
     cfg = ChaosConfig(
         seeds=seeds,
         first_seed=first_seed,

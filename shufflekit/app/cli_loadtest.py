@@ -57,8 +57,10 @@ def loadtest(
     ] = 2.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """Load-test a deployment with simulated users on Locust: started here on loopback
-    (Mosquitto, mixes, analyzer, coordinator as processes), or an existing one (--config)."""
+    """Load-test a deployment with simulated users on Locust, here on loopback or --config.
+
+    Without --config it starts Mosquitto, the mixes, the analyzer and the coordinator here as
+    processes on loopback; with --config it drives an existing deployment."""
     if importlib.util.find_spec("locust") is None or importlib.util.find_spec("paho") is None:
         raise ConfigError(
             "the load test needs Locust and paho-mqtt: pip install 'shufflekit[loadtest]'"

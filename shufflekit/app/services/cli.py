@@ -105,8 +105,9 @@ def keys_enroll(
     ],
     json_out: JsonOpt = False,
 ) -> None:
-    """Enrol clients: print each client id and its credential (base64), one pair per line
-    (`ID CREDENTIAL`, never wrapped, safe to redirect), or --json.
+    """Enrol clients: print each client id and its credential, one `ID CREDENTIAL` per line.
+
+    Lines are never wrapped (safe to redirect); --json prints one object instead.
 
     A client sends its credential with every report; mix 0 checks it against the enrollment
     public key and accepts at most one report per client and round.
