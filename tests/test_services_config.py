@@ -127,6 +127,27 @@ def test_config_resolves_paths_and_takes_environment_overrides(
         cfg.mix_index(None)
 
 
+def test_absolute_key_paths_are_used_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An absolute key path was replaced by the default (deploy/examples/mix.toml could not
+    work, and an absolute enrollment_key turned credential checks off without an error)."""
+    f = tmp_path / "conf" / "sk.toml"
+    f.parent.mkdir()
+    keys = tmp_path / "etc"
+    f.write_text(
+        GOOD.replace("[mix]\n", f'[mix]\nprivate_key = "{keys / "mix1.key"}"\n')
+        + f'analyzer_public_key = "{keys / "analyzer.pub"}"\n'
+        + f'\n[analyzer]\nprivate_key = "{keys / "analyzer.key"}"\n'
+    )
+    monkeypatch.setenv("SHUFFLEKIT_MIX__ENROLLMENT_KEY", str(keys / "enrollment.pub"))
+    cfg = load_config(f)
+    assert cfg.mix_private_key(1) == keys / "mix1.key"
+    assert cfg.mix.enrollment_key == keys / "enrollment.pub"
+    assert cfg.analyzer_private_key() == keys / "analyzer.key"
+    assert cfg.public_keys()[1] == keys / "analyzer.pub"
+
+
 def test_config_errors_name_every_bad_field(tmp_path: Path) -> None:
     f = tmp_path / "bad.toml"
     f.write_text(

@@ -246,8 +246,8 @@ class ServiceConfig(BaseSettings):
     def _resolved(self, base: Path) -> ServiceConfig:
         """Relative paths (and a relative SQLite ledger) taken from `base`."""
 
-        def r(p: Path | None) -> Path | None:
-            return None if p is None or p.is_absolute() else base / p
+        def r(p: Path | None) -> Path | None:  # an absolute path is used as given
+            return None if p is None else p if p.is_absolute() else base / p
 
         upd: dict[str, Any] = {
             "keys_dir": r(self.keys_dir),
