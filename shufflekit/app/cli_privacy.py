@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shufflekit.accountant import biswas, calibrate, composition, tight
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness
+from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_delta
 from shufflekit.accountant.policy import composed_epsilon
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
@@ -453,6 +453,7 @@ def compare(
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
+    check_delta(delta)  # (each method would refuse it alone: a table of errors, exit 0)
     steps = len(all_methods(include_variants=variants))
     with progress_bar("epsilon of each method", steps, "steps", quiet=json_out) as update:
         rows = compare_rows(mech, delta, rounds, variants, progress=lambda i, name: update(i))
