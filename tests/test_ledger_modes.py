@@ -30,7 +30,8 @@ def test_round_type_parser() -> None:
     e = parse_round_type(" bits:16 , 1.5 , 3 ")
     assert (e.type, e.count) == (RoundType("bits", 16, 1.5), 3)
     assert str(e) == "bits:16,1.5,3"
-    for bad in ("10", "10,2,3,4", "x,2", "1,2", "10,0", "10,nan", "10,2,0", "foo:3,1", "10,2,1.5"):
+    bad_types = ("10", "10,2,3,4", "x,2", "1,2", "10,0", "10,nan", "10,2,0", "foo:3,1", "10,2,1.5")
+    for bad in (*bad_types, "bits:0,1", "bits:17,1"):  # L in 1..16, as every round checks
         with pytest.raises(InvalidParameters):
             parse_round_type(bad)
 

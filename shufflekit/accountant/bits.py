@@ -45,9 +45,9 @@ from shufflekit.accountant.core import (
 )
 from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp
 from shufflekit.accountant.numerics.roots import solve_epsilon
+from shufflekit.accountant.round_types import MAX_BITS
 from shufflekit.base.errors import InvalidParameters
 
-MAX_BITS = 16  # a record travels in the 2-byte value field of the fixed 6-byte report
 METHOD = "bits-generic"
 SUMMARY = (
     "bit-vector records: GENERIC eps0-LDP amplification (Feldman-McMillan-Talwar clones), "

@@ -18,6 +18,7 @@ from typing import Any
 from shufflekit.base.errors import InvalidParameters
 
 KRR = "krr"
+MAX_BITS = 16  # a bit-vector record travels in the 2-byte value field of the 6-byte report
 _TAGS_WITH_PREFIX = ("bits",)  # tags written as TAG:SIZE; k-RR is written as a bare K
 
 
@@ -84,6 +85,8 @@ def check_entry(e: ScheduleEntry) -> None:
     if t.size < (2 if t.mechanism == KRR else 1):
         what = "k must be >= 2" if t.mechanism == KRR else f"{t.mechanism} length must be >= 1"
         raise InvalidParameters(f"round type {e}: {what}")
+    if t.mechanism == "bits" and t.size > MAX_BITS:
+        raise InvalidParameters(f"round type {e}: bits length must be <= {MAX_BITS}")
     if not (math.isfinite(t.eps0) and t.eps0 > 0):
         raise InvalidParameters(f"round type {e}: eps0 must be a finite number > 0")
     if e.count is not None and e.count < 1:
