@@ -353,6 +353,9 @@ def test_statement_wording_keeps_delta_and_the_eps0_cap() -> None:
     assert text.endswith("never more than e^1 = 2.718 times as likely")
     bare = lk.participant_statement(r)
     assert "plus" not in bare and "never more than e^1 = 2.718 times as likely" in bare
+    for eps, delta in ((-1.0, 2.0), (math.nan, math.nan), (0.3, 1.0)):  # said "e^-1 ... plus 2"
+        with pytest.raises(InvalidParameters):
+            lk.participant_statement(r, epsilon=eps, delta=delta)
 
 
 def test_large_eps0_insider_tends_to_the_truth_probability() -> None:
