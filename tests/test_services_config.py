@@ -212,6 +212,28 @@ async def test_a_hop_that_is_not_ready_aborts_before_any_client_is_asked(tmp_pat
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
 
 
+async def test_a_coordinator_stopped_while_waiting_for_hops_says_so(tmp_path: Path) -> None:
+    """SIGTERM during the ready handshake was reported as "hop(s) [0] not ready within 30s"."""
+    led = _ledger(tmp_path)
+    async with MemoryBroker().connect() as coord_conn:
+        coord = Coordinator(
+            coord_conn,
+            "test",
+            led,
+            [KeyPair.generate().public_b64()],  # no hop serves: none will be ready
+            KeyPair.generate().public_b64(),
+            ready_timeout=30,
+        )
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, stop.set)
+        rep = await asyncio.wait_for(
+            coord.run_round(RoundParams(k=4, eps0=1.0, n_min=10), stop=stop), 10
+        )
+    assert rep.abort is not None and "shutting down" in rep.abort.reason
+    assert "not ready" not in rep.abort.reason
+    assert [r.status for r in led.status("test").rounds] == ["refunded"]
+
+
 async def test_a_stopping_mix_aborts_the_round_it_is_collecting(tmp_path: Path) -> None:
     led = _ledger(tmp_path)
     broker = MemoryBroker()

@@ -381,10 +381,11 @@ class Coordinator:
                 self.clock,
                 self.control,
             )
-            if missing or (stop is not None and stop.is_set()):
-                reason = (
+            stopping = stop is not None and stop.is_set()
+            if missing or stopping:
+                reason = (  # a stop ends the wait early: the hops' readiness was never judged
                     "the coordinator is shutting down"
-                    if not missing
+                    if stopping
                     else f"hop(s) {missing} not ready within {self.ready_timeout:g}s"
                 )
                 abort = Abort(
