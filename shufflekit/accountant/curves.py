@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import io
 import json
 import math
@@ -46,11 +45,10 @@ def engine_version() -> str:
         h.update(path.relative_to(pathlib.Path(__file__).parent).as_posix().encode())
         h.update(path.read_bytes())
     h.update(f"numpy={np.__version__} scipy={scipy.__version__}".encode())
-    # dp_accounting has no version attribute: its PLD sources stand for it (found, not imported)
-    spec = importlib.util.find_spec("dp_accounting")
-    if spec is None or spec.origin is None:  # pragma: no cover - a hard dependency
-        raise ImportError("dp_accounting is not installed")
-    for path in sorted(pathlib.Path(spec.origin).parent.joinpath("pld").glob("*.py")):
+    import dp_accounting  # here, not at the top: loading it takes ~1 s (scipy.signal)
+
+    # dp_accounting has no version attribute: its PLD sources stand for it
+    for path in sorted(pathlib.Path(dp_accounting.__file__).parent.joinpath("pld").glob("*.py")):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
