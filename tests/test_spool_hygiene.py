@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,39 @@ def test_a_spool_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpoolError) as err:
         Spool(folder)
     assert str(folder) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_second_process_on_one_spool_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Two instances of one role on one spool took each other's broker session over, twice a
+    second, until the round hung: the second now refuses to start, naming the first."""
+    path = tmp_path / "spool-mix0.db"
+    held = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "holding"
+        with pytest.raises(SpoolError) as err:
+            Spool(path)
+        message = str(err.value)
+        assert f"pid {held.pid}" in message and "already running" in message
+        assert "\n" not in message
+    finally:
+        held.kill()
+        held.wait()
+    Spool(path).close()  # the OS let go of the lock with the process: a restart opens it
+    spool = Spool(path)
+    spool.close()
+    Spool(path).close()  # and a closed spool lets the next one in
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from shufflekit.core.spool import Spool
+s = Spool(Path(sys.argv[1]))
+print("holding", flush=True)
+time.sleep(60)
+"""
 
 
 def test_input_and_credentials_are_dropped_once_the_output_is_stored(tmp_path: Path) -> None:

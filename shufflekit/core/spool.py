@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -109,6 +110,7 @@ class Spool:
         self.path = path
         self.round_bytes, self.total_bytes = round_bytes, total_bytes
         self.quarantined: Path | None = None  # where a corrupted spool was moved
+        self._lock_fd = _lock(path) if path is not None else None
         try:
             self._db = self._open()
         except sqlite3.DatabaseError as exc:  # corrupt, truncated, or not SQLite at all
@@ -176,8 +178,11 @@ class Spool:
         return db
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database and let another process have the spool."""
         self._db.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -356,6 +361,29 @@ class Spool:
                 (self.clock.time() - FINISHED_TTL,),
             )
         self._count_sizes()
+
+
+def _lock(path: Path) -> int:
+    """Hold `path`.lock (flock, released by the OS when the process dies): two processes of
+    one role on one spool would take each other's broker session over and share its rounds."""
+    lock = path.with_name(path.name + ".lock")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise SpoolError(f"cannot create the spool's lock {lock}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SpoolError(
+            f"the spool {path} is in use by another process (pid {holder}): is this role "
+            "already running?"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def _private_file(path: Path) -> None:
