@@ -168,3 +168,29 @@ def test_every_method_answers_or_refuses_at_large_eps0(eps0: float) -> None:
             except NotApplicable:
                 continue
             assert not math.isnan(res.epsilon) and not math.isnan(res.log_delta), m.name
+
+
+LARGE_EPS0 = (25.0, 30.0, 36.0, 38.0, 60.0, 700.0)
+
+
+@pytest.mark.parametrize("k", [2, 3, 10])
+@pytest.mark.parametrize("n", [2, 10, 100])
+def test_large_eps0_is_answered_soundly_at_any_epsilon(n: int, k: int) -> None:
+    """From eps0 ~ 25, p = e^eps0 / (e^eps0 + k - 1) rounds towards 1 (to 1 near 37): a law
+    read through 1 - p made the attack "all others at x1" exceed delta = 1 (an internal error
+    at n = 10, k = 2, eps0 = 38) and the k = 2 epsilon search run past eps0. Every answer
+    lies between the exact families (80 digits) and k-RR's own curve, and delta <= 1."""
+    for eps0 in LARGE_EPS0:
+        mech = Mechanism(n, k, eps0)
+        for eps in (0.5, 0.5 * eps0, eps0 - 1.0):
+            d = tight_delta(mech, eps)
+            proven = best_family_delta(n, k, eps0, eps, cap=3)
+            assert d.log_delta <= 0.0
+            assert d.log_delta >= float(mpmath.log(proven)), (eps0, eps)
+            assert d.log_delta <= float(mpmath.log(ldp_delta(k, eps0, eps))) + 1e-6
+            assert d.lower_log_delta is not None and d.lower_log_delta <= d.log_delta
+        for delta in (1e-6, 0.5):
+            e = tight_epsilon(mech, delta)
+            assert e.lower_epsilon is not None and e.lower_epsilon <= e.epsilon <= eps0
+            if e.epsilon < eps0:
+                assert best_family_delta(n, k, eps0, e.epsilon, cap=3) <= delta * (1 + 1e-9)

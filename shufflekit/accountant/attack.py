@@ -94,6 +94,8 @@ def _attack_all_at_z(
     tau0 = tau0 + _TAU_REL * (tau0 + s * n)  # thresholds rounded up (a lower bound)
     if s <= 0.0:  # eps = 0: the threshold does not depend on h_z
         return logsumexp(base + log_pos_part(tau0, t, 0.5, "lower"))
+    if pz >= 1.0:  # 1 - pz underflows the double (eps0 ~ 37): h_z is as good as its mean
+        return _all_at_z_without_hz(t, base, tau0, s, big_n, pz)
     if budget is not None:  # runs per T <= s (window of h_z) + 2; the widest window: largest N
         wlo, whi = tail_window(big_n[[0, -1]], pz, log_tau)
         if t.size * (s * float(np.max(whi - wlo)) + 3.0) > budget:
@@ -126,7 +128,11 @@ def _attack_all_at_z(
     lg = log_pos_part(tau_a, tt, 0.5, "lower")  # E[(h0 - tau(a))^+]
     lsf = log_sf(np.floor(tau_a) + 1, tt, 0.5, "lower")  # P(h0 > tau(a))
     terms = base[pti] + np.logaddexp(lg + lm0, math.log(s) + lsf + lm1)
-    return logsumexp(terms)
+    # h_z's law is evaluated at the double pz, whose 1 - pz = (k - 3) q / (1 - 2q) is rounded
+    # (badly for a large eps0): each term is off by at most (N - h_z) |log of that rounding|
+    pzc = (k - 3) * q / (1.0 - 2 * q)
+    off = abs(math.log((1.0 - pz) / pzc)) + 8 * 2.0**-53
+    return logsumexp(terms) - float(np.max(nn - pa)) * off
 
 
 def _all_at_z_without_hz(
@@ -185,21 +191,25 @@ def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool
     """
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
-    p, q, g = rr.p, rr.q, rr.gamma
+    q, g = rr.q, rr.gamma
     e = math.exp(eps)
     r = math.exp(-eps0)
     c = math.expm1(eps) * g / k
-    lo, hi = tail_window(n, p, log_tau)
+    # the law of h0 ~ Bin(n, p) is read as n - h0 ~ Bin(n, 1 - p) with 1 - p = (k - 1) q: p
+    # rounds towards 1 as eps0 grows (to 1 itself near 37), and 1 - p with it
+    pc = (k - 1) * q
+    mlo, mhi = tail_window(n, pc, log_tau)
+    lo, hi = n - mhi[0], n - mlo[0]
     blocks = X0_BLOCKS_K2 if k == 2 else X0_BLOCKS
-    if hi[0] - lo[0] + 1 <= blocks:
-        h0 = np.arange(lo[0], hi[0] + 1)
-        lp = log_pmf(h0, n, p)
+    if hi - lo + 1 <= blocks:
+        h0 = np.arange(lo, hi + 1)
+        lp = log_pmf(n - h0, n, pc)
     else:
-        starts = np.unique(np.floor(np.linspace(lo[0], hi[0] + 1, blocks + 1)))
+        starts = np.unique(np.floor(np.linspace(lo, hi + 1, blocks + 1)))
         ends = starts[1:] - 1
         starts = starts[:-1]
         h0 = ends if reverse else starts
-        lp = log_interval(starts, ends, n, p)
+        lp = log_interval(n - ends, n - starts, n, pc)
     big_n = n - h0
     blanket = c * (n - h0 * (1.0 - r))
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -41,15 +41,16 @@ def _iter_all_at_x0(mech: Mechanism, reverse: bool, log_tau: float) -> AtomChunk
     """`_pld_all_at_x0`'s atoms, chunk by chunk (memory stays small at large n)."""
     n, k, eps0 = mech.n, mech.k, mech.eps0
     rr = mech.krr
-    p, q, g = rr.p, rr.q, rr.gamma
+    q, g = rr.q, rr.gamma
     r = math.exp(-eps0)
-    lo, hi = tail_window(n, p, log_tau)
-    h0_all = np.arange(lo[0], hi[0] + 1)
+    pc = (k - 1) * q  # 1 - p: h0 ~ Bin(n, p) is read as n - h0 (p rounds towards 1)
+    mlo, mhi = tail_window(n, pc, log_tau)
+    h0_all = np.arange(n - mhi[0], n - mlo[0] + 1)
     lnq = math.log(n * q)
     for s0 in range(0, h0_all.size, 512):
         h0 = h0_all[s0 : s0 + 512]
         big_n = n - h0
-        lp0 = log_pmf(h0, n, p)
+        lp0 = log_pmf(big_n, n, pc)
         blanket = (g / k) * (h0 * r + n - h0)
         if k == 2:
             h1 = big_n[:, None].astype(np.float64)
@@ -143,12 +144,12 @@ def _pld_k2_m(mech: Mechanism, m: int, reverse: bool, log_tau: float) -> AtomLis
     rr = mech.krr
     p, q = rr.p, rr.q
     m2 = n - 1 - m
-    if m > 0:
-        alo, ahi = tail_window(m, p, log_tau)
-        ar = np.arange(alo[0], ahi[0] + 1)
+    if m > 0:  # A ~ Bin(m, p) read as m - A ~ Bin(m, q): p rounds towards 1 as eps0 grows
+        alo, ahi = tail_window(m, q, log_tau)
+        ar = np.arange(m - ahi[0], m - alo[0] + 1)
     else:
         ar = np.array([0.0])
-    la = log_pmf(ar, m, p)
+    la = log_pmf(m - ar, m, q)
     mu = m * p + m2 * q
     sd = math.sqrt(max((n - 1) * p * q, 1e-12))
     width = math.sqrt(-2 * log_tau) + 5

@@ -166,12 +166,13 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
         return _LABEL.result(eps, -math.inf, t0, {"capped_by_ldp": True}, note, (eps, -math.inf))
     if mech.eps0 < EPS0_TINY:
-        up = log_ldp_delta(mech.krr, eps) + SAFETY
+        up = min(log_ldp_delta(mech.krr, eps) + SAFETY, 0.0)
         tiny = {"capped_by_ldp": True, "worst_dataset": "none computed"}
         return _LABEL.result(eps, up, t0, tiny, _TINY_NOTE, (eps, -math.inf))
     up, drop, nb, limited = upper_bound(mech, eps)
-    # k-RR's own delta bounds every dataset's after the shuffle (post-processing)
-    up = min(up, log_ldp_delta(mech.krr, eps) + SAFETY)
+    # k-RR's own delta bounds every dataset's after the shuffle (post-processing); and no
+    # delta exceeds 1 (the margin must not push a bound there past it)
+    up = min(up, log_ldp_delta(mech.krr, eps) + SAFETY, 0.0)
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
@@ -330,8 +331,10 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
         worst = seen.get(eps_l) or attack_log_delta(mech, eps_l)[1]
     k2_note: dict[str, Any] = {}
     if mech.k == 2 and mech.n <= _K2_MAX_N and 0 < eps_l < eps0:
-        eps_k2, k2_note = _k2_epsilon(mech, ld, eps_l, min(eps_u, top), rtol, last_slope[0])
-        eps_u = min(eps_u, eps_k2)
+        k2_hi = min(eps_u, top)
+        eps_k2, k2_note = _k2_epsilon(mech, ld, eps_l, k2_hi, rtol, last_slope[0])
+        if eps_k2 < k2_hi:  # certified (the search returns its end when it finds no root)
+            eps_u = eps_k2
     t2 = time.perf_counter()
     if eps_l > eps_u:
         raise UnsoundResult(

@@ -125,6 +125,10 @@ def newton_root(
         if abs(step) <= 0.25 * rtol * x and (a_ok or b_ok) and abs(fx) < 0.1:
             # converged: place the answer on the requested side with a small margin
             cand = x + step + (0.5 * rtol * x if side == "up" else -0.5 * rtol * x)
+            if cand >= hi:  # the root lies at or beyond the range's end
+                if x >= hi:
+                    return hi, evals
+                cand = hi
             if side == "up" and b_ok and cand >= b:
                 cand = b
             if side == "down" and a_ok and cand <= a:
