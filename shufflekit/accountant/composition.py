@@ -28,6 +28,7 @@ from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.curve_cells import MAX_CELLS
 from shufflekit.accountant.curve_pld import (
     CurvePLD,
     attack_curve_pld,
@@ -58,7 +59,9 @@ PldFn = Callable[[Mechanism], PrivacyLossDistribution]
 GRID_STEPS = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7)
 
 
-def default_grid(total_rounds: int, plds: Sequence[PrivacyLossDistribution] = ()) -> float:
+def default_grid(
+    total_rounds: int, plds: Sequence[PrivacyLossDistribution] = (), eps0_max: float = 0.0
+) -> float:
     """Default loss-grid step for a composition of `total_rounds` rounds of these PLDs.
 
     Split rounding (the default) and the curve hulls have a bias of second order in the step,
@@ -69,6 +72,10 @@ def default_grid(total_rounds: int, plds: Sequence[PrivacyLossDistribution] = ()
     like (step / sd)^2 and grows only slowly with R; measured: 1,000 rounds of k = 2,
     n = 1e6, eps0 = 1 were 9% apart from their composed attack at 5e-4, 0.66% at 1e-4; 10
     rounds of n = 2e6, eps0 = 0.5 2.9% at step = 0.28 sd).
+
+    A curve's cells cover its losses (within [-eps0, eps0] for k-RR: `eps0_max`, the largest
+    eps0 of the rounds): the step is never so fine that they exceed MAX_CELLS (at eps0 = 38,
+    5e-7 would need 152 million).
     """
     if total_rounds <= 16:
         step = 1e-4
@@ -78,8 +85,16 @@ def default_grid(total_rounds: int, plds: Sequence[PrivacyLossDistribution] = ()
         step = 5e-4
     spread = min((loss_sd(p) for p in plds), default=math.inf)
     want = spread / 8.0
-    finer = [s for s in GRID_STEPS if s <= step]
+    span = max([eps0_max, *(_max_abs_loss(p) for p in plds)])
+    fits = [s for s in GRID_STEPS if 2 * span / s + 8 <= MAX_CELLS] or [GRID_STEPS[0]]
+    finer = [s for s in fits if s <= step] or [fits[-1]]
     return next((s for s in finer if s <= want), finer[-1])
+
+
+def _max_abs_loss(p: PrivacyLossDistribution) -> float:
+    """The largest finite |loss| of a PLD (0 for none)."""
+    x = np.asarray(p.losses, dtype=np.float64)
+    return float(np.max(np.abs(x))) if x.size else 0.0
 
 
 def loss_sd(p: PrivacyLossDistribution) -> float:
@@ -564,7 +579,7 @@ def compose_rounds_bounds(
     side by side. with_attack=False skips the lower side. Per-round PLDs are cached."""
     if grid is None:  # one grid for both sides, from the dominating pairs
         plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
-        grid = default_grid(sum(cs), plds)
+        grid = default_grid(sum(cs), plds, max(m.eps0 for m in rounds))
     upper = compose_rounds(rounds, pld_fn=pld_fn, counts=counts, engine=engine, grid=grid)
     if not with_attack:
         return ComposedBounds(upper=upper, lower=None)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shufflekit.accountant.core import Mechanism
-from shufflekit.accountant.curve_cells import CurveCells
+from shufflekit.accountant.curve_cells import MAX_CELLS, CurveCells
 from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -63,8 +63,10 @@ MAX_N = 1_000_000_000  # every n `tight` answers
 #: every multiple of the cell step are exact; ~1,000 cells instead of ~10^5 atoms a leaf).
 ATOMS_MAX_N = 10_000_000
 CELLS_RTOL = 0.03  # the refinement's tolerance there (composed gaps barely differ from 1%)
-#: Base steps of the k = 2 curves: the largest that is at most a round's loss spread / 8.
+#: Base steps of the k = 2 curves: the largest that is at most a round's loss spread / 8, of
+#: those whose curve over [-eps0, eps0] fits in half of MAX_CELLS (else WIDE_STEP).
 CELL_STEPS = (5e-5, 5e-6, 5e-7)
+WIDE_STEP = 1e-3
 CELL_TAIL = 1e-25  # mass a leaf may move out of its cells at each end (see `leaf`)
 
 
@@ -221,7 +223,10 @@ class K2Pair:
         else:
             self.leaves = self._leaves(spans)
             # the checks must resolve a round's spread of losses (sd / 8, a power of two below)
-            self.check_step = min(CHECK_STEP, 2.0 ** math.floor(math.log2(self.loss_sd() / 8)))
+            # and fit their grid over [-eps0, eps0] in MAX_CELLS / 2 (eps0 ~ 38: 2^-16)
+            fit = 2.0 ** math.ceil(math.log2(4 * self.mech.eps0 / MAX_CELLS))
+            sd_step = 2.0 ** math.floor(math.log2(self.loss_sd() / 8))
+            self.check_step = min(CHECK_STEP, max(sd_step, fit))
         self._refine()
 
     def base_step(self) -> float:
@@ -230,7 +235,8 @@ class K2Pair:
         if self.cell_step is not None:
             return self.cell_step
         sd = self.loss_sd()
-        return next((s for s in CELL_STEPS if s <= sd / 8), CELL_STEPS[-1])
+        fits = [s for s in CELL_STEPS if 4 * self.mech.eps0 / s <= MAX_CELLS] or [WIDE_STEP]
+        return next((s for s in fits if s <= sd / 8), fits[-1])
 
     def _range(self, min_log_mass: float = -math.inf) -> tuple[float, float]:
         ranges = [r for lf in self.leaves if (r := lf.loss_range(min_log_mass)) is not None]
