@@ -9,6 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from shufflekit.accountant.ledger import Ledger
 from shufflekit.app.cli import app
 from shufflekit.app.cli_common import EXIT_INTERNAL, EXIT_USER, ShufflekitGroup, count, describe
 from shufflekit.base.errors import (
@@ -150,3 +151,26 @@ def test_counts_below_one_are_refused_in_one_line(argv: list[str]) -> None:
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--users", "200", "--eps0", "1000"],
+        ["simulate", "--eps0", "1000"],
+        ["simulate", "--eps0", "701"],
+        ["experiment", "utility", "--n", "2000", "--eps0-values", "1000"],
+    ],
+)
+def test_an_eps0_no_round_can_have_is_refused_before_anything(
+    argv: list[str], tmp_path: Path
+) -> None:
+    """demo created a budget of type 10,1000 before refusing it (every later demo on that
+    ledger was then refused); simulate and experiment overflowed (internal error, exit 70)."""
+    db = tmp_path / "l.db"
+    args = [*argv, "--ledger", f"sqlite:///{db}"] if argv[0] == "demo" else argv
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "(0, 700]" in result.output
+    if db.exists():  # nothing was created: the next demo on this ledger is not refused
+        assert not Ledger(f"sqlite:///{db}").has_budget("default")

@@ -31,7 +31,7 @@ def test_round_type_parser() -> None:
     assert (e.type, e.count) == (RoundType("bits", 16, 1.5), 3)
     assert str(e) == "bits:16,1.5,3"
     bad_types = ("10", "10,2,3,4", "x,2", "1,2", "10,0", "10,nan", "10,2,0", "foo:3,1", "10,2,1.5")
-    for bad in (*bad_types, "bits:0,1", "bits:17,1"):  # L in 1..16, as every round checks
+    for bad in (*bad_types, "bits:0,1", "bits:17,1", "70000,1", "10,1000"):  # as rounds check
         with pytest.raises(InvalidParameters):
             parse_round_type(bad)
 

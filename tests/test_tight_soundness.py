@@ -194,3 +194,14 @@ def test_large_eps0_is_answered_soundly_at_any_epsilon(n: int, k: int) -> None:
             assert e.lower_epsilon is not None and e.lower_epsilon <= e.epsilon <= eps0
             if e.epsilon < eps0:
                 assert best_family_delta(n, k, eps0, e.epsilon, cap=3) <= delta * (1 + 1e-9)
+
+
+def test_rounds_at_large_eps0_compose_within_the_cell_limit() -> None:
+    """At eps0 = 25 the default grid (5e-7) needed 100 million cells over [-25, 25] and the
+    composition refused, telling the user to pick a coarser grid the CLI cannot set."""
+    from shufflekit.accountant.composition import compose_rounds_bounds
+
+    b = compose_rounds_bounds([Mechanism(10, 3, 25.0)], counts=[2])
+    assert b.lower is not None
+    upper, lower = b.upper.epsilon(1e-6), b.lower.epsilon(1e-6)
+    assert lower <= upper <= 2 * 25.0 + 1e-9

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shufflekit.accountant.core import EPS0_MAX
 from shufflekit.base.errors import InvalidParameters
 
 KRR = "krr"
 MAX_BITS = 16  # a bit-vector record travels in the 2-byte value field of the 6-byte report
+MAX_K = 0xFFFF  # and a k-RR report's k in the 2-byte size field
 _TAGS_WITH_PREFIX = ("bits",)  # tags written as TAG:SIZE; k-RR is written as a bare K
 
 
@@ -87,8 +89,12 @@ def check_entry(e: ScheduleEntry) -> None:
         raise InvalidParameters(f"round type {e}: {what}")
     if t.mechanism == "bits" and t.size > MAX_BITS:
         raise InvalidParameters(f"round type {e}: bits length must be <= {MAX_BITS}")
-    if not (math.isfinite(t.eps0) and t.eps0 > 0):
-        raise InvalidParameters(f"round type {e}: eps0 must be a finite number > 0")
+    if t.mechanism == KRR and t.size > MAX_K:
+        raise InvalidParameters(f"round type {e}: k must be <= {MAX_K}")
+    if not (math.isfinite(t.eps0) and 0 < t.eps0 <= EPS0_MAX):
+        raise InvalidParameters(
+            f"round type {e}: eps0 must be a finite number in (0, {EPS0_MAX:g}]"
+        )
     if e.count is not None and e.count < 1:
         raise InvalidParameters(f"round type {e}: COUNT must be >= 1 (or left out for the last)")
 

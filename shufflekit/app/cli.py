@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
@@ -19,6 +18,7 @@ from shufflekit.app.cli_common import (
     JsonOpt,
     LedgerOpt,
     ShufflekitGroup,
+    check_eps0,
     count,
     refuse,
 )
@@ -119,8 +119,7 @@ def demo(
     """
     if users < 1:
         refuse(f"--users must be at least 1, got {users}")
-    if not math.isfinite(eps0) or eps0 <= 0:
-        refuse("--eps0 must be a finite number > 0")
+    check_eps0(eps0)
     if mechanism not in ("krr", "bits"):
         refuse(f"--mechanism must be krr or bits, got {mechanism!r}")
     if mechanism == "bits" and bits is None:

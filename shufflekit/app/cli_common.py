@@ -8,6 +8,7 @@ out of any command and turns it into one line on stderr and an exit code: 2 for 
 
 from __future__ import annotations
 
+import math
 import os
 import traceback
 from decimal import Decimal, InvalidOperation
@@ -16,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup, TyperOption
 
+from shufflekit.accountant.core import EPS0_MAX
 from shufflekit.app.render import err_console
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
 
@@ -61,6 +63,13 @@ EXIT_INTERRUPTED = 130
 def refuse(message: str) -> NoReturn:
     """Stop the command: `message` is what the user gave wrong and how to put it right."""
     raise InvalidInput(message)
+
+
+def check_eps0(eps0: float, flag: str = "--eps0") -> float:
+    """Refuse an eps0 no round can have: k-RR needs e^eps0 in a float (0 < eps0 <= 700)."""
+    if not (math.isfinite(eps0) and 0 < eps0 <= EPS0_MAX):
+        refuse(f"{flag} must be a finite number in (0, {EPS0_MAX:g}], got {eps0:g}")
+    return eps0
 
 
 def describe(exc: BaseException) -> tuple[str, int]:

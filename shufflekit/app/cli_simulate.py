@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shufflekit.analyzer.estimators import ESTIMATORS
-from shufflekit.app.cli_common import JsonOpt, count, refuse
+from shufflekit.app.cli_common import JsonOpt, check_eps0, count, refuse
 from shufflekit.app.datasets import (
     DATASET_HELP,
     CsvColumn,
@@ -91,8 +91,7 @@ def simulate(
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate shuffled k-RR rounds from their exact law and estimate the distribution."""
-    if not (math.isfinite(eps0) and eps0 > 0):
-        refuse(f"--eps0 must be a finite number > 0, got {eps0}")
+    check_eps0(eps0)
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if not (math.isfinite(ibu_tol) and ibu_tol > 0):
@@ -329,7 +328,7 @@ def utility(
 ) -> None:
     """Error vs epsilon of shuffle (+ each estimator), central Gaussian and local k-RR."""
     eps = _floats(epsilons, "--epsilons")
-    e0s = _floats(eps0_values, "--eps0-values")
+    e0s = tuple(check_eps0(e, "--eps0-values") for e in _floats(eps0_values, "--eps0-values"))
     if not eps and not e0s:
         eps = DEFAULT_EPSILONS
     if calibration not in CALIBRATIONS:
@@ -446,8 +445,7 @@ def individual(
     json_out: JsonOpt = False,
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
-    if not (math.isfinite(eps0) and eps0 > 0):
-        refuse(f"--eps0 must be a finite number > 0, got {eps0}")
+    check_eps0(eps0)
     with working("per-category errors (shuffle+INV and Gaussian)", quiet=json_out):
         res = individual_utility(
             n,
