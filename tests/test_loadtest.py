@@ -7,6 +7,11 @@ lost). The load generator refuses receipts mix 0 did not sign for that report.""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +209,41 @@ def test_queued_packets_are_written_in_one_go_except_those_paho_acts_on() -> Non
     )
     out = [(bytes(p["packet"]), p["pos"], p["to_process"]) for p in _coalesce(queue)]
     assert out == [(b"defXY", 0, 5), (b"q0", 0, 2), (b"zw", 0, 2), (b"D", 0, 1)]
+
+
+def _session(sid: int) -> list[str]:
+    """The live processes of session `sid` (zombies left out)."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=,comm=", "-s", str(sid)], capture_output=True, text=True
+    ).stdout
+    return [ln for ln in out.splitlines() if ln.strip() and " Z" not in ln]
+
+
+def test_sigterm_takes_the_whole_stack_down(tmp_path: Path) -> None:
+    """`kill` (or `timeout`) of a load test left the broker, the services and Locust running:
+    SIGTERM now ends it as Ctrl-C does, through its cleanup (exit 130)."""
+    env = {**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state")}
+    p = subprocess.Popen(
+        [
+            sys.executable, "-m", "shufflekit", "loadtest", "--users", "300", "--rounds", "2",
+            "--workers", "1", "--floor-seconds", "0.1", "--deadline", "60", "--ramp", "40",
+            "--no-tls",
+        ],
+        cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(_session(p.pid)) < 6 and time.monotonic() < deadline:  # broker, 3 services,
+            time.sleep(0.5)  # Locust's master and worker, and this command
+        assert len(_session(p.pid)) >= 6, _session(p.pid)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
+        time.sleep(1.0)
+        assert _session(p.pid) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        for pid in [int(ln.split()[0]) for ln in _session(p.pid)]:
+            os.kill(pid, signal.SIGKILL)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from shufflekit.app.cli_common import JsonOpt, count
+from shufflekit.app.cli_common import JsonOpt, check_eps0, count
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.wire import MAX_RECORD_BITS
@@ -75,6 +75,24 @@ def loadtest(
         k = 1 << bits
     elif bits is not None:
         raise ConfigError("--bits goes with --mechanism bits")
+    # everything a service or a worker would refuse minutes later, refused before anything starts
+    if users < 1:
+        raise ConfigError(f"--users must be at least 1, got {users}")
+    check_eps0(eps0)
+    if k > 0xFFFF:
+        raise ConfigError(f"--k must be at most {0xFFFF}, got {k}")
+    for flag, x in (
+        ("--dropout", dropout),
+        ("--stragglers", stragglers),
+        ("--bad-fraction", bad_fraction),
+    ):
+        if not 0.0 <= x <= 1.0:
+            raise ConfigError(f"{flag} is a fraction in [0, 1], got {x:g}")
+    if report is not None:
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the report to {report}: {exc.strerror}") from None
 
     opts = LoadTestOptions(
         users=users,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,18 +132,19 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     cores = os.cpu_count() or 1
     workers = opts.workers or cores
     connections = workers * opts.connections_per_worker
+    # validates the fractions before anything starts (no folder, no broker yet)
+    probe = _settings(opts, connections, Path("."), "127.0.0.1", 1, False, None, None, None, "x")
+    good = probe.counts()["good"]
     owned = tempfile.mkdtemp(prefix="shufflekit-loadtest-")
     work = Path(owned)
     monitor = RssMonitor()
     stack: LocalStack | None = None
     procs: list[Any] = []
     ok = False
+    restore = _terminate_as_interrupt()
     try:
         progress(f"measuring the crypto floor on {cores} cores")
         floor = measure_floor(opts.mixes, seconds=opts.floor_seconds)
-        # validates the fractions before anything starts (no broker yet)
-        probe = _settings(opts, connections, work, "127.0.0.1", 1, False, None, None, None, "x")
-        good = probe.counts()["good"]
         if opts.config is not None:
             settings = _existing(opts, connections, work)
         else:
@@ -206,6 +208,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     except LoadTestFailed as exc:
         raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
     finally:
+        restore()
         monitor.stop()
         for p in procs:
             if p.poll() is None:
@@ -215,6 +218,24 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
             stack.stop()
         if ok:
             shutil.rmtree(owned, ignore_errors=True)
+
+
+def _terminate_as_interrupt() -> Callable[[], None]:
+    """SIGTERM (`kill`, `timeout`) ends the run as Ctrl-C does, through its cleanup: by
+    default it killed this process alone and left the broker, the services and Locust
+    running. Returns what puts the previous handler back (main thread only: elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 def _follow(
