@@ -174,3 +174,17 @@ def test_an_eps0_no_round_can_have_is_refused_before_anything(
     assert "(0, 700]" in result.output
     if db.exists():  # nothing was created: the next demo on this ledger is not refused
         assert not Ledger(f"sqlite:///{db}").has_budget("default")
+
+
+def test_a_second_demo_of_another_type_says_how_to_run_it(tmp_path: Path) -> None:
+    """The first demo fixes its budget's round type: another --k was refused with a hint
+    (--mode adaptive) the demo does not have; and budget flags were silently ignored."""
+    ledger = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--users", "300"]
+    assert CliRunner().invoke(app, ["demo", *ledger]).exit_code == 0
+    again = CliRunner().invoke(app, ["demo", *ledger, "--budget-epsilon", "3"])
+    assert again.exit_code == 0 and "only shape a new one" in again.output
+    other = CliRunner().invoke(app, ["demo", *ledger, "--k", "5"])
+    assert other.exit_code == 2 and "--deployment NAME" in other.output
+    assert (
+        CliRunner().invoke(app, ["demo", *ledger, "--k", "5", "--deployment", "k5"]).exit_code == 0
+    )

@@ -22,7 +22,7 @@ from shufflekit.app.datasets import values_from_histogram, zipf
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams, RoundReport, TransportFactory
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
-from shufflekit.base.errors import BudgetExceeded, InvalidParameters
+from shufflekit.base.errors import BudgetExceeded, InvalidParameters, ScheduleViolation
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.messages import Result
@@ -190,6 +190,11 @@ def _offset_progress(
     return lambda i: progress(offset + i, total)
 
 
+def _say(notice: Callable[[str], None] | None, line: str) -> None:
+    if notice is not None:
+        notice(line)
+
+
 async def run_demo(
     cfg: DemoConfig,
     ledger: Ledger,
@@ -215,6 +220,14 @@ async def run_demo(
             notice(line)
 
     budget = ensure_budget(ledger, cfg, _notice)
+    kept = (budget.epsilon_total, budget.delta_total, budget.cost_model)
+    if not created and kept != (cfg.budget_epsilon, cfg.budget_delta, cfg.cost_model):
+        _say(
+            notice,
+            f"using the budget '{cfg.deployment}' already has (epsilon {kept[0]:g}, delta "
+            f"{kept[1]:g}, cost model {kept[2]}): --budget-epsilon, --budget-delta and "
+            "--cost-model only shape a new one",
+        )
     if connect is None:
         broker = MemoryBroker()
         connect = lambda _name: broker.connect()  # noqa: E731
@@ -240,6 +253,11 @@ async def run_demo(
             cb = _offset_progress(progress, r * cfg.users, cfg.rounds * cfg.users)
         try:
             rep = await dep.run_round(params, population, progress=cb)
+        except ScheduleViolation as exc:
+            raise ScheduleViolation(
+                f"{exc}; the demo's budget here was made for the first demo's rounds: give "
+                "this one a deployment of its own (--deployment NAME) or another --ledger"
+            ) from None
         except BudgetExceeded as exc:
             refused = str(exc)
             break
