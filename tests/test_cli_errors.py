@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -188,3 +189,15 @@ def test_a_second_demo_of_another_type_says_how_to_run_it(tmp_path: Path) -> Non
     assert (
         CliRunner().invoke(app, ["demo", *ledger, "--k", "5", "--deployment", "k5"]).exit_code == 0
     )
+
+
+def test_chaos_replay_speaks_json_and_checks_its_numbers() -> None:
+    """`chaos --seed S --json` printed JSON lines, --seed -1 named --first-seed, and
+    --workers 0 ran on the default count."""
+    out = CliRunner().invoke(app, ["chaos", "--seed", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    facts = json.loads(out.stdout)
+    assert facts["seed"] == 3 and facts["events"] and facts["violations"] == []
+    for argv, says in ((["--seed", "-1"], "--seed must"), (["--workers", "0"], "--workers")):
+        bad = CliRunner().invoke(app, ["chaos", *argv])
+        assert bad.exit_code == 2 and says in bad.output, bad.output

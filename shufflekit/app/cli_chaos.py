@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Annotated
@@ -12,7 +13,7 @@ from shufflekit.app.cli_common import JsonOpt, count
 from shufflekit.app.render import console, err_console, print_json, progress_bar
 from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport, default_workers, replay, run_chaos
 from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome
-from shufflekit.base.errors import UserError
+from shufflekit.base.errors import InvalidInput, UserError
 
 
 class PromiseBroken(UserError):
@@ -46,6 +47,10 @@ def chaos(
     """Run the real services on a simulated faulty network, checking every promise each step.
 
     Seed by seed, on a virtual clock; exit 1 if any seed broke a promise."""
+    if seed is not None and seed < 0:
+        raise InvalidInput(f"--seed must be >= 0, got {seed}")
+    if workers is not None and workers < 1:
+        raise InvalidInput(f"--workers must be at least 1, got {workers}")
     cfg = ChaosConfig(
         seeds=seeds,
         first_seed=first_seed,
@@ -57,7 +62,7 @@ def chaos(
         workers=workers or default_workers(),
     )
     if seed is not None:
-        _replay(cfg, seed)
+        _replay(cfg, seed, json_out)
         return
     with progress_bar("seeds", seeds, "seeds", quiet=json_out) as update:
         report = run_chaos(cfg, lambda done, broken: update(done, f"seeds ({broken} broke)"))
@@ -73,12 +78,18 @@ def chaos(
         )
 
 
-def _replay(cfg: ChaosConfig, seed: int) -> None:
+def _replay(cfg: ChaosConfig, seed: int, json_out: bool) -> None:
+    """The seed's trace: one JSON line per event and a summary on stderr, or with --json one
+    object (the summary's facts, the violations and the events)."""
     out = replay(cfg, seed)
-    for event in out.events:
-        sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
-    summary = _summary(out)
-    err_console.print(summary, markup=False, highlight=False, soft_wrap=True)
+    if json_out:
+        facts = dataclasses.asdict(out)
+        del facts["tail"]  # (the last events, already in `events`)
+        print_json(facts)
+    else:
+        for event in out.events:
+            sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
+        err_console.print(_summary(out), markup=False, highlight=False, soft_wrap=True)
     if out.violations:
         raise PromiseBroken(f"seed {seed} broke: {out.violations[0].invariant}")
 
