@@ -20,7 +20,7 @@ from shufflekit.app.services.keys import (
     write_enrollment_key,
 )
 from shufflekit.app.services.metrics import MetricsSettings
-from shufflekit.base.errors import ConfigError, InvalidReport
+from shufflekit.base.errors import ConfigError, InvalidInput, InvalidReport
 from shufflekit.core.credentials import CREDENTIAL_SIZE, CredentialVerifier, EnrollmentKey, admit
 from shufflekit.core.wire import Envelope
 
@@ -170,3 +170,11 @@ def test_config_resolves_the_enrollment_key_and_metrics_ports(tmp_path: Path) ->
     cfg.write_text(cfg.read_text() + "hots = 1\n")
     with pytest.raises(ConfigError, match=r"metrics\.hots"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize("bad", ["a b", "tab\there", "new\nline", "é", "", "x" * 65])
+def test_enrolled_ids_fit_one_id_credential_line(bad: str) -> None:
+    """`keys enroll` printed "a b CRED" (three fields) and split an id with a newline."""
+    with pytest.raises(InvalidInput):
+        EnrollmentKey.generate().issue("dep", bad)
+    assert len(EnrollmentKey.generate().issue("dep", "client-0001")) == CREDENTIAL_SIZE

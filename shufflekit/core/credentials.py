@@ -60,7 +60,15 @@ class EnrollmentKey:
         return public_key_b64(self.private.public_key())
 
     def issue(self, deployment: str, client_id: str) -> bytes:
-        """Enrol a client: its credential for `deployment` (64 bytes)."""
+        """Enrol a client: its credential for `deployment` (64 bytes). The id must be printable
+        ASCII without spaces: enrolment lists are `ID CREDENTIAL` lines."""
+        if not (client_id.isascii() and client_id.isprintable()) or any(
+            c.isspace() for c in client_id
+        ):
+            raise InvalidInput(
+                f"client id {client_id!r} must be 1..{MAX_CLIENT_ID} printable ASCII characters "
+                "without spaces"
+            )
         return self.private.sign(credential_message(deployment, client_id))
 
 
