@@ -130,6 +130,7 @@ def test_a_round_below_n_min_releases_nothing_and_is_refunded(
         "coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1"
     )
     sent = run_clients(mosquitto, 20, bad_fraction=0.0)
+    assert sent["receipted"] is None  # not asked for (--receipts): not "0 receipted"
     assert coord.wait(60) == 0, procs.stderr("coordinator")  # the deadline ends the round
     [line] = procs.lines("coordinator")
     assert not line["released"] and line["result"] is None

@@ -277,8 +277,13 @@ def clients(
     else:
         console.print(
             f"round {summary.round_id}: sent {summary.sent} reports ({out['good']} good, "
-            f"{summary.bad} malformed {summary.bad_by_kind}), {summary.receipted} receipted by "
-            f"mix 0, in {summary.seconds:.1f}s; "
+            f"{summary.bad} malformed {summary.bad_by_kind}), "
+            + (
+                "acknowledged by the broker (no receipts asked: --receipts)"
+                if summary.receipted is None
+                else f"{summary.receipted} receipted by mix 0"
+            )
+            + f", in {summary.seconds:.1f}s; "
             f"{summary.seconds_left_at_end:.0f}s left before the deadline",
             highlight=False,
         )

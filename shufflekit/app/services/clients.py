@@ -46,7 +46,7 @@ class ClientsSummary:
     users: int
     enrolled: bool = False
     sent: int = 0
-    receipted: int = 0  # well-formed reports holding mix 0's signed receipt
+    receipted: int | None = None  # well-formed reports holding mix 0's receipt (None: not asked)
     bad: int = 0
     bad_by_kind: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
