@@ -201,3 +201,21 @@ def test_chaos_replay_speaks_json_and_checks_its_numbers() -> None:
     for argv, says in ((["--seed", "-1"], "--seed must"), (["--workers", "0"], "--workers")):
         bad = CliRunner().invoke(app, ["chaos", *argv])
         assert bad.exit_code == 2 and says in bad.output, bad.output
+
+
+@pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite://", ""])
+def test_a_ledger_in_memory_or_empty_is_refused(url: str) -> None:
+    """`budget init --ledger sqlite:///:memory:` said the budget was created (it vanished);
+    demo then failed on a missing table; `--ledger ''` silently used the default ledger."""
+    for argv in (["budget", "init", "--epsilon", "1", "--delta", "1e-6"], ["demo"]):
+        result = CliRunner().invoke(app, [*argv, "--ledger", url])
+        assert result.exit_code == 2, result.output
+        assert "--ledger is empty" in result.output or "in memory" in result.output
+
+
+def test_experiment_individual_refuses_a_negative_epsilon() -> None:
+    for eps in ("-1", "nan"):
+        result = CliRunner().invoke(
+            app, ["experiment", "individual", "--n", "2000", "--repetitions", "3", "--epsilon", eps]
+        )
+        assert result.exit_code == 2 and "--epsilon must be" in result.output, result.output

@@ -31,7 +31,7 @@ from shufflekit.app.demo import DemoConfig, run_demo
 from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
 from shufflekit.app.simulate import MAX_K
-from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url
 
 app = typer.Typer(
     help="shufflekit: the shuffle model of differential privacy, end to end.",
@@ -148,7 +148,7 @@ def demo(
         mechanism=mechanism,
         bits=bits,
     )
-    led = Ledger(ledger or default_ledger_url())
+    led = Ledger(ledger_url(ledger))
     with progress_bar("clients answering", users * rounds, quiet=json_out) as update:
         out = asyncio.run(
             run_demo(

@@ -16,7 +16,7 @@ from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_bud
 from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
-from shufflekit.app.state import DEFAULT_DEPLOYMENT, default_ledger_url
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url
 from shufflekit.base.errors import InvalidInput, LedgerNotFound
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
@@ -28,7 +28,7 @@ def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
     Only `init` passes create=True: reading a missing ledger must not leave an empty one behind.
     """
     try:
-        return Ledger(url or default_ledger_url(), create=create)
+        return Ledger(ledger_url(url), create=create)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment) from None
 

@@ -21,7 +21,7 @@ from shufflekit.accountant.core import Mechanism, Soundness, check_delta
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.policy import charges_epsilon
 from shufflekit.accountant.round_types import RoundType
-from shufflekit.app.state import default_ledger_url
+from shufflekit.app.state import ledger_url
 from shufflekit.base.errors import AccountantError, InvalidParameters, LedgerNotFound
 
 RoundMech = Mechanism | bits.BitsMechanism
@@ -52,7 +52,7 @@ def ledger_rounds(url: str | None, deployment: str) -> tuple[list[Charge], str, 
     """(committed rounds as the ledger charges them, cost model, mode, budget delta, the
     ledger's own spent epsilon) of a deployment; LedgerNotFound / LedgerError if none."""
     try:
-        led = Ledger(url or default_ledger_url(), create=False)
+        led = Ledger(ledger_url(url), create=False)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment) from None
     st = led.status(deployment)

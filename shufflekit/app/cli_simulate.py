@@ -446,6 +446,8 @@ def individual(
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
     check_eps0(eps0)
+    if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
+        refuse(f"--epsilon must be a finite number > 0, got {epsilon:g}")
     with working("per-category errors (shuffle+INV and Gaussian)", quiet=json_out):
         res = individual_utility(
             n,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from shufflekit.base.errors import InvalidInput
+
 DEFAULT_DEPLOYMENT = "default"
 
 
@@ -16,3 +18,25 @@ def state_dir() -> Path:
 def default_ledger_url() -> str:
     """The embedded default ledger: a SQLite file in the state folder."""
     return f"sqlite:///{state_dir() / 'ledger.db'}"
+
+
+def ledger_url(given: str | None) -> str:
+    """The ledger a command uses: `--ledger` as given, else the default. An in-memory SQLite
+    ledger is refused: it is gone when the command ends (a budget made there protects nobody)."""
+    if given is None:
+        return default_ledger_url()
+    url = given.strip()
+    if not url:
+        raise InvalidInput(
+            "--ledger is empty: give a URL (sqlite:///path/ledger.db) or leave it out"
+        )
+    if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in (
+        "sqlite:",
+        "sqlite:///:memory:",
+        "sqlite://:memory:",
+    ):
+        raise InvalidInput(
+            f"{url} is a ledger in memory, gone when the command ends: give a file "
+            "(sqlite:///path/ledger.db)"
+        )
+    return url
