@@ -273,8 +273,8 @@ def make_engine(url: str, create: bool) -> Engine:
             if not create and not os.path.isfile(u.database):
                 raise LedgerNotFound(u.database)
             parent = os.path.dirname(os.path.abspath(u.database))
-            if not os.path.isdir(parent):
-                os.makedirs(parent, exist_ok=True)
+            if not os.path.isdir(parent):  # private, as the services' spools want their folder
+                os.makedirs(parent, mode=0o700, exist_ok=True)
         engine = sa.create_engine(u, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
