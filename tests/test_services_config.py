@@ -20,7 +20,11 @@ from shufflekit.app.rounds import COORDINATOR_HOP, RoundParams, ledger_release_h
 from shufflekit.app.services.config import load_config
 from shufflekit.app.services.keys import load_private_key, load_public_key
 from shufflekit.base.errors import ConfigError
+from shufflekit.client.agent import build_envelope
 from shufflekit.core.crypto import KeyPair
+from shufflekit.core.messages import Announcement
+from shufflekit.core.spool import Spool
+from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
 from shufflekit.shuffler.mix import MixNode
 
@@ -234,46 +238,72 @@ async def test_a_coordinator_stopped_while_waiting_for_hops_says_so(tmp_path: Pa
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
 
 
-async def test_a_stopping_mix_aborts_the_round_it_is_collecting(tmp_path: Path) -> None:
+async def test_a_mix_stopped_while_collecting_keeps_the_round_for_its_next_start(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to mix 0 during ingest (`systemctl restart`) aborted the round and threw its
+    receipted reports away, where kill -9 kept them: now a stop leaves the round in the spool,
+    no abort goes out, and the restarted mix releases every report it had."""
     led = _ledger(tmp_path)
     broker = MemoryBroker()
-    key = KeyPair.generate()
-    analyzer_key = KeyPair.generate()
-    async with broker.connect() as m0, broker.connect() as coord_conn:
-        stop = asyncio.Event()
-        subscribed = asyncio.Event()
-        outcomes: list[object] = []
-        mix0 = asyncio.create_task(
-            HopRunner(MixNode(m0, "test", 0, key), m0, "test").serve(
-                stop, on_outcome=outcomes.append, subscribed=subscribed
+    key, analyzer_key = KeyPair.generate(), KeyPair.generate()
+    disk = Spool(tmp_path / "spool-mix0.db")  # what survives the restart
+    users = 20
+    async with (
+        broker.connect() as m0,
+        broker.connect() as coord_conn,
+        broker.connect() as an,
+        broker.connect() as clients,
+        broker.connect() as spy,
+        spy.subscribe("shufflekit/test/round/+/abort") as aborts,
+    ):
+        stop, subscribed = asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(
+            HopRunner(MixNode(m0, "test", 0, key, spool=disk), m0, "test").serve(
+                stop, subscribed=subscribed
             )
         )
         await subscribed.wait()
+        restart_stop = asyncio.Event()
+        restarted: list[asyncio.Task[None]] = []
 
-        async def answer_then_stop_mix(_ann: object) -> int:
+        async def send_then_restart_mix(ann: Announcement) -> int:
+            topic = Topics("test").data(ann.round_id, 0)
+            for i in range(users):
+                await clients.publish(topic, build_envelope(f"c{i}", i % 4, ann))
+            for _ in range(200):  # until mix 0 spooled them all (receipted, in production)
+                if len(disk.messages(ann.round_id, "data")) == users:
+                    break
+                await asyncio.sleep(0.02)
             stop.set()  # SIGTERM to mix 0 while the round is open
-            await asyncio.wait_for(mix0, 5)
-            return 0
+            await asyncio.wait_for(first, 5)
+            assert aborts._queue.empty()  # nothing was aborted
+            assert [r.round_id for r in disk.unfinished()] == [ann.round_id]
+            runner = HopRunner(MixNode(m0, "test", 0, key, spool=disk), m0, "test")
+            back = asyncio.Event()  # (a broker keeps a stopped service's messages for it)
+            restarted.append(asyncio.create_task(runner.serve(restart_stop, subscribed=back)))
+            await back.wait()
+            return users
 
-        async with broker.connect() as an:
-            an_stop = asyncio.Event()
-            analyzer = asyncio.create_task(
-                HopRunner(
-                    Analyzer(an, "test", analyzer_key, on_release=ledger_release_hook(led, "test")),
-                    an,
-                    "test",
-                ).serve(an_stop)
-            )
-            coord = Coordinator(
-                coord_conn, "test", led, [key.public_b64()], analyzer_key.public_b64()
-            )
-            rep = await coord.run_round(
+        an_stop = asyncio.Event()
+        analyzer = asyncio.create_task(
+            HopRunner(
+                Analyzer(an, "test", analyzer_key, on_release=ledger_release_hook(led, "test")),
+                an,
+                "test",
+            ).serve(an_stop)
+        )
+        coord = Coordinator(coord_conn, "test", led, [key.public_b64()], analyzer_key.public_b64())
+        rep = await asyncio.wait_for(
+            coord.run_round(
                 RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=60),
-                answer=answer_then_stop_mix,
-            )
-            an_stop.set()
-            await asyncio.wait_for(analyzer, 5)
-    assert rep.abort is not None and rep.abort.hop == 0
-    assert "mix 0 is shutting down" in rep.abort.reason
-    assert [r.status for r in led.status("test").rounds] == ["refunded"]
-    assert len(outcomes) == 1
+                answer=send_then_restart_mix,
+            ),
+            60,
+        )
+        restart_stop.set()
+        an_stop.set()
+        await asyncio.wait_for(asyncio.gather(analyzer, *restarted), 10)
+    assert rep.released and rep.abort is None and rep.result is not None
+    assert rep.result.batch_size == users
+    assert [r.status for r in led.status("test").rounds] == ["committed"]

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
-from shufflekit.base.errors import ConfigError, InvalidReport, TransportError
+from shufflekit.base.errors import ConfigError, InvalidReport, RoundSuspended, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Announcement, Ready
 from shufflekit.core.peeling import ProcessPeeler
@@ -155,8 +155,9 @@ class HopRunner:
     ) -> None:
         """Serve every prepared round until `stop` is set (a service's main loop).
 
-        On `stop`, rounds still waiting for input abort themselves and rounds past that finish;
-        this returns when they are done. TransportError if the connection is lost meanwhile.
+        On `stop`, rounds still waiting for input stay in the spool (the next start resumes
+        them, as after a crash: nothing receipted is lost) and rounds past that finish; this
+        returns when they are done. TransportError if the connection is lost meanwhile.
         Rounds the node's spool holds as unfinished (a restart, a reconnect) are resumed first.
         """
         running: set[asyncio.Task[None]] = set()
@@ -166,6 +167,11 @@ class HopRunner:
                 out = await self.run_round(ann, stop)
             except TransportError as exc:  # the spool keeps the round: resumed on reconnect
                 log.warning("%s: round %s interrupted: %s", self.name, ann.round_id, exc)
+                return
+            except RoundSuspended:  # stopping while it waits for input: the next start resumes
+                log.info(
+                    "%s: round %s kept in the spool for the next start", self.name, ann.round_id
+                )
                 return
             except Exception:
                 log.exception("%s: round %s failed", self.name, ann.round_id)

@@ -57,6 +57,12 @@ class RoundAborted(UserError):
     """A round released nothing (too few reports, a broken batch); its reserved cost is refunded."""
 
 
+class RoundSuspended(UserError):
+    """A service stopped while one of its rounds waited for input: the round stays in its spool
+    and the next start resumes it, as after a crash (what its clients were receipted for is
+    kept); a hop that never comes back leaves the coordinator to abort and refund it."""
+
+
 class ConfigError(InvalidInput):
     """A command-line or configuration value is invalid."""
 

@@ -1,8 +1,8 @@
 """Waiting with an end: for at most some seconds of an injected clock, or until a stop signal.
 
 Every timed wait of the core and the roles goes through `within`, so that a virtual clock drives
-them all in a simulation; `unless_stopped` ends a phase that waits for input, as an abort, when
-a service is told to stop.
+them all in a simulation; `unless_stopped` ends a phase that waits for input when a service is
+told to stop, leaving the round to the next start (`RoundSuspended`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import RoundAborted
+from shufflekit.base.errors import RoundSuspended
 
 T = TypeVar("T")
 
@@ -26,18 +26,20 @@ async def within(aw: Awaitable[T], timeout: float | None, clock: Clock = system_
 
 
 async def unless_stopped(aw: Awaitable[T], stop: asyncio.Event | None, who: str) -> T:
-    """Await `aw`; if `stop` is set first, cancel it and raise RoundAborted (`who` is stopping).
+    """Await `aw`; if `stop` is set first, cancel it and raise RoundSuspended (`who` stops).
 
-    Used around the phases of a round that wait for input (ingest, receiving a batch), so a
-    service told to stop releases nothing partial and says so with an abort.
+    Used around the phases of a round that wait for input (ingest, the batch, the go), so a
+    service told to stop releases nothing partial and aborts nothing either: what it spooled
+    (and receipted) stays for its next start, as after a crash (`systemctl restart` during a
+    round used to throw the round away).
     """
     if stop is None:
         return await aw
     if stop.is_set():
         if asyncio.iscoroutine(aw):
             aw.close()
-        raise RoundAborted(f"{who} is shutting down")
-    return await _unless(aw, stop.wait(), lambda: RoundAborted(f"{who} is shutting down"))
+        raise RoundSuspended(f"{who} is stopping")
+    return await _unless(aw, stop.wait(), lambda: RoundSuspended(f"{who} is stopping"))
 
 
 async def _unless(aw: Awaitable[T], end: Awaitable[Any], ended: Callable[[], BaseException]) -> T:

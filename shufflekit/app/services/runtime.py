@@ -260,8 +260,9 @@ async def serve_mix(
     inputs = hop_filters(cfg.deployment, i, close=i == 0)
     try:
         return await _serve_hop(cfg, f"mix {i}", node, stop, emit, metrics, inputs, env)
-    finally:
+    finally:  # (the spool's lock goes with it: a restart in this process opens it again)
         peeler.close()
+        spool.close()
 
 
 def open_ledger(cfg: ServiceConfig) -> Ledger:
@@ -294,7 +295,10 @@ async def serve_analyzer(
 
     metrics = start_metrics(cfg.metrics, "analyzer", cfg.mixes)
     inputs = hop_filters(cfg.deployment, cfg.mixes, close=False)
-    return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs, env)
+    try:
+        return await _serve_hop(cfg, "analyzer", node, stop, emit, metrics, inputs, env)
+    finally:
+        spool.close()
 
 
 def round_json(rep: RoundReport) -> dict[str, Any]:
