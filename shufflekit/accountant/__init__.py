@@ -2,7 +2,7 @@
 composition, calibration, and the budget ledger. A pure library (no I/O but the ledger):
 
     from shufflekit.accountant import Mechanism, tight_epsilon, tight_delta, compose_rounds
-    from shufflekit.accountant import calibrate_eps0, Ledger, Budget
+    from shufflekit.accountant import calibrate_eps0, leakage_report, Ledger, Budget
 
     mech = Mechanism(n=100_000, k=10, eps0=4.0)
     tight_epsilon(mech, 1e-6).epsilon               # one round: sound upper bound ...
@@ -33,8 +33,11 @@ from shufflekit.base.errors import (
     AccuracyError,
     BudgetExceeded,
     InvalidParameters,
+    LedgerBusy,
     LedgerError,
+    LedgerNotFound,
     NotApplicable,
+    ScheduleViolation,
     UnsoundResult,
 )
 
@@ -46,11 +49,14 @@ __all__ = [
     "InvalidParameters",
     "Leakage",
     "Ledger",
+    "LedgerBusy",
     "LedgerError",
+    "LedgerNotFound",
     "Mechanism",
     "NotApplicable",
     "PrivacyLossDistribution",
     "PrivacyResult",
+    "ScheduleViolation",
     "Soundness",
     "UnsoundResult",
     "calibrate_eps0",
