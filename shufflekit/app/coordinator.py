@@ -285,6 +285,9 @@ class Coordinator:
                 waiting = asyncio.create_task(
                     first_outcome(rs, ab, rid, timeout, self.control, self._verify)
                 )
+                # ingest still closes at the announced deadline: without this close, mix 0 only
+                # closed at its prepared deadline (a ready timeout later: 30 s by default)
+                closer = asyncio.create_task(self._close_at_deadline(ann))
                 try:
                     if stop is not None:
                         stopper = asyncio.create_task(stop.wait())
@@ -298,6 +301,7 @@ class Coordinator:
                     outcome = None
                 finally:
                     waiting.cancel()
+                    closer.cancel()
             if outcome is None:
                 outcome = await self._committed_result(rid)
             if outcome is None:
