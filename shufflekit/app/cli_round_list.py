@@ -85,7 +85,9 @@ def rounds(
         str | None,
         typer.Option(
             "--broker",
-            help="mqtt[s]://user:pass@host:port: also show the round the broker announces.",
+            help="mqtt:// or mqtts://host:port of the clients' listener: also show the round "
+            "the broker announces (as SHUFFLEKIT_MQTT_USERNAME=client with its "
+            "SHUFFLEKIT_MQTT_PASSWORD: a service's account would take its session over).",
         ),
     ] = None,
     limit: Annotated[int, typer.Option(min=0, help="How many recent rounds to list.")] = 20,
