@@ -103,10 +103,11 @@ def _chernoff_window(probs: np.ndarray, count: int, tau: float) -> tuple[int, in
     if tau == 0:
         return lower, upper
     orders = _ORDERS / size
-    a = orders[:, None] * np.arange(size)[None, :]
-    a_max = np.max(a, axis=1)
+    nz = np.flatnonzero(probs)  # (zero masses add nothing: a round at eps0 = 60 has a few
+    a = orders[:, None] * nz[None, :]  # atoms over millions of grid points)
+    a_max = np.max(a, axis=1) if nz.size else np.zeros(orders.size)
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_mgf = np.log(np.sum(probs[None, :] * np.exp(a - a_max[:, None]), axis=1)) + a_max
+        log_mgf = np.log(np.sum(probs[nz][None, :] * np.exp(a - a_max[:, None]), axis=1)) + a_max
     log_two_over_tau = math.log(2 / tau)
     for order, lm in zip(orders.tolist(), log_mgf.tolist(), strict=True):
         bound = (count * lm + log_two_over_tau) / order

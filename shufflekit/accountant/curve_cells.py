@@ -242,20 +242,38 @@ def _lower_hull(x: FloatArray, y: FloatArray) -> npt.NDArray[np.int64]:
         dx1, dx2 = xs[1:-1] - xs[:-2], xs[2:] - xs[1:-1]
         dy1, dy2 = ys[1:-1] - ys[:-2], ys[2:] - ys[1:-1]
         above = dy1 * dx2 > dy2 * dx1  # slope decreases at the middle point
-        if not np.any(above):
+        dropped = int(np.count_nonzero(above))
+        if dropped == 0:
             return idx
-        keep = np.concatenate([[True], ~above, [True]])
-        idx = idx[keep]
-    out: list[int] = []  # monotone chain for the rare stubborn case
-    for i in idx.tolist():
-        while len(out) >= 2:
-            o, a = out[-2], out[-1]
-            if (y[a] - y[o]) * (x[i] - x[a]) > (y[i] - y[a]) * (x[a] - x[o]):
-                out.pop()
-            else:
-                break
-        out.append(i)
-    return np.asarray(out, dtype=np.int64)
+        idx = idx[np.concatenate([[True], ~above, [True]])]
+        if dropped * 64 < idx.size:  # passes that drop so few are a cascade: split chords
+            break
+    return _quickhull_lower(x, y, idx)
+
+
+def _quickhull_lower(
+    x: FloatArray, y: FloatArray, idx: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The lower hull's vertices among `idx` (increasing x), for what the passes leave: split
+    at the point farthest below each chord until none is below. A chord's points are one array
+    operation, so a long run that the passes shorten by one point each (a plateau ending in a
+    drop: 2 million points at eps0 = 60) takes a few operations, not a Python loop per point."""
+    keep = np.zeros(idx.size, dtype=bool)
+    keep[[0, -1]] = True
+    stack = [(0, idx.size - 1)]
+    while stack:
+        a, b = stack.pop()
+        if b - a < 2:
+            continue
+        ia, ib, inner = idx[a], idx[b], idx[a + 1 : b]
+        area = (x[ib] - x[ia]) * (y[inner] - y[ia]) - (y[ib] - y[ia]) * (x[inner] - x[ia])
+        j = int(np.argmin(area))
+        if not area[j] < 0:  # nothing strictly below the chord
+            continue
+        m = a + 1 + j
+        keep[m] = True
+        stack += [(a, m), (m, b)]
+    return idx[keep]
 
 
 def _masses(t: FloatArray, vals: FloatArray, h0: float) -> tuple[FloatArray, FloatArray]:
