@@ -20,7 +20,7 @@ from shufflekit.core.transport.base import Subscription, Transport
 from shufflekit.core.waiting import within
 from shufflekit.shuffler.mix import MixNode
 
-log = logging.getLogger("shufflekit.coordinator")
+log = logging.getLogger("shufflekit.hops")
 RETAINED_WAIT = 1.0  # seconds a resumed round waits for a retained abort
 
 
