@@ -149,6 +149,7 @@ def test_calibrate_both_ways() -> None:
         assert out["seconds"] >= out["search_seconds"] > 0
     assert e0["eps0"] == e0["value"] and e0["n"] == 10000
     assert n["n"] == n["value"] and isinstance(n["n"], int) and n["eps0"] == 2.0
+    assert isinstance(n["value"], int)  # a count of people (it printed 265.0)
 
 
 def test_compare_lists_every_method_with_label(tmp_path: Path) -> None:

@@ -412,6 +412,10 @@ def calibrate_cmd(
             f"at delta {delta:g} (tight, composed; {cal.evaluations} evaluations)",
         )
     )
+    if cal.parameter == "eps0" and math.isinf(cal.bracket[1]):
+        console.print(f"(the search's cap: every eps0 up to {cal.value:g} meets the target)")
+    elif cal.parameter == "n" and cal.bracket[0] == 0.0:
+        console.print(f"(the search's floor: even {cal.value:g} user(s) meet the target)")
     if lower is not None:
         console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
     console.print(f"({out['seconds']:.3g} s)")
@@ -422,7 +426,9 @@ def calibrate_json(
 ) -> dict[str, Any]:
     """The calibration's own summary plus the fields every privacy command gives (`epsilon` is
     the upper bound the found parameter spends, `lower_bound` the attack's epsilon for it)."""
+    value = int(cal.value) if cal.parameter == "n" else cal.value
     return cal.summary() | {
+        "value": value,
         "method": "tight",
         "soundness": Soundness.SOUND_UPPER.value,
         "epsilon": cal.achieved_epsilon,
