@@ -361,7 +361,13 @@ def delta(
         row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
     lower = row.get("lower_bound_log_delta")
     tail = f" (log delta = {row['log_delta']:.6g}) at epsilon = {epsilon:g} for {rounds} round(s)"
-    _show(row, json_out, "delta", tail, None if lower is None else f"log delta = {lower:.6g}")
+    if lower is None:
+        said = None
+    elif lower == -math.inf:  # a bound, but not one to print as a number
+        said = "delta >= 0 (the attack gives nothing above 0 at this epsilon)"
+    else:
+        said = f"log delta = {lower:.6g}"
+    _show(row, json_out, "delta", tail, said)
 
 
 @app.command(name="calibrate")
