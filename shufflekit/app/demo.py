@@ -16,7 +16,7 @@ import numpy as np
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
-from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError
+from shufflekit.analyzer.estimators import ESTIMATORS, EstimatorInputError, project_simplex
 from shufflekit.analyzer.metrics import total_variation
 from shufflekit.app.datasets import values_from_histogram, zipf
 from shufflekit.app.local import LocalDeployment
@@ -165,7 +165,9 @@ def round_summary(rep: RoundReport, true_hist: list[int]) -> dict[str, Any]:
         n = rep.result.batch_size
         truth = np.asarray(true_hist, dtype=float) / max(1, sum(true_hist))
         est = np.asarray(rep.result.estimate) / max(1, n)
-        tv = float(total_variation(truth, est)) if est.size == truth.size else None
+        # between distributions: an unbiased estimate may be negative (a bits demo's whole
+        # records gave a "distance" of 5.9), so it is projected onto the simplex first
+        tv = float(total_variation(truth, project_simplex(est))) if est.size == truth.size else None
         out |= {
             "noisy_histogram": rep.result.histogram,
             "estimate": rep.result.estimate,
