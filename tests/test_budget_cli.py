@@ -75,6 +75,8 @@ def test_delete_asks_and_refuses_committed_rounds_unless_forced(tmp_path: Path) 
     led.commit("default", "r1", 12)
     r = budget(["delete", "--yes"], tmp_path)
     assert r.exit_code == 2 and "--force" in r.stderr and led.has_budget("default")
+    r = budget(["delete"], tmp_path, stdin="y\n")  # refused before asking, not after a "y"
+    assert r.exit_code == 2 and "--force" in r.stderr and "Delete the budget" not in r.output
     r = budget(["delete", "--yes", "--force", "--json"], tmp_path)
     assert r.exit_code == 0 and json.loads(r.stdout)["rounds_deleted"] == 1
     assert not led.has_budget("default")

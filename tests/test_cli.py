@@ -69,7 +69,7 @@ def test_demo_table_and_budget_refusal(tmp_path: Path) -> None:
     )
     assert [x["status"] for x in st["rounds"]] == ["committed", "committed"]
     r = run(["budget", "history", "--ledger", led, "--deployment", "pilot", "--json"], tmp_path)
-    assert [h["decision"] for h in json.loads(r.stdout)][-1] == "refused"
+    assert [h["decision"] for h in json.loads(r.stdout)["history"]][-1] == "refused"
 
 
 def test_clear_errors_and_nothing_written(tmp_path: Path) -> None:

@@ -115,6 +115,6 @@ def test_history_names_role_user_host_and_pid(tmp_path: Path) -> None:
     assert budget([*INIT, *led], tmp_path).exit_code == 0
     r = budget(["history", *led, "--json"], tmp_path)
     me = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"  # this process ran init
-    assert [h["who"] for h in json.loads(r.stdout)] == [f"operator {me}"]
+    assert [h["who"] for h in json.loads(r.stdout)["history"]] == [f"operator {me}"]
     r = budget(["history", *led], tmp_path)
     assert r.exit_code == 0 and "who" in r.stdout and "operator" in r.stdout

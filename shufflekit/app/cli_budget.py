@@ -183,8 +183,8 @@ def history(
     """The append-only audit log: every decision, who made it (role user@host:pid) and why."""
     led = _open(ledger, deployment)
     rows = led.history(deployment)
-    if json_out:
-        print_json(rows)
+    if json_out:  # one object, as every --json gives
+        print_json({"deployment": deployment, "history": rows})
         return
     t = Table()
     for col in ("when (UTC)", "round", "who", "action", "decision", "detail"):
@@ -231,6 +231,12 @@ def delete(
     """
     led = _open(ledger, deployment)
     led.budget(deployment)  # LedgerError for an unknown deployment, before asking
+    committed = sum(1 for r in led.rounds_of(deployment) if r.status == "committed")
+    if committed and not force:  # (the ledger refuses it too) before asking, not after
+        raise InvalidInput(
+            f"deployment {deployment!r} has {committed} committed round(s): its budget "
+            "records a promise made to participants; delete it anyway with --force"
+        )
     if not yes:
         if json_out:
             raise InvalidInput("--json cannot ask for confirmation: add --yes")
