@@ -12,6 +12,7 @@ import math
 import os
 import traceback
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -70,6 +71,15 @@ def check_eps0(eps0: float, flag: str = "--eps0") -> float:
     if not (math.isfinite(eps0) and 0 < eps0 <= EPS0_MAX):
         refuse(f"{flag} must be a finite number in (0, {EPS0_MAX:g}], got {eps0:g}")
     return eps0
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a figure path that is not a .png in an existing folder (one line, before work)."""
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        refuse(f"--plot writes a PNG: give a FILE.png, got {path!r}")
+    if not p.parent.is_dir():
+        refuse(f"--plot: no folder {str(p.parent)!r} to write {p.name} in")
 
 
 def describe(exc: BaseException) -> tuple[str, int]:

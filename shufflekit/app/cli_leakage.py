@@ -16,7 +16,7 @@ from shufflekit.accountant import leakage as lk
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.leakage_insider import MAX_EPS0
 from shufflekit.accountant.tight import tight_epsilon
-from shufflekit.app.cli_common import JsonOpt, count, refuse
+from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
 from shufflekit.app.render import console, err_console, print_json, progress_bar
 
 JSON_KEYS = (
@@ -68,6 +68,8 @@ def leakage(
         refuse("give exactly one of --n (a cohort's risk) or --max-excess X (the smallest cohort)")
     if delta is not None and not 0 < delta < 1:
         refuse("--delta must be in (0, 1)")
+    if plot is not None:
+        check_plot_path(plot)
     if n is None:
         assert max_excess is not None
         with progress_bar("smallest cohort: evaluations", 30, quiet=json_out) as update:

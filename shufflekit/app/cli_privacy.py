@@ -21,7 +21,7 @@ from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, chec
 from shufflekit.accountant.policy import composed_epsilon
 from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
 from shufflekit.app import cli_rounds
-from shufflekit.app.cli_common import JsonOpt, count, refuse
+from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
 from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import (
@@ -466,6 +466,8 @@ def compare(
     """Every method side by side: epsilon, soundness label, lower bound, time."""
     mech = _mech(n, k, eps0)
     check_delta(delta)  # (each method would refuse it alone: a table of errors, exit 0)
+    if plot is not None:  # checked before minutes of work, not after
+        check_plot_path(plot)
     steps = len(all_methods(include_variants=variants))
     with progress_bar("epsilon of each method", steps, "steps", quiet=json_out) as update:
         rows = compare_rows(mech, delta, rounds, variants, progress=lambda i, name: update(i))

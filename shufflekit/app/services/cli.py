@@ -46,7 +46,7 @@ def keys_new(
     role: Annotated[str, typer.Option("--role", help="mix, analyzer or enrollment.")],
     out: Annotated[Path, typer.Option("--out", help="Folder for ROLE.key and ROLE.pub.")],
     index: Annotated[
-        int | None, typer.Option("--index", min=0, help="Which mix (mixes only).")
+        int | None, typer.Option("--index", min=0, max=15, help="Which mix (mixes only).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing key pair.")] = False,
     json_out: JsonOpt = False,
