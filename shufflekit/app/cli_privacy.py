@@ -284,6 +284,8 @@ def epsilon(
     json_out: JsonOpt = False,
 ) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
+    if from_ledger is None and deployment != DEFAULT_DEPLOYMENT:
+        refuse("--deployment names the budget to read with --from-ledger URL; give that too")
     if round_spec or from_ledger is not None:
         _epsilon_of_rounds(
             round_spec or [],

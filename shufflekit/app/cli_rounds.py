@@ -99,7 +99,7 @@ def rounds_row(
         except AccountantError:  # the lower bound is extra information: never fail on it
             lower = None
     how = "a Rényi filter (adaptive mode)" if mode == "adaptive" else "dominating pairs (PLD)"
-    note = f"{len(charges)} rounds charged as the ledger does: cost model '{model}'"
+    note = f"{len(charges)} round(s) charged as the ledger does: cost model '{model}'"
     if model == "tight":
         note += f", {how}, capped by the sum of eps0"
     note += "; lower bound: the composed attack" if lower is not None else ""
