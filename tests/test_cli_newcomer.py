@@ -27,6 +27,7 @@ from shufflekit.app.experiment_report import utility_figure
 from shufflekit.app.plots import privacy_figure
 from shufflekit.app.services.keys import (
     load_credential_verifier,
+    load_enrollment_key,
     load_private_key,
     load_public_key,
 )
@@ -222,6 +223,14 @@ def test_key_files_are_checked_for_type_and_role(tmp_path: Path) -> None:
         load_public_key(keys / "mix1.pub", "mix1")
         == load_private_key(keys / "mix1.key", "mix1").public_b64()
     )
+    # a readable public key or stray file given as a private key is named as what it is (it
+    # was told to `chmod 600` first)
+    with pytest.raises(ConfigError, match="public key, but the enrollment private key"):
+        load_enrollment_key(keys / "enrollment.pub")
+    stray = tmp_path / "notes.txt"
+    stray.write_text("not a key\n")
+    with pytest.raises(ConfigError, match="is not a shufflekit key file"):
+        load_private_key(stray)
 
 
 def test_enrolled_credentials_survive_redirection_and_narrow_terminals(tmp_path: Path) -> None:

@@ -209,7 +209,9 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
 def load_private_key(path: Path, name: str | None = None) -> KeyPair:
     """Read a hop's (HPKE) private key file, of role `name` (mix0, analyzer) if given;
     ConfigError if missing, malformed, of another type or role, or readable by others."""
-    text = key_text(path, _read_private(path), X25519, "private", name)
+    raw, mode = _read_private(path)
+    text = key_text(path, raw, X25519, "private", name)
+    _private_mode(path, mode)  # (after the type: a public key or a stray file is named as such)
     try:
         return KeyPair.from_private_b64(text)
     except ValueError as exc:
@@ -218,7 +220,9 @@ def load_private_key(path: Path, name: str | None = None) -> KeyPair:
 
 def load_enrollment_key(path: Path) -> EnrollmentKey:
     """Read the enrollment authority's private key (same checks as `load_private_key`)."""
-    text = key_text(path, _read_private(path), ED25519, "private")
+    raw, mode = _read_private(path)
+    text = key_text(path, raw, ED25519, "private")
+    _private_mode(path, mode)
     try:
         return EnrollmentKey.from_private_b64(text)
     except ValueError as exc:
@@ -243,8 +247,8 @@ def load_credential_verifier(path: Path, deployment: str) -> CredentialVerifier:
         raise ConfigError(f"{path} is not a shufflekit enrollment public key: {exc}") from None
 
 
-def _read_private(path: Path) -> str:
-    """A private key file's text, refused if others can read it."""
+def _read_private(path: Path) -> tuple[str, int]:
+    """A private key file's text and mode."""
     try:
         st = path.stat()
         text = path.read_text()
@@ -254,12 +258,16 @@ def _read_private(path: Path) -> str:
         ) from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a shufflekit key file (not text)") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    return text, st.st_mode
+
+
+def _private_mode(path: Path, mode: int) -> None:
+    """Refuse a private key that group or others can access."""
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
             f"private key {path} is accessible by group or others "
-            f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`"
+            f"(mode {stat.S_IMODE(mode):o}); run `chmod 600 {path}`"
         )
-    return text
 
 
 def load_public_key(path: Path, name: str | None = None) -> str:
