@@ -61,6 +61,7 @@ FAULT_KINDS = (
     "disconnect",
     "broker_restart",
     "crash",
+    "restart",
     "ledger_busy",
 )
 DEPLOYMENT = "sim"
@@ -148,6 +149,7 @@ class World:
         self.seen_rounds: list[str] = []
         self.publishes: dict[str, int] = {}  # accepted publishes per role
         self.crash_points: dict[str, tuple[int, float]] = {}  # role -> (nth publish, restart)
+        self.restarting: dict[str, float] = {}  # role told to stop -> seconds until it starts
 
     # ------------------------------------------------------------------ set-up
     def _config(self, folder: Path) -> ServiceConfig:
@@ -288,7 +290,11 @@ class World:
         if task.cancelled() or self.tasks.get(role) is not task:
             return
         exc = task.exception()
-        if role == "coordinator" and isinstance(exc, BudgetExceeded):
+        after = self.restarting.pop(role, None)
+        if after is not None and exc is None:  # stopped by its SIGTERM: its supervisor starts it
+            self.event(role, "stopped")
+            asyncio.get_running_loop().call_later(after, self.start, role)
+        elif role == "coordinator" and isinstance(exc, BudgetExceeded):
             self.event(role, "budget_exhausted")  # the operator's rounds end here
             self.coordinator_finished.set()
         elif isinstance(exc, ConfigError):  # it can never start: the simulation is broken
@@ -303,11 +309,23 @@ class World:
         elif role == "coordinator":
             self.coordinator_finished.set()
 
+    def restart(self, role: str, restart_after: float) -> None:
+        """SIGTERM (`systemctl restart`): the role finishes cleanly (a round still waiting for
+        input stays in its spool) and is started again `restart_after` seconds after it exits."""
+        task, stop = self.tasks.get(role), self.stops.get(role)
+        if task is None or task.done() or stop is None or stop.is_set():
+            return
+        self.broker.injected["restart"] = self.broker.injected.get("restart", 0) + 1
+        self.event(role, "sigterm", restart_after=round(restart_after, 6))
+        self.restarting[role] = restart_after
+        stop.set()
+
     def crash(self, role: str, restart_after: float) -> None:
         """kill -9: the connection drops, memory is gone, disk stays; restart later."""
         task = self.tasks.get(role)
         if task is None or task.done():
             return
+        self.restarting.pop(role, None)  # (killed while stopping: this restart wins)
         self.broker.cut(self.cfg.client_id(role), reason="crash")
         self.event(role, "crash", restart_after=round(restart_after, 6))
         del self.tasks[role]
@@ -358,6 +376,7 @@ class World:
         srng = self.rng.fork("schedule")
         span = self.spec.rounds * (self.spec.deadline + 5.0)
         loop = asyncio.get_running_loop()
+        roles_all = self.roles()
         if "crash" in self.spec.faults:
             roles = self.roles()
             for _ in range(2):  # at a random time
@@ -369,6 +388,10 @@ class World:
                 role = roles[srng.randbelow(len(roles))]
                 nth = 1 + srng.randbelow(12)
                 self.crash_points[role] = (nth, 0.5 + 2 * self.spec.deadline * srng.random())
+        if "restart" in self.spec.faults and srng.random() < 0.6:  # a SIGTERM and a new start
+            role = roles_all[srng.randbelow(len(roles_all))]
+            at, after = span * srng.random(), 0.5 + self.spec.deadline * srng.random()
+            loop.call_later(at, self.restart, role, after)
         if "broker_restart" in self.spec.faults and srng.random() < 0.5:
             loop.call_later(span * srng.random(), self.broker.restart)
 
