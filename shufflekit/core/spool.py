@@ -115,6 +115,7 @@ class Spool:
             self._db = self._open()
         except sqlite3.DatabaseError as exc:  # corrupt, truncated, or not SQLite at all
             if path is None or isinstance(exc, sqlite3.OperationalError):
+                self._unlock()
                 raise SpoolError(f"cannot open the spool {path}: {exc}") from None
             self.quarantined = _quarantine(path, self.clock.time())
             log.error(
@@ -180,6 +181,9 @@ class Spool:
     def close(self) -> None:
         """Close the database and let another process have the spool."""
         self._db.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
