@@ -252,6 +252,8 @@ def test_cli_table_shows_infeasible_rows_and_bad_options_exit_2() -> None:
     assert "unknown estimator" in bad.output
     bad = runner.invoke(app, ["experiment", "utility", "--epsilons", "a,b"])
     assert bad.exit_code == 2
+    bad = runner.invoke(app, ["experiment", "utility", "--epsilons", "1,,2"])  # was taken as 1,2
+    assert bad.exit_code == 2 and "empty entry" in bad.output
 
 
 def test_rows_are_json_serialisable(small: list[dict[str, Any]]) -> None:

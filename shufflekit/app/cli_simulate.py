@@ -236,13 +236,15 @@ def _numbers(text: str | None, what: str, kind: Callable[[str], T], noun: str) -
     """A comma-separated option parsed by `kind`; () if not given, refused if empty or bad."""
     if text is None:
         return ()
+    parts = [x.strip() for x in text.split(",")]
+    if parts == [""]:
+        refuse(f"{what} is empty")
+    if "" in parts:  # "1,,2" or a trailing comma: a value left out by mistake
+        refuse(f"{what} has an empty entry: {text!r}")
     try:
-        vals = tuple(kind(x) for x in text.split(",") if x.strip())
+        return tuple(kind(x) for x in parts)
     except ValueError:
         refuse(f"{what} must be comma-separated {noun}, got {text!r}")
-    if not vals:
-        refuse(f"{what} is empty")
-    return vals
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...]:
@@ -383,7 +385,7 @@ def utility(
         )
     if files:
         console.print(f"wrote {files['csv']} and {files['png']}")
-    console.print(f"{len(cfg.points())} points in {res.seconds:.1f} s")
+    console.print(f"{len(cfg.points())} point(s) in {res.seconds:.1f} s")
 
 
 def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
