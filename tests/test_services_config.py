@@ -19,7 +19,8 @@ from shufflekit.app.hops import HopRunner
 from shufflekit.app.rounds import COORDINATOR_HOP, RoundParams, ledger_release_hook
 from shufflekit.app.services.config import load_config
 from shufflekit.app.services.keys import load_private_key, load_public_key
-from shufflekit.base.errors import ConfigError
+from shufflekit.app.services.runtime import with_reconnect
+from shufflekit.base.errors import BrokerAuthError, ConfigError, TransportError
 from shufflekit.client.agent import build_envelope
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement
@@ -307,3 +308,50 @@ async def test_a_mix_stopped_while_collecting_keeps_the_round_for_its_next_start
     assert rep.released and rep.abort is None and rep.result is not None
     assert rep.result.batch_size == users
     assert [r.status for r in led.status("test").rounds] == ["committed"]
+
+
+class _Refusing:
+    """A connection whose broker refuses it with `exc` (the first `fails` times)."""
+
+    def __init__(self, exc: Exception, tries: list[int], fails: int = 10**9) -> None:
+        self.exc, self.tries, self.fails = exc, tries, fails
+
+    async def __aenter__(self) -> _Refusing:
+        self.tries.append(1)
+        if len(self.tries) <= self.fails:
+            raise self.exc
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+async def test_a_refused_login_at_start_is_an_error_not_a_retry_loop() -> None:
+    """A wrong password or an untrusted CA was retried for ever, a warning every 30 s; before
+    the first connection it is a configuration error now. A lost connection still retries."""
+    tries: list[int] = []
+    stop = asyncio.Event()
+    with pytest.raises(BrokerAuthError):  # (bounded: the old loop never ended)
+        await asyncio.wait_for(
+            with_reconnect(
+                "mix 0",
+                lambda: _Refusing(BrokerAuthError("not authorized"), tries),
+                lambda _t: asyncio.sleep(0),
+                stop,
+            ),
+            10,
+        )
+    assert len(tries) == 1
+    tries.clear()
+    done: list[int] = []
+
+    async def body(_t: object) -> None:
+        done.append(1)
+
+    await with_reconnect(
+        "mix 0",
+        lambda: _Refusing(TransportError("connection refused"), tries, fails=2),
+        body,
+        stop,
+    )
+    assert len(tries) == 3 and done == [1]  # refused twice (a broker not up yet), then served

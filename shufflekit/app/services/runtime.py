@@ -36,7 +36,13 @@ from shufflekit.app.services.keys import (
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import ConfigError, RoundAborted, TransportError
+from shufflekit.base.errors import (
+    BrokerAuthError,
+    BrokerTLSError,
+    ConfigError,
+    RoundAborted,
+    TransportError,
+)
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
@@ -96,17 +102,22 @@ async def with_reconnect(
     stop: asyncio.Event,
 ) -> None:
     """Run `body` on a fresh connection until it returns; on TransportError reconnect with
-    exponential backoff (0.5 s doubling to 30 s) unless stopping."""
+    exponential backoff (0.5 s doubling to 30 s) unless stopping. A refused login or TLS
+    handshake before the first connection is a configuration error, raised at once (retrying
+    it for ever only repeated the warning); once connected, every loss is retried."""
     delay = 0.5
+    connected = False
     while not stop.is_set():
         try:
             async with connect() as transport:
-                delay = 0.5
+                connected, delay = True, 0.5
                 await body(transport)
                 return
         except TransportError as exc:
             if stop.is_set():
                 return
+            if not connected and isinstance(exc, BrokerAuthError | BrokerTLSError):
+                raise
             log.warning("%s: %s; reconnecting in %.1fs", name, exc, delay)
             await sleep_unless(stop, delay)
             delay = min(2 * delay, MAX_BACKOFF)
