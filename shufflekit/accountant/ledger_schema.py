@@ -257,6 +257,16 @@ def redact(url: str) -> str:
         return "<invalid URL>"
 
 
+def in_memory(url: str) -> bool:
+    """Whether a ledger URL names a SQLite database in memory (gone with its process); False
+    for any other URL, including one that does not parse (`make_engine` says why)."""
+    try:
+        u = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return False
+    return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
 def make_engine(url: str, create: bool) -> Engine:
     """A SQLAlchemy engine for a ledger URL (sqlite: no write until `open_schema` checked it)."""
     try:
@@ -264,7 +274,7 @@ def make_engine(url: str, create: bool) -> Engine:
     except sa.exc.ArgumentError as exc:
         raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
     if u.get_backend_name() == "sqlite":
-        if u.database and u.database != ":memory:":
+        if u.database and not in_memory(url):
             if os.path.isdir(u.database):
                 raise LedgerError(
                     f"{u.database} is a folder; a SQLite ledger is a file: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from shufflekit.accountant.ledger_schema import in_memory
 from shufflekit.base.errors import InvalidInput
 
 DEFAULT_DEPLOYMENT = "default"
@@ -30,11 +31,7 @@ def ledger_url(given: str | None) -> str:
         raise InvalidInput(
             "--ledger is empty: give a URL (sqlite:///path/ledger.db) or leave it out"
         )
-    if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in (
-        "sqlite:",
-        "sqlite:///:memory:",
-        "sqlite://:memory:",
-    ):
+    if in_memory(url):
         raise InvalidInput(
             f"{url} is a ledger in memory, gone when the command ends: give a file "
             "(sqlite:///path/ledger.db)"
