@@ -166,13 +166,11 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
         return _LABEL.result(eps, -math.inf, t0, {"capped_by_ldp": True}, note, (eps, -math.inf))
     if mech.eps0 < EPS0_TINY:
-        up = min(log_ldp_delta(mech.krr, eps) + SAFETY, 0.0)
+        up = _ldp_cap(mech, eps)
         tiny = {"capped_by_ldp": True, "worst_dataset": "none computed"}
         return _LABEL.result(eps, up, t0, tiny, _TINY_NOTE, (eps, -math.inf))
     up, drop, nb, limited = upper_bound(mech, eps)
-    # k-RR's own delta bounds every dataset's after the shuffle (post-processing); and no
-    # delta exceeds 1 (the margin must not push a bound there past it)
-    up = min(up, log_ldp_delta(mech.krr, eps) + SAFETY, 0.0)
+    up = min(up, _ldp_cap(mech, eps))
     t1 = time.perf_counter()
     deep = limited or up < -690.0  # delta far below 1e-300: keep the attack cheap
     low, worst, cands = attack_log_delta(mech, eps, log_tau=min(-60.0, up - 30.0), cheap=deep)
@@ -210,6 +208,12 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     if mech.k == 2:
         details |= _k2_details(mech, k2)
     return _LABEL.result(eps, up, t0, details, note, (eps, low))
+
+
+def _ldp_cap(mech: Mechanism, eps: float) -> float:
+    """log of k-RR's own delta(eps) with the margin, which bounds every dataset's after the
+    shuffle (post-processing), and never above delta = 1 (the margin must not pass it)."""
+    return min(log_ldp_delta(mech.krr, eps) + SAFETY, 0.0)
 
 
 def _ldp_epsilon(mech: Mechanism, log_delta: float) -> float:
