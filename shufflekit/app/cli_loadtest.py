@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from shufflekit.accountant.round_types import MAX_K
 from shufflekit.app.cli_common import JsonOpt, check_eps0, count
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.base.errors import ConfigError
@@ -79,8 +80,8 @@ def loadtest(
     if users < 1:
         raise ConfigError(f"--users must be at least 1, got {users}")
     check_eps0(eps0)
-    if k > 0xFFFF:
-        raise ConfigError(f"--k must be at most {0xFFFF}, got {k}")
+    if k > MAX_K:
+        raise ConfigError(f"--k must be at most {MAX_K}, got {k}")
     for flag, x in (
         ("--dropout", dropout),
         ("--stragglers", stragglers),
