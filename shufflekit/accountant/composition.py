@@ -28,7 +28,7 @@ from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
-from shufflekit.accountant.curve_cells import MAX_CELLS
+from shufflekit.accountant.curve_cells import MAX_CELLS, steps_that_fit
 from shufflekit.accountant.curve_pld import (
     CurvePLD,
     attack_curve_pld,
@@ -86,7 +86,7 @@ def default_grid(
     spread = min((loss_sd(p) for p in plds), default=math.inf)
     want = spread / 8.0
     span = max([eps0_max, *(_max_abs_loss(p) for p in plds)])
-    fits = [s for s in GRID_STEPS if 2 * span / s + 8 <= MAX_CELLS] or [GRID_STEPS[0]]
+    fits = steps_that_fit(GRID_STEPS, span, MAX_CELLS - 8, GRID_STEPS[0])
     finer = [s for s in fits if s <= step] or [fits[-1]]
     return next((s for s in finer if s <= want), finer[-1])
 

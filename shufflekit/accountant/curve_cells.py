@@ -29,6 +29,7 @@ plus 1e-12 of the mass at and above each point.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResu
 
 #: Largest number of base cells a curve may span.
 MAX_CELLS = 1 << 23
+WIDE_STEP = 1e-3  # the step of a curve whose span no listed step fits (`steps_that_fit`)
 _ROUND = 1e-12  # relative float allowance of the recursions
 
 
@@ -219,6 +221,14 @@ def _bin_into(fields: list[FloatArray], idx: npt.NDArray[np.int64], sums: list[F
 def merge_max(curves: list[tuple[FloatArray, FloatArray]]) -> FloatArray:
     """Pointwise max of (h + allowance) over curves on the same cells: an upper bound of each."""
     return np.asarray(np.max(np.stack([h + a for h, a in curves]), axis=0), dtype=np.float64)
+
+
+def steps_that_fit(
+    steps: Sequence[float], span: float, max_cells: float, wide: float = WIDE_STEP
+) -> list[float]:
+    """The `steps` whose cells over [-span, span] number at most `max_cells` (in order), or
+    [wide] if none does: the one test of how fine a curve of losses within +-span may be."""
+    return [s for s in steps if 2 * span / s <= max_cells] or [wide]
 
 
 def coarse(cells_step: float, step: float) -> int:

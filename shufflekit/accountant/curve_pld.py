@@ -21,7 +21,7 @@ from shufflekit.accountant.attack_cells import all_at_z_cells, all_at_z_loss_sd
 from shufflekit.accountant.attack_pld import dataset_atoms
 from shufflekit.accountant.blanket_cells import blanket_cells, blanket_loss_sd
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
-from shufflekit.accountant.curve_cells import CurveCells, lower_grid, upper_grid
+from shufflekit.accountant.curve_cells import CurveCells, lower_grid, steps_that_fit, upper_grid
 from shufflekit.accountant.k2_compose import ATOMS_MAX_N, CELLS_RTOL, MAX_N, K2Pair
 from shufflekit.accountant.numerics.grid import GridPLD, discretise
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -209,10 +209,8 @@ def blanket_pld(mech: Mechanism) -> CurvePLD:
 def _base_step(mech: Mechanism, sd: float) -> float:
     """The largest of CURVE_STEPS within the loss spread `sd` / 8 with a margin of 1.25 (so
     that every step `default_grid` may choose for the pair is a multiple: one pass over its
-    outcomes), within the cell budget (else 1e-3)."""
-    fits = [s for s in CURVE_STEPS if 2 * mech.eps0 / s <= _MAX_BASE_CELLS]
-    if not fits:
-        return 1e-3
+    outcomes), within the cell budget (else `curve_cells.WIDE_STEP`)."""
+    fits = steps_that_fit(CURVE_STEPS, mech.eps0, _MAX_BASE_CELLS)
     return next((s for s in fits if sd / 8 >= 1.25 * s), fits[-1])
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shufflekit.accountant.core import Mechanism
-from shufflekit.accountant.curve_cells import MAX_CELLS, CurveCells
+from shufflekit.accountant.curve_cells import MAX_CELLS, CurveCells, steps_that_fit
 from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.logspace import FloatArray
@@ -64,9 +64,8 @@ MAX_N = 1_000_000_000  # every n `tight` answers
 ATOMS_MAX_N = 10_000_000
 CELLS_RTOL = 0.03  # the refinement's tolerance there (composed gaps barely differ from 1%)
 #: Base steps of the k = 2 curves: the largest that is at most a round's loss spread / 8, of
-#: those whose curve over [-eps0, eps0] fits in half of MAX_CELLS (else WIDE_STEP).
+#: those whose curve over [-eps0, eps0] fits in half of MAX_CELLS (`steps_that_fit`).
 CELL_STEPS = (5e-5, 5e-6, 5e-7)
-WIDE_STEP = 1e-3
 CELL_TAIL = 1e-25  # mass a leaf may move out of its cells at each end (see `leaf`)
 
 
@@ -235,7 +234,7 @@ class K2Pair:
         if self.cell_step is not None:
             return self.cell_step
         sd = self.loss_sd()
-        fits = [s for s in CELL_STEPS if 4 * self.mech.eps0 / s <= MAX_CELLS] or [WIDE_STEP]
+        fits = steps_that_fit(CELL_STEPS, self.mech.eps0, MAX_CELLS // 2)
         return next((s for s in fits if s <= sd / 8), fits[-1])
 
     def _range(self, min_log_mass: float = -math.inf) -> tuple[float, float]:
