@@ -195,9 +195,9 @@ def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool
     e = math.exp(eps)
     r = math.exp(-eps0)
     c = math.expm1(eps) * g / k
-    # the law of h0 ~ Bin(n, p) is read as n - h0 ~ Bin(n, 1 - p) with 1 - p = (k - 1) q: p
-    # rounds towards 1 as eps0 grows (to 1 itself near 37), and 1 - p with it
-    pc = (k - 1) * q
+    # the law of h0 ~ Bin(n, p) is read as n - h0 ~ Bin(n, 1 - p), 1 - p exact: p rounds
+    # towards 1 as eps0 grows (to 1 itself near 37), and a 1 - p taken from it with it
+    pc = rr.one_minus_p
     mlo, mhi = tail_window(n, pc, log_tau)
     lo, hi = n - mhi[0], n - mlo[0]
     blocks = X0_BLOCKS_K2 if k == 2 else X0_BLOCKS

@@ -43,7 +43,7 @@ def _iter_all_at_x0(mech: Mechanism, reverse: bool, log_tau: float) -> AtomChunk
     rr = mech.krr
     q, g = rr.q, rr.gamma
     r = math.exp(-eps0)
-    pc = (k - 1) * q  # 1 - p: h0 ~ Bin(n, p) is read as n - h0 (p rounds towards 1)
+    pc = rr.one_minus_p  # h0 ~ Bin(n, p) is read as n - h0 (p rounds towards 1)
     mlo, mhi = tail_window(n, pc, log_tau)
     h0_all = np.arange(n - mhi[0], n - mlo[0] + 1)
     lnq = math.log(n * q)

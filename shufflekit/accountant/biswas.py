@@ -227,7 +227,7 @@ def _endpoint_marginal(n: int, nx0: int, eps0: float, k: int) -> tuple[FloatArra
     others = pb if nx0 == 0 else p  # each other user reports x0 w.p. pb (elsewhere) or p (at x0)
     base_m1 = log_pmf(s - 1, n - 1, others)
     base_0 = log_pmf(s, n - 1, others)
-    lp0 = np.logaddexp(math.log(p) + base_m1, math.log((k - 1) * pb) + base_0)  # 1-p = (k-1) q
+    lp0 = np.logaddexp(math.log(p) + base_m1, math.log(rr.one_minus_p) + base_0)
     lp1 = np.logaddexp(math.log(pb) + base_m1, math.log1p(-pb) + base_0)
     return lp0, lp1
 

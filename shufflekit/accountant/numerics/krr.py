@@ -21,6 +21,7 @@ class KRR:
     gamma: float
     log_norm: float  # log(e^eps0 + k - 1): log p = eps0 - log_norm, log q = -log_norm
     one_minus_gamma: float  # 1 - gamma = p - q = (e^eps0 - 1) q, without cancellation
+    one_minus_p: float  # 1 - p = (k - 1) q: p itself rounds towards 1 from eps0 ~ 25
 
 
 @lru_cache(maxsize=1024)
@@ -36,6 +37,7 @@ def krr(k: int, eps0: float) -> KRR:
         gamma=k * q,
         log_norm=math.log(e0 + k - 1),
         one_minus_gamma=math.expm1(eps0) * q,
+        one_minus_p=(k - 1) * q,
     )
 
 
