@@ -49,8 +49,6 @@ def chaos(
     Seed by seed, on a virtual clock; exit 1 if any seed broke a promise."""
     if seed is not None and seed < 0:
         raise InvalidInput(f"--seed must be >= 0, got {seed}")
-    if workers is not None and workers < 1:
-        raise InvalidInput(f"--workers must be at least 1, got {workers}")
     cfg = ChaosConfig(
         seeds=seeds,
         first_seed=first_seed,
@@ -59,7 +57,7 @@ def chaos(
         rounds=rounds,
         faults=tuple(f.strip() for f in faults.split(",") if f.strip()),
         real_crypto=real_crypto,
-        workers=workers or default_workers(),
+        workers=default_workers() if workers is None else workers,  # 0 is refused, not 1 core
     )
     if seed is not None:
         _replay(cfg, seed, json_out)
