@@ -76,19 +76,11 @@ def loadtest(
         k = 1 << bits
     elif bits is not None:
         raise ConfigError("--bits goes with --mechanism bits")
-    # everything a service or a worker would refuse minutes later, refused before anything starts
-    if users < 1:
-        raise ConfigError(f"--users must be at least 1, got {users}")
+    # what a service would refuse minutes later, refused before anything starts (the users and
+    # the fractions: by the load plan, `run_loadtest`'s first step)
     check_eps0(eps0)
     if k > MAX_K:
         raise ConfigError(f"--k must be at most {MAX_K}, got {k}")
-    for flag, x in (
-        ("--dropout", dropout),
-        ("--stragglers", stragglers),
-        ("--bad-fraction", bad_fraction),
-    ):
-        if not 0.0 <= x <= 1.0:
-            raise ConfigError(f"{flag} is a fraction in [0, 1], got {x:g}")
     if report is not None:
         try:
             report.mkdir(parents=True, exist_ok=True)
