@@ -222,7 +222,8 @@ def _session(sid: int) -> list[str]:
 def test_sigterm_takes_the_whole_stack_down(tmp_path: Path) -> None:
     """`kill` (or `timeout`) of a load test left the broker, the services and Locust running:
     SIGTERM now ends it as Ctrl-C does, through its cleanup (exit 130)."""
-    env = {**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state")}
+    # (TMPDIR: the folder an interrupted run keeps lands in this test's own)
+    env = {**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state"), "TMPDIR": str(tmp_path)}
     p = subprocess.Popen(
         [
             sys.executable, "-m", "shufflekit", "loadtest", "--users", "300", "--rounds", "2",
