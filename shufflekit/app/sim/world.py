@@ -376,9 +376,8 @@ class World:
         srng = self.rng.fork("schedule")
         span = self.spec.rounds * (self.spec.deadline + 5.0)
         loop = asyncio.get_running_loop()
-        roles_all = self.roles()
+        roles = self.roles()
         if "crash" in self.spec.faults:
-            roles = self.roles()
             for _ in range(2):  # at a random time
                 if srng.random() < 0.6:
                     role = roles[srng.randbelow(len(roles))]
@@ -389,7 +388,7 @@ class World:
                 nth = 1 + srng.randbelow(12)
                 self.crash_points[role] = (nth, 0.5 + 2 * self.spec.deadline * srng.random())
         if "restart" in self.spec.faults and srng.random() < 0.6:  # a SIGTERM and a new start
-            role = roles_all[srng.randbelow(len(roles_all))]
+            role = roles[srng.randbelow(len(roles))]
             at, after = span * srng.random(), 0.5 + self.spec.deadline * srng.random()
             loop.call_later(at, self.restart, role, after)
         if "broker_restart" in self.spec.faults and srng.random() < 0.5:
