@@ -151,6 +151,20 @@ def test_kill_9_mix0_mid_ingest_loses_no_receipted_report(
     assert seen == {"receipted": USERS, "status": "committed", "batch": USERS}, seen
 
 
+def test_sigterm_to_mix0_mid_ingest_keeps_the_round_for_its_restart(
+    tmp_path: Path, broker: SecureBroker, accounts: Accounts
+) -> None:
+    """`systemctl restart` of mix 0 during ingest: it exits cleanly (0) and leaves the round in
+    its spool; restarted, it releases every report. It used to abort the round and refund it,
+    throwing away what its clients held receipts for."""
+    ledger_url = begin(tmp_path, broker, accounts, USERS // 2)
+    assert accounts.stop("mix0") == 0, accounts.stderr("mix0")
+    assert "kept in the spool for the next start" in accounts.stderr("mix0")
+    accounts.serve("mix0")
+    seen = settle(accounts, ledger_url)
+    assert seen == {"receipted": USERS, "status": "committed", "batch": USERS}, seen
+
+
 def test_kill_9_mix0_back_after_the_deadline_counts_its_whole_session(
     tmp_path: Path, broker: SecureBroker, accounts: Accounts
 ) -> None:
