@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "ledger_status": ("bench_ledger_status.py", ["--rounds", "200"]),
     "tiny_delta": ("bench_tiny_delta.py", ["--quick"]),
     "attack_cells": ("bench_attack_cells.py", ["--quick"]),
+    "calibrate": ("bench_calibrate.py", ["--quick"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 

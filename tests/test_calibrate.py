@@ -182,3 +182,20 @@ def test_calibrate_with_the_default_tight_pld() -> None:
     assert cal.achieved_epsilon <= 1.0
     assert compose_rounds([Mechanism(300, 3, cal.value)], counts=[3]).epsilon(1e-6) <= 1.0
     assert cal.value > 1.0 / 3  # amplification beats the LDP split of the budget
+
+
+def test_the_search_starts_near_the_answer() -> None:
+    """The eps0 search starts where the blanket's scaling law meets the target, not at the LDP
+    split epsilon / rounds: far trials (a small eps0 at large n) were the dearest, and the old
+    start made several of them before reaching the boundary."""
+    n, rounds, target, delta = 2000, 4, 1.0, 1e-6
+    cal = calibrate_eps0_detailed(n, 2, rounds, target, delta, pld_fn=shuffled_rr_pld)
+    old = calibrate_eps0_detailed(
+        n, 2, rounds, target, delta, pld_fn=shuffled_rr_pld, eps0_start=target / rounds
+    )
+    assert abs(cal.value / old.value - 1) <= 1e-3
+    assert min(x for x, _ in cal.trials) > cal.value / 2
+    assert cal.evaluations < old.evaluations
+    # and the n search starts from the same law solved for n
+    cal_n = calibrate_n_detailed(3.0, 2, 3, 1.0, delta, pld_fn=shuffled_rr_pld)
+    assert min(x for x, _ in cal_n.trials) > cal_n.value / 4

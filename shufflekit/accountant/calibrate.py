@@ -11,7 +11,8 @@ the composed upper bound at `delta` at most `epsilon`?", for trial parameters:
 Search (documented tolerance): the feasibility of a trial is monotone in the parameter for the
 true privacy loss (smaller eps0 is a post-processing of larger eps0; more users hide the target
 better - observed, not proven, for n). The search brackets the answer by walking from a starting
-point (`bracket_boundary`: steps predicted by extrapolation, at least x1.25, at most x16), then
+point (`bracket_boundary`; the start is a scaling law's guess, the first step x1.2, then steps
+predicted by extrapolation, at least x1.25, at most x16), then
 shrinks the bracket, always keeping a trial that was *checked feasible* as one end:
 interpolation of log(composed epsilon) against eps0 (resp. log n) predicts the boundary and two
 trials straddle the prediction (so one good prediction ends the search), safeguarded by
@@ -136,6 +137,21 @@ class _Evaluator:
         return eps
 
 
+def _scaling_law_eps0(n: int, k: int, rounds: int, epsilon: float, delta: float) -> float | None:
+    """Where the search for eps0 starts: the eps0 at which the blanket's scaling law,
+    epsilon ~ sqrt(2 R ln(1/delta) (e^eps0 + k - 1) / n), meets the target (within about 30% in
+    epsilon of the composed bound where checked); None where the law leaves no amplification.
+    A start only: trials far from the answer cost the most (small eps0 at large n)."""
+    a = epsilon**2 * (n - 1) / (2.0 * rounds * math.log(1.0 / delta)) - (k - 1)
+    return math.log(a) if a > 1.0 else None
+
+
+def _scaling_law_n(eps0: float, k: int, rounds: int, epsilon: float, delta: float) -> float:
+    """Where the search for n starts: the same scaling law solved for n."""
+    e = math.exp(min(eps0, 700.0))
+    return 1.0 + 2.0 * rounds * math.log(1.0 / delta) * (e + k - 1) / epsilon**2
+
+
 def _calibrate(
     ev: _Evaluator,
     parameter: str,
@@ -152,7 +168,7 @@ def _calibrate(
     fail), searched from `start` within `caps`, checked once more, with its bracket."""
     integer = parameter == "n"
     feas, infeas = bracket_boundary(
-        ev, epsilon, start, *caps, feasible_below=larger_fails, integer=integer
+        ev, epsilon, start, *caps, feasible_below=larger_fails, integer=integer, first_step=1.2
     )
     if feas is None:
         cap = caps[0] if larger_fails else caps[1]
@@ -205,12 +221,15 @@ def calibrate_eps0_detailed(
     if not (0 < eps0_min < eps0_max and math.isfinite(eps0_max)):
         raise InvalidParameters("need 0 < eps0_min < eps0_max < inf")
     ev = _Evaluator(lambda e: Mechanism(n, k, float(e)), rounds, delta, **composition)
+    if eps0_start is None:  # the LDP answer (no amplification) is always feasible
+        r = rounds + len(ev.spent)
+        eps0_start = max(epsilon / r, _scaling_law_eps0(n, k, r, epsilon, delta) or 0.0)
     return _calibrate(
         ev,
         "eps0",
         epsilon,
         t0,
-        start=eps0_start if eps0_start is not None else epsilon / (rounds + len(ev.spent)),
+        start=eps0_start,
         caps=(eps0_min, eps0_max),
         larger_fails=True,
         rtol=rtol,
@@ -242,7 +261,7 @@ def calibrate_n_detailed(
     rtol: float = 0.0,
     n_min: int = 1,
     n_max: int = 10**9,
-    n_start: int = 1000,
+    n_start: int | None = None,
     **composition: Unpack[CompositionOptions],
 ) -> Calibration:
     """Smallest n (exact, or within rtol) such that the composition meets (epsilon, delta)."""
@@ -254,6 +273,8 @@ def calibrate_n_detailed(
     if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
         raise InvalidParameters("need integers 1 <= n_min <= n_max")
     ev = _Evaluator(lambda x: Mechanism(int(x), k, eps0), rounds, delta, **composition)
+    if n_start is None:
+        n_start = round(min(_scaling_law_n(eps0, k, rounds + len(ev.spent), epsilon, delta), 1e18))
     return _calibrate(
         ev,
         "n",

@@ -220,13 +220,15 @@ def bracket_boundary(
     *,
     feasible_below: bool,
     integer: bool,
+    first_step: float = 2.0,
 ) -> tuple[float | None, float | None]:
     """(x_feas, x_inf): two evaluated trials on either side of the boundary.
 
     Walks from `start` towards the boundary; the step factor is predicted by a secant of
-    g = log(ev/target) against log x through the last two trials (clamped to [1.25, 16]; 2 for
-    the first step). x_feas is None if the cap on the feasible side still fails; x_inf is None if
-    the cap on the other side still meets the target.
+    g = log(ev/target) against log x through the last two trials (clamped to [1.25, 16];
+    `first_step` for the first, small when the start is a good guess). x_feas is None if the
+    cap on the feasible side still fails; x_inf is None if the cap on the other side still
+    meets the target.
     """
     x = float(round(start)) if integer else float(start)
     x = min(max(x, lo_cap), hi_cap)
@@ -235,7 +237,7 @@ def bracket_boundary(
     up = feas == feasible_below  # move up when feasible below, or infeasible above
     prev: tuple[float, float] | None = None
     while True:
-        f = 2.0
+        f = first_step if prev is None else 2.0
         if prev is not None and math.isfinite(gx) and math.isfinite(prev[1]) and gx != prev[1]:
             ux, up_ = math.log(x), math.log(prev[0])
             u_root = ux - gx * (ux - up_) / (gx - prev[1])
