@@ -71,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     bad = 0
     total, total_ref = 0.0, 0.0
+    evals, evals_ref = 0, 0
 
     def row(label: str, new: Calibration, s: float, old: Calibration, s_ref: float) -> None:
-        nonlocal total, total_ref
+        nonlocal total, total_ref, evals, evals_ref
         total, total_ref = total + s, total_ref + s_ref
+        evals, evals_ref = evals + new.evaluations, evals_ref + old.evaluations
         line = (
             f"{label:<34} {new.value:>10.6g} {new.evaluations:>6} {old.evaluations:>9} "
             f"{s:>7.1f} {s_ref:>7.1f} {s / s_ref:>6.2f}"
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         old, s_ref = timed(calibrate_n_detailed, eps0, k, r, eps, delta, n_start=1000)
         bad += new.value != old.value
         row(f"n: eps0={eps0:g} k={k} R={r} eps={eps:g} d={delta:g}", new, s, old, s_ref)
-    tail = f"all cases: {total:.1f} s against {total_ref:.1f} s, ratio {total / total_ref:.2f}"
+    tail = (
+        f"all cases: {evals} evaluations against {evals_ref}; {total:.1f} s against "
+        f"{total_ref:.1f} s, ratio {total / total_ref:.2f}"
+    )
     if bad:
         tail += f"; {bad} case(s) where the two starts disagree beyond the tolerance"
     lines.append(tail)

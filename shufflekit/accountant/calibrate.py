@@ -11,7 +11,7 @@ the composed upper bound at `delta` at most `epsilon`?", for trial parameters:
 Search (documented tolerance): the feasibility of a trial is monotone in the parameter for the
 true privacy loss (smaller eps0 is a post-processing of larger eps0; more users hide the target
 better - observed, not proven, for n). The search brackets the answer by walking from a starting
-point (`bracket_boundary`; the start is a scaling law's guess, the first step x1.2, then steps
+point (`bracket_boundary`; the start is a Gaussian law's guess, the first step x1.2, then steps
 predicted by extrapolation, at least x1.25, at most x16), then
 shrinks the bracket, always keeping a trial that was *checked feasible* as one end:
 interpolation of log(composed epsilon) against eps0 (resp. log n) predicts the boundary and two
@@ -37,6 +37,7 @@ from typing import Any, TypedDict, Unpack
 
 from shufflekit.accountant.composition import PldFn, rounds_epsilon
 from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.roots import bracket_boundary, shrink_bracket
 from shufflekit.base.errors import InvalidParameters, NotApplicable, UnsoundResult
 
@@ -137,19 +138,47 @@ class _Evaluator:
         return eps
 
 
-def _scaling_law_eps0(n: int, k: int, rounds: int, epsilon: float, delta: float) -> float | None:
-    """Where the search for eps0 starts: the eps0 at which the blanket's scaling law,
-    epsilon ~ sqrt(2 R ln(1/delta) (e^eps0 + k - 1) / n), meets the target (within about 30% in
-    epsilon of the composed bound where checked); None where the law leaves no amplification.
-    A start only: trials far from the answer cost the most (small eps0 at large n)."""
-    a = epsilon**2 * (n - 1) / (2.0 * rounds * math.log(1.0 / delta)) - (k - 1)
-    return math.log(a) if a > 1.0 else None
+def _mu_squared(n: int, k: int, eps0: float) -> float:
+    """A round's Gaussian-DP mu^2 in the central-limit picture: the victim moves the mean of a
+    count whose variance is that of the others' blanket reports, (n - 1) q (1 - q) at k = 2 and
+    two such counts at k >= 3 (others at a third value), so mu^2 = (p - q)^2 c / ((n - 1) q)."""
+    rr = krr(k, eps0)
+    c = 1.0 / (1.0 - rr.q) if k == 2 else 2.0
+    return rr.one_minus_gamma**2 * c / (max(n - 1, 1) * rr.q)
 
 
-def _scaling_law_n(eps0: float, k: int, rounds: int, epsilon: float, delta: float) -> float:
-    """Where the search for n starts: the same scaling law solved for n."""
-    e = math.exp(min(eps0, 700.0))
-    return 1.0 + 2.0 * rounds * math.log(1.0 / delta) * (e + k - 1) / epsilon**2
+def _mu_target(epsilon: float, delta: float) -> float:
+    """The mu at which mu sqrt(2 ln(1/delta)) + mu^2 / 2 = epsilon (Gaussian DP's epsilon, to
+    first order in the tail)."""
+    two_l = 2.0 * math.log(1.0 / delta)
+    return math.sqrt(two_l + 2.0 * epsilon) - math.sqrt(two_l)
+
+
+def _law_eps0(
+    n: int, k: int, rounds: int, epsilon: float, delta: float, spent: Sequence[Mechanism]
+) -> float | None:
+    """Where the eps0 search starts: the eps0 at which `rounds` more rounds of the Gaussian law
+    (`_mu_squared`, composed as mu^2 adds) meet the target, within about 30% in epsilon of the
+    composed bound where checked; None if the spent rounds use the law's budget up. A start
+    only: trials far from the answer cost the most (a small eps0 at large n)."""
+    left = _mu_target(epsilon, delta) ** 2 - sum(_mu_squared(m.n, m.k, m.eps0) for m in spent)
+    if left <= 0.0:
+        return None
+    lo, hi = -30.0, 8.0  # bisection in log eps0: mu^2 grows with eps0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if rounds * _mu_squared(n, k, math.exp(mid)) <= left else (lo, mid)
+    return math.exp(lo)
+
+
+def _law_n(
+    eps0: float, k: int, rounds: int, epsilon: float, delta: float, spent: Sequence[Mechanism]
+) -> float | None:
+    """Where the n search starts: the same law solved for n."""
+    left = _mu_target(epsilon, delta) ** 2 - sum(_mu_squared(m.n, m.k, m.eps0) for m in spent)
+    if left <= 0.0:
+        return None
+    return 1.0 + rounds * _mu_squared(2, k, eps0) / left
 
 
 def _calibrate(
@@ -222,8 +251,8 @@ def calibrate_eps0_detailed(
         raise InvalidParameters("need 0 < eps0_min < eps0_max < inf")
     ev = _Evaluator(lambda e: Mechanism(n, k, float(e)), rounds, delta, **composition)
     if eps0_start is None:  # the LDP answer (no amplification) is always feasible
-        r = rounds + len(ev.spent)
-        eps0_start = max(epsilon / r, _scaling_law_eps0(n, k, r, epsilon, delta) or 0.0)
+        law = _law_eps0(n, k, rounds, epsilon, delta, ev.spent) or 0.0
+        eps0_start = max(epsilon / (rounds + len(ev.spent)), law)
     return _calibrate(
         ev,
         "eps0",
@@ -274,7 +303,8 @@ def calibrate_n_detailed(
         raise InvalidParameters("need integers 1 <= n_min <= n_max")
     ev = _Evaluator(lambda x: Mechanism(int(x), k, eps0), rounds, delta, **composition)
     if n_start is None:
-        n_start = round(min(_scaling_law_n(eps0, k, rounds + len(ev.spent), epsilon, delta), 1e18))
+        law = _law_n(eps0, k, rounds, epsilon, delta, ev.spent)
+        n_start = n_max if law is None else round(min(law, float(n_max)))
     return _calibrate(
         ev,
         "n",
