@@ -38,7 +38,7 @@ from shufflekit.base.errors import (
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
-from shufflekit.core.credentials import CredentialVerifier
+from shufflekit.core.credentials import CredentialVerifier, admit
 from shufflekit.core.crypto import KeyPair, onion_size
 from shufflekit.core.go import await_go, return_go
 from shufflekit.core.hop import Hop
@@ -59,6 +59,10 @@ from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
 log = logging.getLogger("shufflekit.mix")
 
 INGEST_STEP = 4096  # envelopes mix 0 checks in one go
+# distinct reports mix 0 stores per client and round: the first valid one counts, and one more
+# lets a client whose first was garbled be counted; the rest of a flood is refused unstored
+MAX_ONIONS_PER_CLIENT = 2
+VERIFIED_IDS = 200_000  # credentials mix 0 remembers as checked (forgotten all at once when full)
 DRAIN_REPEAT = 1.0  # seconds between repeats of mix 0's own close while it drains its session
 
 
@@ -138,6 +142,7 @@ class MixNode(Hop[MixOutcome]):
         self.ingests: dict[str, _Ingest] = {}  # mix 0: rounds it collects, by id
         self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
         self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
+        self.verified: dict[str, bytes] = {}  # mix 0: client id -> its credential, checked
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
 
     def inbox(self) -> Inbox:
@@ -354,14 +359,41 @@ class MixNode(Hop[MixOutcome]):
             return arrival
         state = self.spool.state(arrival.round_id)
         ingest = self._round_ingest(arrival.round_id, state=state) if state == "open" else None
-        if ingest is not None and len(arrival.payload) > Envelope.max_size(ingest.size):
-            # larger than any envelope of the round: counted, never stored nor parsed
-            self.early.setdefault(arrival.round_id, RejectionCounter()).reject("oversized")
-            return None
+        if ingest is not None and (reason := self._screen(arrival.payload, ingest)) is not None:
+            self.early.setdefault(arrival.round_id, RejectionCounter()).reject(reason)
+            return None  # counted, never stored
         if state == "open":  # after the close too: a resend may still want its receipt
             resend = arrival.payload[:1] == bytes([ENVELOPE_VERSION_REPLY])
             return dataclasses.replace(arrival, resend=resend)
         self.dropped.reject("unknown_round" if state is None else "round_closed")
+        return None
+
+    def _screen(self, payload: bytes, ingest: _Ingest) -> str | None:
+        """Why mix 0 refuses an envelope before storing it (None: store it): what the round
+        could never count, so that a flood from one account neither fills the round's spool
+        nor queues in front of honest reports to be peeled and receipted - a malformed
+        envelope, another round's, a missing or forged credential, or a client's report past
+        its first `MAX_ONIONS_PER_CLIENT`. The round's verdict is still taken from the spool
+        alone (the same checks run again there)."""
+        try:
+            env = Envelope.decode(payload, ingest.size)
+            admit(env, ingest.job.round_id, None)
+            cred = env.credential
+            if self.credentials is not None and (
+                not cred or self.verified.get(env.client_id) != cred
+            ):
+                self.credentials.verify(env.client_id, cred)
+                if len(self.verified) >= VERIFIED_IDS:
+                    self.verified.clear()
+                self.verified[env.client_id] = cred  # type: ignore[assignment]
+        except InvalidReport as exc:
+            return exc.reason
+        onions = ingest.onions.setdefault(env.client_id, set())
+        digest = hashlib.sha256(env.onion).digest()
+        if digest not in onions:  # the same report again is a resend (or a replay): stored
+            if len(onions) >= MAX_ONIONS_PER_CLIENT:
+                return "client_flood"
+            onions.add(digest)
         return None
 
     async def after_spooled(self, arrivals: list[Arrival]) -> None:
@@ -484,6 +516,7 @@ class _Ingest:
         self.counters = RejectionCounter()
         self.peel_seconds = 0.0
         self.receipts: dict[str, Receipt] = {}  # client id -> its signed receipt, once made
+        self.onions: dict[str, set[bytes]] = {}  # client id -> digests stored (`_screen`)
         self._lock = asyncio.Lock()  # the round's task and the receipts both advance it
 
     async def step(self, spool: Spool) -> bool:
