@@ -1,6 +1,7 @@
-"""Mix 0 under a flood from one client account: what a client cannot get counted is refused
-before it is stored (counted by reason), so the flood neither fills the round's spool nor
-queues in front of honest reports waiting to be peeled and receipted."""
+"""What mix 0 takes in and what it tells: a flood from one client account is refused before
+it is stored (counted by reason), so it neither fills the round's spool nor queues in front of
+honest reports waiting to be peeled and receipted; reports after the close, input of no round,
+and a round aborted elsewhere all show in the round's counts."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ import secrets
 import time
 from collections.abc import Sequence
 
+from shufflekit.app.hops import HopRunner
+from shufflekit.app.rounds import COORDINATOR_HOP, RoundTopics
 from shufflekit.client.agent import build_envelope
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair
-from shufflekit.core.messages import Announcement
+from shufflekit.core.messages import Abort, Announcement
 from shufflekit.core.peeling import Checked, InlinePeeler, PeelJob
 from shufflekit.core.receipts import ReceiptBatch, receipt_topic
-from shufflekit.core.spool import Spool
+from shufflekit.core.spool import Arrival, Spool, digest_key
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
-from shufflekit.shuffler.mix import MAX_ONIONS_PER_CLIENT, MixNode
+from shufflekit.shuffler.mix import MAX_ONIONS_PER_CLIENT, MixNode, MixOutcome
+from tests.pipeline_helpers import hostile_traffic
 
 HONEST = 5
 FLOOD = 300
@@ -100,3 +104,54 @@ async def test_a_flood_from_one_account_is_refused_before_the_spool() -> None:
     }
     # only what could be counted reached the spool and the peeler
     assert peeler.envelopes_seen == HONEST + MAX_ONIONS_PER_CLIENT
+
+
+async def test_reports_stored_after_the_close_are_counted_late() -> None:
+    """Mix 0 restarted after its close finds reports stored past the close marker: they are
+    not in the batch, and the round's counts say so (`late`), where they used to vanish."""
+    mix_key, ana = KeyPair.generate(), KeyPair.generate()
+    ann = _announcement(mix_key, ana).model_copy(update={"close_at": None})
+    spool = Spool()
+    node = MixNode(MemoryBroker().connect(), "t", 0, mix_key, spool=spool)
+    spool.begin(ann)
+
+    def arrivals(payloads: list[bytes]) -> list[Arrival]:
+        return [Arrival("r1", "data", digest_key(p), p) for p in payloads]
+
+    spool.add(arrivals([build_envelope(f"c{i}", 0, ann) for i in range(3)]))
+    spool.close_round("r1")
+    spool.add(arrivals([build_envelope(f"late{i}", 0, ann) for i in range(2)]))
+    async with node.transport:
+        outcome = await asyncio.wait_for(node.run_round(ann), 10)
+    assert outcome.released and outcome.forwarded == 3
+    assert outcome.counters.as_dict() == {"late": 2}
+
+
+async def test_a_round_aborted_elsewhere_still_reports_what_mix0_counted() -> None:
+    """The coordinator aborts a round mix 0 is collecting: mix 0's outcome keeps its counts
+    (and the input it dropped outside any round), with the abort's reason, instead of None."""
+    broker = MemoryBroker()
+    mix_key, ana = KeyPair.generate(), KeyPair.generate()
+    ann = _announcement(mix_key, ana).model_copy(update={"close_at": None})
+    node = MixNode(broker.connect(), "t", 0, mix_key)
+    runner = HopRunner(node, node.transport, "t")
+    topics = RoundTopics("t")
+    async with node.transport, broker.connect() as client:
+        async with client.subscribe(topics.ready("r1")) as ready:
+            serving = asyncio.create_task(runner.run_round(ann))
+            await asyncio.wait_for(ready.get(), 10)
+        expected = await hostile_traffic(client, ann)
+        await client.publish(topics.data("nosuchround", 0), build_envelope("x", 0, ann))
+        checked = node.ingests["r1"].counters  # stored, then checked as they arrive: the good
+        for _ in range(1000):  # one, two undecryptable and the client's second (the rest is
+            if checked.accepted + sum(checked.rejected.values()) >= 4:  # refused unstored)
+                break
+            await asyncio.sleep(0.01)
+        abort = Abort(round_id="r1", hop=COORDINATOR_HOP, reason="the budget refused it")
+        await client.publish(topics.abort("r1"), abort.to_bytes())
+        outcome = await asyncio.wait_for(serving, 10)
+    assert isinstance(outcome, MixOutcome) and outcome.aborted_elsewhere
+    assert outcome.abort_reason == "aborted by the coordinator: the budget refused it"
+    assert outcome.counters.accepted == 1
+    assert outcome.counters.as_dict() == expected
+    assert outcome.dropped == {"unknown_round": 1}

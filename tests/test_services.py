@@ -139,7 +139,11 @@ def test_a_round_below_n_min_releases_nothing_and_is_refunded(
         assert procs.stop(n) == 0, procs.stderr(n)
     [mix0] = procs.lines("mix0")
     assert (mix0["accepted"], mix0["released"], mix0["forwarded"]) == (20, False, 0)
-    assert procs.lines("mix1") == [] and procs.lines("analyzer") == []  # nothing reached them
+    for name in ("mix1", "analyzer"):  # nothing reached them; each says why, in one line
+        [line] = procs.lines(name)
+        assert line["aborted_elsewhere"] and not line["released"], line
+        assert (line["accepted"], line["rejected"]) == (0, {}), line
+        assert line["abort_reason"].startswith("aborted by "), line
     rounds = Ledger(ledger_url).status(DEPLOYMENT).rounds
     assert [(r.round_id, r.status) for r in rounds] == [(sent["round_id"], "refunded")]
 

@@ -66,6 +66,7 @@ class AnalyzerOutcome:
     counters: RejectionCounter = field(default_factory=RejectionCounter)
     abort_reason: str | None = None
     stages: dict[str, float] = field(default_factory=dict)  # wall seconds: analyze, ledger
+    aborted_elsewhere: bool = False  # a mix or the coordinator aborted the round
 
 
 class Analyzer(Hop[AnalyzerOutcome]):
@@ -149,7 +150,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         If the commit fails (refused, expired, ledger unreachable) the round is aborted and
         nothing is published. `stop` set while the batch is still awaited aborts the round.
         """
-        outcome = AnalyzerOutcome(ann.round_id, result=None)
+        outcome = self.track(ann.round_id, AnalyzerOutcome(ann.round_id, result=None))
         if state == "output":  # committed before a restart or a lost publish: publish it now
             items, _ = self.spool.output(ann.round_id)
             stored = Result.from_bytes(items[0])

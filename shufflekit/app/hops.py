@@ -10,10 +10,16 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
+from shufflekit.app.rounds import (
+    COORDINATOR_HOP,
+    HopOutcome,
+    RoundTopics,
+    aborted_elsewhere,
+    next_message,
+)
 from shufflekit.base.errors import ConfigError, InvalidReport, RoundSuspended, TransportError
 from shufflekit.core.counters import RejectionCounter
-from shufflekit.core.messages import Announcement, Ready
+from shufflekit.core.messages import Abort, Announcement, Ready
 from shufflekit.core.peeling import ProcessPeeler
 from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
@@ -117,14 +123,39 @@ class HopRunner:
                     watcher.cancel()
                 if work.done():
                     return work.result()
-                log.info("%s: round %s was aborted elsewhere", self.name, ann.round_id)
+                abort = watcher.result()
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
                 self.node.spool.finish(ann.round_id, None)
-                return None
+                return self._abandoned(ann.round_id, abort)
             finally:
                 if not work.done():
                     work.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await work
+                self.node.abandoned(ann.round_id)
+
+    def _abandoned(self, round_id: str, abort: Abort) -> HopOutcome | None:
+        """The outcome of a round another hop (or the coordinator) aborted: what this node
+        counted before it stopped, with the abort's reason, logged in one line."""
+        who = "the coordinator" if abort.hop == COORDINATOR_HOP else f"hop {abort.hop}"
+        reason = f"aborted by {who}: {abort.reason}"
+        out = self.node.abandoned(round_id)
+        if out is None:
+            log.info("%s: round %s was %s", self.name, round_id, reason)
+            return None
+        out.abort_reason, out.aborted_elsewhere = reason, True
+        c = out.counters
+        log.info(
+            "%s: round %s was %s (accepted %d, rejected %s)",
+            self.name,
+            round_id,
+            reason,
+            c.accepted,
+            c.as_dict() or "none",
+        )
+        return out
 
     async def _aborted_before(self, sub: Subscription, round_id: str, hop: int) -> bool:
         """Whether another hop or the coordinator aborted `round_id` while this hop was away:

@@ -269,11 +269,12 @@ async def first_outcome(
     return next(iter(done)).result()
 
 
-async def aborted_elsewhere(sub: Subscription, round_id: str, hop: int) -> None:
-    """Returns once another hop (or the coordinator) published an abort of this round."""
+async def aborted_elsewhere(sub: Subscription, round_id: str, hop: int) -> Abort:
+    """The abort of this round once another hop (or the coordinator) publishes one."""
     async for msg in sub:
         with contextlib.suppress(InvalidReport):
             a = Abort.from_bytes(msg.payload)
             if isinstance(a, Abort) and a.round_id == round_id and a.hop != hop:
-                return
+                return a
     await asyncio.Event().wait()  # connection closed: never "aborted"; the round's own timeouts
+    raise AssertionError("unreachable")  # pragma: no cover

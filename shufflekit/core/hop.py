@@ -59,6 +59,7 @@ class Hop(abc.ABC, Generic[OutcomeT]):
         self.batch_timeout = batch_timeout
         self.clock = clock
         self.spool = spool if spool is not None else Spool(clock=clock)
+        self.outcomes: dict[str, OutcomeT] = {}  # rounds being served: what they did so far
 
     @abc.abstractmethod
     def hop_of(self, ann: Announcement) -> int:
@@ -97,7 +98,25 @@ class Hop(abc.ABC, Generic[OutcomeT]):
             except SpoolError as exc:  # cannot even record the round: it fails like its input
                 running.failed.setdefault(ann.round_id, (str(exc), 0))
                 state = "open"
-            return await self._serve(ann, state, running, stop)
+            try:
+                out = await self._serve(ann, state, running, stop)
+            except asyncio.CancelledError:
+                raise  # what it did so far stays for `abandoned`
+            except BaseException:
+                self.outcomes.pop(ann.round_id, None)
+                raise
+            self.outcomes.pop(ann.round_id, None)
+            return out
+
+    def track(self, round_id: str, outcome: OutcomeT) -> OutcomeT:
+        """Keep the outcome `_serve` is filling in, so that a round cancelled because it was
+        aborted elsewhere still reports what this hop counted (`abandoned`)."""
+        self.outcomes[round_id] = outcome
+        return outcome
+
+    def abandoned(self, round_id: str) -> OutcomeT | None:
+        """What this hop counted of a round whose serving was cancelled (then forgotten)."""
+        return self.outcomes.pop(round_id, None)
 
     def hop_inbox(self, hop: int) -> Inbox:
         """The durable inbox of hop `hop`'s input, every round, on this hop's transport:

@@ -252,10 +252,11 @@ class Spool:
         ).fetchall()
         return [(int(s), bytes(p)) for s, p in rows]
 
-    def count(self, round_id: str, kind: str) -> int:
-        """How many distinct messages of `kind` the round has spooled."""
+    def count(self, round_id: str, kind: str, after: int = -1) -> int:
+        """How many distinct messages of `kind` the round has spooled (after seq `after`)."""
         row = self._db.execute(
-            "select count(*) from inbox where round_id = ? and kind = ?", (round_id, kind)
+            "select count(*) from inbox where round_id = ? and kind = ? and seq > ?",
+            (round_id, kind, after),
         ).fetchone()
         return int(row[0])
 

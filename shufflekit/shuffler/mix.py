@@ -78,6 +78,10 @@ class MixOutcome:
     abort_reason: str | None = None
     stages: dict[str, float] = field(default_factory=dict)  # wall seconds: peel, forward
     resent: int = 0  # mix 0: envelopes delivered again while awaiting a receipt (stored once)
+    aborted_elsewhere: bool = False  # another hop or the coordinator aborted the round
+    # mix 0: input of no round it serves (unknown, closed) and receipts it could not address,
+    # since its previous outcome, by reason
+    dropped: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, kept in the spool with the round's stored output."""
@@ -166,7 +170,9 @@ class MixNode(Hop[MixOutcome]):
         if state == "output":
             items, stored = self.spool.output(ann.round_id)
             return await self._forward(ann, items, MixOutcome.from_dict(stored), stop)
-        outcome = MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+        outcome = self.track(
+            ann.round_id, MixOutcome(ann.round_id, self.index, released=False, forwarded=0)
+        )
         try:
             if self.index == 0:
                 ingest = self._round_ingest(ann.round_id, ann) or _Ingest(
@@ -190,7 +196,7 @@ class MixNode(Hop[MixOutcome]):
             outcome.abort_reason = str(exc)
             await self.abort(ann, str(exc), outcome.counters.accepted, outcome.to_dict())
             self.ingests.pop(ann.round_id, None)
-            return outcome
+            return self._with_dropped(outcome)
         self.rng.shuffle(items)
         outcome.released = True
         outcome.forwarded = len(items)
@@ -205,12 +211,22 @@ class MixNode(Hop[MixOutcome]):
         out.released, out.forwarded, out.abort_reason = False, 0, str(exc)
         await self.abort(ann, str(exc), out.counters.accepted, out.to_dict())
         self.ingests.pop(ann.round_id, None)
-        return out
+        return self._with_dropped(out)
 
     def _done(self, ann: Announcement, out: MixOutcome) -> MixOutcome:
         """The round is over for this mix: its outcome is stored, its ingest state dropped."""
         self.spool.finish(ann.round_id, out.to_dict())
         self.ingests.pop(ann.round_id, None)
+        return self._with_dropped(out)
+
+    def abandoned(self, round_id: str) -> MixOutcome | None:
+        out = super().abandoned(round_id)
+        return None if out is None else self._with_dropped(out)
+
+    def _with_dropped(self, out: MixOutcome) -> MixOutcome:
+        """`out`, carrying what mix 0 dropped outside any round since its previous outcome."""
+        out.dropped = self.dropped.as_dict()
+        self.dropped.rejected.clear()
         return out
 
     def _job(self, ann: Announcement) -> PeelJob:
@@ -458,8 +474,8 @@ class MixNode(Hop[MixOutcome]):
 
     def _tally(self, ann: Announcement, ingest: _Ingest, outcome: MixOutcome) -> None:
         """Mix 0: the round's counts by reason (checked reports, input dropped unstored or
-        past the spool's bounds, the same bytes delivered again, resends) and the time spent
-        peeling, into `outcome`."""
+        past the spool's bounds, the same bytes delivered again, reports after the close,
+        resends) and the time spent peeling, into `outcome`."""
         rid = ann.round_id
         counters = outcome.counters
         counters.accepted = ingest.counters.accepted
@@ -468,6 +484,9 @@ class MixNode(Hop[MixOutcome]):
         counters.rejected.update(self.spool.refused.pop(rid, RejectionCounter()).rejected)
         for _ in range(self.spool.duplicates(rid, "data")):  # the same bytes delivered again
             counters.reject("replayed")
+        close = self.spool.close_seq(rid)
+        if close is not None and (late := self.spool.count(rid, "data", after=close)):
+            counters.rejected["late"] += late  # stored after the close, never in the batch
         outcome.resent = self.spool.duplicates(rid, "resend")
         outcome.stages["peel"] = ingest.peel_seconds
 

@@ -98,7 +98,7 @@ class ServiceMetrics:
 
     def observe_hop(self, out: HopOutcome | None, seconds: float) -> None:
         """A mix's or the analyzer's round: what it received, accepted, rejected, released.
-        `out` is None when another hop aborted the round first."""
+        `out` is None when another hop aborted the round before this one counted anything."""
         from shufflekit.shuffler.mix import MixOutcome
 
         self.round_duration.observe(seconds)
@@ -110,6 +110,9 @@ class ServiceMetrics:
         self.received.inc(c.accepted + sum(c.rejected.values()))
         for reason, n in c.rejected.items():
             self.rejected.labels(reason).inc(n)
+        if out.aborted_elsewhere:
+            self.rounds.labels("aborted_elsewhere").inc()
+            return
         if isinstance(out, MixOutcome):
             size = out.forwarded if out.released else None
         else:
@@ -129,6 +132,11 @@ class ServiceMetrics:
         self.round_duration.observe(rep.seconds)
         if rep.result is not None:
             self.batch_size.observe(rep.result.batch_size)
+
+    def dropped_input(self, reason: str) -> None:
+        """Count one input mix 0 dropped outside any round it serves (a listener)."""
+        self.received.inc()
+        self.rejected.labels(reason).inc()
 
     def control_rejection(self, reason: str) -> None:
         """Count one refused control message (a `RejectionCounter` listener)."""
@@ -190,4 +198,8 @@ def hop_runner(
 
     runner = MeteredHopRunner(node, transport, deployment)
     runner.control.on_reject = m.control_rejection
+    from shufflekit.shuffler.mix import MixNode
+
+    if isinstance(node, MixNode):
+        node.dropped.on_reject = m.dropped_input
     return runner

@@ -183,13 +183,14 @@ def hop_outcome_json(out: HopOutcome) -> dict[str, Any]:
         "accepted": out.counters.accepted,
         "rejected": out.counters.as_dict(),
         "abort_reason": out.abort_reason,
+        "aborted_elsewhere": out.aborted_elsewhere,
         "stages": {k: round(v, 4) for k, v in out.stages.items()},
     }
     if isinstance(out, MixOutcome):
         return (
             {"service": "mix", "hop": out.hop, "released": out.released}
             | base
-            | {"forwarded": out.forwarded, "resent": out.resent}
+            | {"forwarded": out.forwarded, "resent": out.resent, "dropped": out.dropped}
         )
     r = out.result
     return (
