@@ -175,7 +175,7 @@ async def test_a_full_spool_aborts_and_refunds_the_round(
     rep = await dep.run_round(RoundParams(k=4, eps0=1.0, n_min=10), pop)
     assert not rep.released and rep.abort is not None and rep.abort.hop == 0, rep.abort
     assert "could not keep" in rep.abort.reason and "full" in rep.abort.reason
-    assert rep.mixes[0].counters.rejected["spool_unwritable"] > 0
+    assert rep.mixes[0].counters.rejected["spool_unwritable"] > 0, rep.mixes
     assert rep.mixes[0].forwarded == 0
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
     for s in made:

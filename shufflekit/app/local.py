@@ -135,4 +135,4 @@ async def _collect(tasks: Sequence[asyncio.Task[Any]], wait_all: bool) -> list[A
     done, pending = await asyncio.wait(tasks, timeout=2.0)
     for t in pending:
         t.cancel()
-    return [o for t in done if (o := t.result()) is not None]
+    return [o for t in tasks if t in done and (o := t.result()) is not None]  # in hop order

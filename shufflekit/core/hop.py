@@ -168,6 +168,7 @@ class Hop(abc.ABC, Generic[OutcomeT]):
     ) -> None:
         """Release nothing: publish the round's abort (`received` inputs were accepted), then
         record in the spool that the round is over here, with `outcome`."""
+        log.warning("%s: round %s aborted: %s", self.name, ann.round_id, reason)
         msg = Abort(round_id=ann.round_id, hop=self.hop_of(ann), reason=reason, received=received)
         # retained: a hop that was away when the round ended learns it when it resumes
         await self.transport.publish(self.topics.abort(ann.round_id), msg.to_bytes(), retain=True)

@@ -217,7 +217,15 @@ class Spool:
             for a in arrivals:
                 full = self._over(a)
                 if full is not None and not self._kept(a):  # past a bound: refused, counted
-                    self.refused.setdefault(a.round_id, RejectionCounter()).reject(full)
+                    refused = self.refused.setdefault(a.round_id, RejectionCounter())
+                    if not refused.rejected[full]:  # said once a round, then counted
+                        bound = "round_bytes" if full == "spool_round_full" else "total_bytes"
+                        log.warning(
+                            "round %s: the spool is full (spool_%s); refusing its further input",
+                            a.round_id,
+                            bound,
+                        )
+                    refused.reject(full)
                     continue
                 cur = self._db.execute(
                     "insert or ignore into inbox (round_id, kind, key, payload, at) "
