@@ -32,6 +32,7 @@ from shufflekit.app.services.keys import (
     load_public_key,
 )
 from shufflekit.base.errors import ConfigError
+from shufflekit.core.credentials import ClientCredential
 from shufflekit.core.spool import Spool
 from tests.cli_run import run_cli, run_cli_tty
 
@@ -244,8 +245,9 @@ def test_enrolled_credentials_survive_redirection_and_narrow_terminals(tmp_path:
     for out in (piped.stdout, narrow.stdout):
         lines = [ln.split() for ln in out.splitlines() if ln.strip()]
         assert [ln[0] for ln in lines] == ["alice", "b[o]b"]
-        for cid, cred in lines:
-            verifier.verify(cid, base64.b64decode(cred))
+        for cid, text in lines:
+            cred = ClientCredential.from_bytes(base64.b64decode(text))
+            verifier.verify(cid, cred.proof("pilot", "r1", b"onion"), "r1", b"onion")
 
 
 REPRODUCED = ("true_histogram", "noisy_histogram", "estimate", "stderr", "tv_distance")

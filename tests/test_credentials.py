@@ -21,34 +21,65 @@ from shufflekit.app.services.keys import (
 )
 from shufflekit.app.services.metrics import MetricsSettings
 from shufflekit.base.errors import ConfigError, InvalidInput, InvalidReport
-from shufflekit.core.credentials import CREDENTIAL_SIZE, CredentialVerifier, EnrollmentKey, admit
+from shufflekit.core.credentials import (
+    CREDENTIAL_SIZE,
+    PROOF_SIZE,
+    ClientCredential,
+    CredentialVerifier,
+    EnrollmentKey,
+    admit,
+)
 from shufflekit.core.wire import Envelope
 
 ONION = bytes(range(102))
 
 
-def test_an_issued_credential_verifies_only_for_its_client_and_deployment() -> None:
+def test_an_issued_credential_verifies_only_for_its_client_deployment_round_and_report() -> None:
     key = EnrollmentKey.generate()
     cred = key.issue("pilot", "alice")
-    assert len(cred) == CREDENTIAL_SIZE
+    assert len(cred.to_bytes()) == CREDENTIAL_SIZE
+    assert ClientCredential.from_bytes(cred.to_bytes()).to_bytes() == cred.to_bytes()
+    assert key.issue("pilot", "alice").to_bytes() == cred.to_bytes()  # enrolling again: same
+    assert key.issue("pilot", "bob").to_bytes()[:32] != cred.to_bytes()[:32]  # own keys
+    proof = cred.proof("pilot", "r1", ONION)
+    assert len(proof) == PROOF_SIZE
     v = CredentialVerifier(key.public_b64(), "pilot")
-    v.verify("alice", cred)
-    with pytest.raises(InvalidReport) as e:
-        v.verify("bob", cred)
-    assert e.value.reason == "bad_credential"
-    with pytest.raises(InvalidReport) as e:
-        CredentialVerifier(key.public_b64(), "other").verify("alice", cred)
-    assert e.value.reason == "bad_credential"
-    with pytest.raises(InvalidReport) as e:
-        CredentialVerifier(EnrollmentKey.generate().public_b64(), "pilot").verify("alice", cred)
-    assert e.value.reason == "bad_credential"
-    for missing in (None, b""):
+    v.verify("alice", proof, "r1", ONION)
+
+    def refused(
+        verifier: CredentialVerifier, cid: str, p: bytes | None, rid: str, onion: bytes
+    ) -> str:
         with pytest.raises(InvalidReport) as e:
-            v.verify("alice", missing)
-        assert e.value.reason == "missing_credential"
-    with pytest.raises(InvalidReport) as e:
-        v.verify("alice", cred[:-1])
-    assert e.value.reason == "bad_credential"
+            verifier.verify(cid, p, rid, onion)
+        return e.value.reason
+
+    assert refused(v, "bob", proof, "r1", ONION) == "bad_credential"  # another client's
+    assert refused(v, "alice", proof, "r2", ONION) == "bad_credential"  # a later round
+    assert refused(v, "alice", proof, "r1", ONION[::-1]) == "bad_credential"  # another report
+    assert refused(CredentialVerifier(key.public_b64(), "other"), "alice", proof, "r1", ONION) == (
+        "bad_credential"
+    )
+    forged = EnrollmentKey.generate().issue("pilot", "alice").proof("pilot", "r1", ONION)
+    assert refused(v, "alice", forged, "r1", ONION) == "bad_credential"
+    for missing in (None, b""):
+        assert refused(v, "alice", missing, "r1", ONION) == "missing_credential"
+    assert refused(v, "alice", proof[:-1], "r1", ONION) == "bad_credential"
+    with pytest.raises(InvalidInput, match="bytes"):
+        ClientCredential.from_bytes(cred.to_bytes()[:-1])
+
+
+def test_a_proof_seen_on_the_wire_cannot_report_in_another_round() -> None:
+    """What the broker sees of a client's envelope in round 1 (its proof) does not let anyone
+    report as that client in round 2, nor wrap another report in round 1: the client's
+    signature covers the round and the onion, and only the client holds its key."""
+    key = EnrollmentKey.generate()
+    v = CredentialVerifier(key.public_b64(), "pilot")
+    seen = key.issue("pilot", "alice").proof("pilot", "r1", ONION)
+    other = bytes(reversed(ONION))
+    for rid, onion in (("r2", ONION), ("r2", other), ("r1", other)):
+        with pytest.raises(InvalidReport) as e:
+            admit(Envelope("alice", onion, credential=seen, round_id=rid), rid, v)
+        assert e.value.reason == "bad_credential"
 
 
 def test_a_key_round_trips_through_its_text_form() -> None:
@@ -97,7 +128,8 @@ def test_a_broken_envelope_is_rejected_with_its_reason(data: bytes, reason: str)
 def test_admit_checks_the_round_then_the_credential() -> None:
     key = EnrollmentKey.generate()
     v = CredentialVerifier(key.public_b64(), "pilot")
-    good = Envelope("alice", ONION, credential=key.issue("pilot", "alice"), round_id="r1")
+    proof = key.issue("pilot", "alice").proof("pilot", "r1", ONION)
+    good = Envelope("alice", ONION, credential=proof, round_id="r1")
     admit(good, "r1", v)
     with pytest.raises(InvalidReport) as e:
         admit(good, "r2", v)
@@ -114,7 +146,7 @@ def test_enrollment_key_files(tmp_path: Path) -> None:
     assert os.stat(files.private).st_mode & 0o777 == 0o600
     assert load_enrollment_key(files.private).public_b64() == key.public_b64()
     v = load_credential_verifier(files.public, "pilot")
-    v.verify("alice", key.issue("pilot", "alice"))
+    v.verify("alice", key.issue("pilot", "alice").proof("pilot", "r1", ONION), "r1", ONION)
     with pytest.raises(ConfigError, match="--force"):
         write_enrollment_key(files)
     os.chmod(files.private, 0o644)
@@ -142,8 +174,9 @@ def test_keys_new_enrollment_and_keys_enroll(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     creds = json.loads(done.stdout)["credentials"]
     v = load_credential_verifier(tmp_path / "enrollment.pub", "pilot")
-    for cid in ("alice", "bob"):
-        v.verify(cid, base64.b64decode(creds[cid]))
+    for cid in ("alice", "bob"):  # what a client does with its line: sign its reports
+        cred = ClientCredential.from_bytes(base64.b64decode(creds[cid]))
+        v.verify(cid, cred.proof("pilot", "r1", ONION), "r1", ONION)
     bad = runner.invoke(
         app,
         [*enroll, "--client-id", "x" * 65],
@@ -177,4 +210,5 @@ def test_enrolled_ids_fit_one_id_credential_line(bad: str) -> None:
     """`keys enroll` printed "a b CRED" (three fields) and split an id with a newline."""
     with pytest.raises(InvalidInput):
         EnrollmentKey.generate().issue("dep", bad)
-    assert len(EnrollmentKey.generate().issue("dep", "client-0001")) == CREDENTIAL_SIZE
+    cred = EnrollmentKey.generate().issue("dep", "client-0001")
+    assert len(cred.to_bytes()) == CREDENTIAL_SIZE

@@ -77,9 +77,10 @@ async def test_a_flood_from_one_account_is_refused_before_the_spool() -> None:
         await ready.wait()
         for i in range(FLOOD):  # distinct reports under one enrolled id
             await client.publish(topic, build_envelope("mallory", i % 4, ann, mallory))
-        for _ in range(FLOOD):  # random ids with made-up credentials
+        forger = EnrollmentKey.generate()
+        for _ in range(FLOOD):  # random ids with credentials of another authority
             fake = f"x{secrets.token_hex(6)}"
-            await client.publish(topic, build_envelope(fake, 0, ann, secrets.token_bytes(64)))
+            await client.publish(topic, build_envelope(fake, 0, ann, forger.issue("t", fake)))
         for i in range(10):  # no credential at all
             await client.publish(topic, build_envelope(f"anon{i}", 0, ann))
         async with client.subscribe(receipt_topic("t", "honest")) as receipts:

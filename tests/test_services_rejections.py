@@ -17,7 +17,7 @@ import pytest
 
 from shufflekit.app.services.keys import KeyFiles, write_enrollment_key
 from shufflekit.client.agent import build_envelope, current_announcement, wrap_envelope
-from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.credentials import ClientCredential, EnrollmentKey
 from shufflekit.core.crypto import SUITE, layer_info, onion_size, public_from_b64, seal_onion
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics
@@ -55,7 +55,7 @@ def hostile(ann: Announcement, key: EnrollmentKey) -> tuple[list[bytes], Counter
     """Attack traffic: (payloads in order, what mix 0 must reject by reason, how many of them
     mix 0 must accept but the analyzer reject)."""
 
-    def cred(cid: str) -> bytes:
+    def cred(cid: str) -> ClientCredential:
         return key.issue(DEPLOYMENT, cid)
 
     captured = build_envelope("evil-1", 1, ann, cred("evil-1"))  # valid: accepted once
@@ -79,7 +79,7 @@ def hostile(ann: Announcement, key: EnrollmentKey) -> tuple[list[bytes], Counter
         build_envelope("evil-2", 0, other_round, cred("evil-2")),  # for another round
         bytes(300_000),  # oversized
         junk,  # random bytes
-        build_envelope("evil-3", 0, ann, os.urandom(64)),  # forged credential
+        build_envelope("evil-3", 0, ann, EnrollmentKey.generate().issue(DEPLOYMENT, "evil-3")),
         build_envelope("evil-4", 0, ann, cred("evil-1")),  # someone else's credential
         build_envelope("evil-5", 0, ann),  # no credential (version-1 envelope)
         wrap_envelope("evil-6", garbage_inside, ann, cred("evil-6")),

@@ -14,7 +14,7 @@ from shufflekit.analyzer.metrics import MetricInputError as MetricsInputError
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.base import errors
 from shufflekit.client.krr import KRR
-from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey, credential_message
+from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey, certificate_message
 from shufflekit.core.crypto import KeyPair, public_from_b64
 from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.transport import MemoryBroker, mqtt
@@ -42,7 +42,7 @@ def test_the_analyzer_errors_are_the_trees_and_keep_their_old_homes() -> None:
         (lambda: Report(10, 10).encode(), "outside"),
         (lambda: Envelope("", b"x").encode(), "client id"),
         (lambda: Envelope("a", b"x", credential=b"c").encode(), "name its round"),
-        (lambda: credential_message("pilot", "x" * 65), "client id"),
+        (lambda: certificate_message("pilot", "x" * 65, b""), "client id"),
     ],
 )
 def test_bad_input_is_invalid_input(call: Any, match: str) -> None:

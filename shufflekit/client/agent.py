@@ -15,6 +15,7 @@ from shufflekit.base.errors import InvalidReport
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.bits import BitRR
 from shufflekit.client.krr import KRR
+from shufflekit.core.credentials import ClientCredential
 from shufflekit.core.crypto import public_from_b64, seal_onion
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics
@@ -43,23 +44,23 @@ def wrap_envelope(
     client_id: str,
     onion: bytes,
     ann: Announcement,
-    credential: bytes | None,
+    credential: ClientCredential | None,
     reply: str | None = None,
 ) -> bytes:
-    """The envelope to mix 0: with a credential it also names the round (version 2); with a
-    `reply` id (the connection's MQTT client id) it asks for a receipt there (version 3)."""
+    """The envelope to mix 0: with a credential it also names the round and carries the
+    credential's proof for this round and onion (version 2); with a `reply` id (the
+    connection's MQTT client id) it asks for a receipt there (version 3)."""
     if credential is None and reply is None:
         return Envelope(client_id=client_id, onion=onion).encode()
-    return Envelope(
-        client_id, onion, credential=credential, round_id=ann.round_id, reply=reply
-    ).encode()
+    proof = credential.proof(ann.deployment, ann.round_id, onion) if credential else None
+    return Envelope(client_id, onion, credential=proof, round_id=ann.round_id, reply=reply).encode()
 
 
 def build_envelope(
     client_id: str,
     value: int,
     ann: Announcement,
-    credential: bytes | None = None,
+    credential: ClientCredential | None = None,
     rng: Randomness | None = None,
     reply: str | None = None,
 ) -> bytes:
@@ -79,7 +80,7 @@ class ClientAgent:
         self,
         client_id: str,
         value: int,
-        credential: bytes | None = None,
+        credential: ClientCredential | None = None,
         *,
         rng: Randomness | None = None,
     ) -> None:

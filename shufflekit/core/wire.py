@@ -25,7 +25,7 @@ ENVELOPE_VERSION_CREDENTIAL = 2  # adds the round id and the client's credential
 ENVELOPE_VERSION_REPLY = 3  # adds the reply id: mix 0 answers there with a signed receipt
 MAX_CLIENT_ID = 64
 MAX_ROUND_ID = 64
-MAX_CREDENTIAL = 128
+MAX_CREDENTIAL = 160  # the proof of core/credentials.py (PROOF_SIZE)
 MAX_REPLY = 64
 
 CHUNK_VERSION = 1
@@ -121,7 +121,7 @@ class Envelope:
     """What a client publishes to mix 0: its identity (seen only by mix 0) and the onion.
 
     Version 1 carries the client id and the onion. Version 2 (used when `round_id` is set) also
-    names the round and carries the client's credential (core/credentials.py), both outside
+    names the round and carries the client's proof (core/credentials.py), both outside
     the onion: mix 0 checks them and forwards only the peeled onion. Version 3 (`reply` set)
     adds the reply id under which mix 0 sends the report's receipt (core/receipts.py).
     """

@@ -62,7 +62,6 @@ INGEST_STEP = 4096  # envelopes mix 0 checks in one go
 # distinct reports mix 0 stores per client and round: the first valid one counts, and one more
 # lets a client whose first was garbled be counted; the rest of a flood is refused unstored
 MAX_ONIONS_PER_CLIENT = 2
-VERIFIED_IDS = 200_000  # credentials mix 0 remembers as checked (forgotten all at once when full)
 DRAIN_REPEAT = 1.0  # seconds between repeats of mix 0's own close while it drains its session
 
 
@@ -146,7 +145,6 @@ class MixNode(Hop[MixOutcome]):
         self.ingests: dict[str, _Ingest] = {}  # mix 0: rounds it collects, by id
         self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
         self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
-        self.verified: dict[str, bytes] = {}  # mix 0: client id -> its credential, checked
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
 
     def inbox(self) -> Inbox:
@@ -388,20 +386,14 @@ class MixNode(Hop[MixOutcome]):
         """Why mix 0 refuses an envelope before storing it (None: store it): what the round
         could never count, so that a flood from one account neither fills the round's spool
         nor queues in front of honest reports to be peeled and receipted - a malformed
-        envelope, another round's, a missing or forged credential, or a client's report past
+        envelope, another round's, a missing or forged certificate, or a client's report past
         its first `MAX_ONIONS_PER_CLIENT`. The round's verdict is still taken from the spool
         alone (the same checks run again there)."""
         try:
             env = Envelope.decode(payload, ingest.size)
             admit(env, ingest.job.round_id, None)
-            cred = env.credential
-            if self.credentials is not None and (
-                not cred or self.verified.get(env.client_id) != cred
-            ):
-                self.credentials.verify(env.client_id, cred)
-                if len(self.verified) >= VERIFIED_IDS:
-                    self.verified.clear()
-                self.verified[env.client_id] = cred  # type: ignore[assignment]
+            if self.credentials is not None:  # the signature is the peeler's, off this loop
+                self.credentials.verify_certificate(env.client_id, env.credential)
         except InvalidReport as exc:
             return exc.reason
         onions = ingest.onions.setdefault(env.client_id, set())

@@ -53,11 +53,10 @@ from shufflekit.app.loadtest.plan import (
 from shufflekit.app.loadtest.wire_client import CoalescingClient
 from shufflekit.app.services.clients import malformed
 from shufflekit.client.agent import build_onion, wrap_envelope
-from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.credentials import ClientCredential, EnrollmentKey
 from shufflekit.core.messages import Announcement
 from shufflekit.core.receipts import receipt_topic
 from shufflekit.core.topics import Topics
-from shufflekit.core.wire import Envelope
 
 RECEIPT_NAME = "report (receipt)"  # Locust's series: latency until mix 0's receipt
 PUBACK_NAME = "report (PUBACK)"  # and until the broker's acknowledgement
@@ -92,7 +91,7 @@ class ShufflekitUser(User):
         self.enrol = (
             EnrollmentKey.from_private_b64(self.s.enrollment_key) if self.s.enrollment_key else None
         )
-        self.creds: dict[int, bytes] = {}
+        self.creds: dict[int, ClientCredential] = {}
         self.announcements: Queue[tuple[Announcement, float]] = Queue()
         self.withdrawn: dict[str, float] = {}  # round id -> when its announcement went away
         self.deadlines: dict[str, float] = {}
@@ -285,9 +284,7 @@ class ShufflekitUser(User):
         if kind == "foreign":  # encrypted for and naming another round
             other = ann.model_copy(update={"round_id": f"{ann.round_id}-foreign"})
             onion = build_onion(value, other)
-            if cred is None:
-                return wrap_envelope(cid, onion, ann, None), None
-            return Envelope(cid, onion, credential=cred, round_id=other.round_id).encode(), None
+            return wrap_envelope(cid, onion, other if cred else ann, cred), None
         return malformed(cid, value, ann, kind, rng, cred), None
 
     def _publish(

@@ -109,13 +109,18 @@ def keys_enroll(
 
     Lines are never wrapped (safe to redirect); --json prints one object instead.
 
-    A client sends its credential with every report; mix 0 checks it against the enrollment
-    public key and accepts at most one report per client and round.
+    A credential is the client's own key and its certificate: keep it secret on the client.
+    The client signs each report with it for that round only; mix 0 checks the signature and
+    the certificate against the enrollment public key and accepts at most one report per
+    client and round.
     """
     import base64
 
     authority = load_enrollment_key(key)
-    creds = {cid: base64.b64encode(authority.issue(deployment, cid)).decode() for cid in client_id}
+    creds = {
+        cid: base64.b64encode(authority.issue(deployment, cid).to_bytes()).decode()
+        for cid in client_id
+    }
     if json_out:
         print_json({"deployment": deployment, "credentials": creds})
     else:

@@ -28,7 +28,7 @@ import numpy as np
 from shufflekit.base.errors import ConfigError, InvalidInput, TransportError
 from shufflekit.client.agent import build_onion, current_announcement, wrap_envelope
 from shufflekit.client.receipts import ReceiptBox
-from shufflekit.core.credentials import EnrollmentKey
+from shufflekit.core.credentials import ClientCredential, EnrollmentKey
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics, check_name
 from shufflekit.core.transport.mqtt import BrokerAccessDenied, BrokerAddress, MqttTransport
@@ -63,7 +63,7 @@ def malformed(
     ann: Announcement,
     kind: str,
     rng: np.random.Generator,
-    credential: bytes | None = None,
+    credential: ClientCredential | None = None,
 ) -> bytes:
     """A report mix 0 must refuse: a well-formed envelope (with the client's credential, if
     any) around a broken onion, or junk."""
