@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -81,11 +82,15 @@ def loadtest(
     check_eps0(eps0)
     if k > MAX_K:
         raise ConfigError(f"--k must be at most {MAX_K}, got {k}")
-    if report is not None:
-        try:
-            report.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot write the report to {report}: {exc.strerror}") from None
+    if not math.isfinite(deadline):
+        raise ConfigError(f"--deadline must be a finite number of seconds, got {deadline}")
+    if ramp >= deadline:
+        raise ConfigError(
+            f"--ramp {ramp:g} s must end before the round's --deadline {deadline:g} s: clients "
+            "arriving after the deadline are never counted"
+        )
+    if not floor_seconds <= 60:
+        raise ConfigError(f"--floor-seconds must be at most 60, got {floor_seconds}")
 
     opts = LoadTestOptions(
         users=users,
@@ -134,6 +139,10 @@ def _print(out: dict[str, Any], report: Path | None) -> None:
         f"{out['reports_counted']:,} counted, {out['reports_lost']} lost"
     )
     _line(f"rejected: {out['reports_rejected']}")
+    if out["reports_unreceipted"]:
+        _line(f"{out['reports_unreceipted']:,} reports given up without a receipt")
+    for a in out["rounds_aborted"]:
+        _line(f"round {a['round']} ({a['round_id']}) not released: {a['reason']}")
     _line(
         f"throughput {out['throughput_reports_per_s']:,} reports/s = {out['floor_ratio']} of "
         f"the crypto floor ({out['crypto_floor_reports_per_s']:,} reports/s)"

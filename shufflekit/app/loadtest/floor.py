@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -58,13 +59,20 @@ def _work(mixes: int, n: int) -> float:
     return time.perf_counter() - started
 
 
+def _ignore_interrupt() -> None:
+    """A pool worker leaves Ctrl-C to its parent (which ends the pool): no traceback each."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def measure_floor(mixes: int, *, seconds: float = 2.0, cores: int | None = None) -> Floor:
     """The floor for a cascade of `mixes`, measured for about `seconds` on every core."""
     cores = cores or os.cpu_count() or 1
     probe = max(_work(mixes, 20), 1e-6) / 20
     n = max(50, int(seconds / probe))
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(cores) as pool:  # each process times its own loop: start-up is not counted
+    with ctx.Pool(
+        cores, initializer=_ignore_interrupt
+    ) as pool:  # each process times its own loop: start-up is not counted
         times = pool.starmap(_work, [(mixes, n)] * cores)
     rate = sum(n / t for t in times)
     return Floor(rate, cores / rate * 1e6, cores, mixes)

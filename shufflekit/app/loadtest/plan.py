@@ -5,6 +5,7 @@ values and arrival times; and the load test's settings, handed to the workers as
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from shufflekit.base.errors import ConfigError
 
 GOOD, DROPOUT, STRAGGLER, BAD = 0, 1, 2, 3
+MAX_USERS = 10_000_000  # users a round one machine's load test plans (O(users) per connection)
 PLAN_ENV = "SHUFFLEKIT_LOADTEST_PLAN"  # path of the JSON settings file the workers read
 BAD_KINDS = ("tampered", "truncated", "random", "foreign")
 
@@ -52,8 +54,18 @@ class LoadSettings:
             raise ConfigError("dropouts, stragglers and bad reports leave no good client")
         if self.users < 1 or self.rounds < 1 or self.connections < 1:
             raise ConfigError("--users, --rounds and the connections must be at least 1")
-        if self.ramp < 0:
-            raise ConfigError("--ramp must be at least 0 seconds")
+        if self.users > MAX_USERS:
+            raise ConfigError(
+                f"--users must be at most {MAX_USERS:,} a round here (each connection plans "
+                "every user); deploy/loadtest.md spreads more over several hosts"
+            )
+        if not 0 <= self.ramp < math.inf:
+            raise ConfigError("--ramp must be a finite number of seconds >= 0")
+        if self.counts()["good"] < 1:
+            raise ConfigError(
+                f"with {self.users:,} users, dropouts, stragglers and bad reports leave no good "
+                "client"
+            )
 
     def write(self, path: Path) -> None:
         """Save for the workers (mode 0600: it may hold the broker password)."""

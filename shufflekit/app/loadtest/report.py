@@ -27,6 +27,8 @@ REPORT_KEYS = (
     "reports_counted",
     "reports_rejected",
     "reports_lost",
+    "reports_unreceipted",  # beyond the issue's list: given up without a receipt
+    "rounds_aborted",  # beyond the issue's list: each round not released, and why
     "throughput_reports_per_s",
     "publish_latency_ms",
     "puback_latency_ms",  # beyond the issue's list: until the broker's PUBACK (the 2nd series)
@@ -72,6 +74,7 @@ class RoundFacts:
     latency_s: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    abort: str | None = None  # why the round was not released (the coordinator's line)
 
 
 @dataclass
@@ -131,6 +134,9 @@ def gather_rounds(
     for name, lines in services.items():
         for line in lines:
             f2 = by_id.get(str(line.get("round_id")))
+            if f2 is not None and name == "coordinator" and not line.get("released"):
+                abort = line.get("abort") or {}
+                f2.abort = str(abort.get("reason") or "not released")
             if f2 is None or name == "coordinator":
                 continue
             for stage, sec in (line.get("stages") or {}).items():
@@ -151,7 +157,8 @@ def build_report(
 ) -> dict[str, Any]:
     """The report object, keys exactly `REPORT_KEYS`. With receipts (every round announced
     mix 0's receipt key), publish latency runs until the receipt and `reports_lost` counts
-    receipted reports not counted; without, PUBACKs stand in for receipts."""
+    receipted reports a released round did not count (an aborted round is refunded: nothing
+    of it is lost); without, PUBACKs stand in for receipts."""
     released = [f for f in rounds if f.counted is not None]
     counted = sum(f.counted or 0 for f in released)
     wall = sum(f.latency_s for f in released if f.latency_s is not None)
@@ -180,10 +187,18 @@ def build_report(
         "reports_receipted": sum(delivered) if receipts else None,
         "reports_counted": counted,
         "reports_rejected": dict(sorted(rejected.items())),
-        # per round: delivered (receipted) beyond what its released batch counted
+        # per released round: delivered (receipted) beyond what its batch counted
         "reports_lost": sum(
-            max(d - (f.counted or 0), 0) for d, f in zip(delivered, rounds, strict=True)
+            max(d - f.counted, 0)
+            for d, f in zip(delivered, rounds, strict=True)
+            if f.counted is not None
         ),
+        "reports_unreceipted": sum(f.unreceipted for f in rounds) if receipts else None,
+        "rounds_aborted": [
+            {"round": f.index + 1, "round_id": f.round_id, "reason": f.abort or "no result"}
+            for f in rounds
+            if f.counted is None
+        ],
         "throughput_reports_per_s": round(throughput, 1),
         "publish_latency_ms": percentiles(latencies.receipt if receipts else latencies.puback),
         "puback_latency_ms": percentiles(latencies.puback),
@@ -337,7 +352,8 @@ def write_html(
         f"<tr><td>{f.index + 1}</td><td>{html.escape(f.round_id)}</td><td>{f.sent:,}</td>"
         f"<td>{f.acked:,}</td><td>{f'{f.receipted:,}' if f.receipts else '-'}</td>"
         f"<td>{f.resent:,}</td><td>{'-' if f.counted is None else f'{f.counted:,}'}</td>"
-        f"<td>{html.escape(json.dumps(f.rejected))}</td>"
+        f"<td>{html.escape(json.dumps(f.rejected))}"
+        f"{'' if f.abort is None else '<br>not released: ' + html.escape(f.abort)}</td>"
         f"<td>{'-' if f.latency_s is None else f'{f.latency_s:.2f}'}</td></tr>"
         for f in rounds
     )

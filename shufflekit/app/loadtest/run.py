@@ -4,6 +4,7 @@ report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,11 @@ def _locust(folder: Path, settings_file: Path, workers: int, per_worker: int) ->
     return procs
 
 
-def _wait_files(folder: Path, n: int, what: str, procs: list[Any], timeout: float) -> None:
+def _wait_files(
+    work: Path, folder: Path, n: int, what: str, procs: list[Any], timeout: float
+) -> None:
+    """Until `n` files are in `folder`; LoadTestFailed if a Locust process dies or a user
+    fails meanwhile (an unreachable broker shows there at once), or after `timeout`."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if (
@@ -123,6 +128,7 @@ def _wait_files(folder: Path, n: int, what: str, procs: list[Any], timeout: floa
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise LoadTestFailed(f"a Locust process exited before {what} (see its log)")
+        _check_workers(work)
         time.sleep(0.2)
     raise LoadTestFailed(f"Locust users not {what} within {timeout:.0f}s")
 
@@ -135,6 +141,8 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     # validates the fractions before anything starts (no folder, no broker yet)
     probe = _settings(opts, connections, Path("."), "127.0.0.1", 1, False, None, None, None, "x")
     good = probe.counts()["good"]
+    if opts.report_dir is not None:  # after every other check: a refused run leaves no folder
+        _writable(opts.report_dir)
     owned = tempfile.mkdtemp(prefix="shufflekit-loadtest-")
     work = Path(owned)
     monitor = RssMonitor()
@@ -176,7 +184,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         procs = _locust(work, settings_file, workers, opts.connections_per_worker)
         for p in procs:
             monitor.watch("load", p.pid)
-        _wait_files(work / "load" / "ready", connections, "connected", procs, 120)
+        _wait_files(work, work / "load" / "ready", connections, "connected", procs, 120)
         if stack is not None:
             start_coordinator(stack, monitor, opts.rounds)
         _follow(work, stack, opts, connections, procs, progress)
@@ -207,17 +215,46 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         return report
     except LoadTestFailed as exc:
         raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
+    except KeyboardInterrupt:
+        sys.stderr.write(f"loadtest: interrupted; stopping everything (logs kept in {work})\n")
+        raise
     finally:
         restore()
-        monitor.stop()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        if stack is not None:
-            stack.stop()
-        if ok:
-            shutil.rmtree(owned, ignore_errors=True)
+        with _signals_held():  # a second Ctrl-C or SIGTERM must not leave anything running
+            monitor.stop()
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+            if stack is not None:
+                stack.stop(grace=30.0 if ok else 5.0)
+            if ok:
+                shutil.rmtree(owned, ignore_errors=True)
+
+
+def _writable(folder: Path) -> None:
+    """Make `folder` and check that files can be written there, before the run (the report is
+    written at its end); ConfigError if not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report to {folder}: {exc.strerror}") from None
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM for the duration (main thread only: elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _terminate_as_interrupt() -> Callable[[], None]:
@@ -257,16 +294,10 @@ def _follow(
             return
         if any(p.poll() is not None for p in procs):
             raise LoadTestFailed("a Locust process exited during the load (see its log)")
-        for log in work.glob("locust-worker*.log"):
-            text = log.read_text(errors="replace")
-            if "Traceback" in text:
-                raise LoadTestFailed(f"a Locust user failed ({log.name}):\n{text[-1500:]}")
+        _check_workers(work)
         released = "?"
         if stack is not None:
-            for name, p in stack.procs.items():
-                if p.poll() not in (None, 0):
-                    err = (stack.folder / f"{name}.err").read_text()[-600:]
-                    raise LoadTestFailed(f"service {name} failed:\n{err}")
+            _check_stack(stack)
             released = str(sum(1 for x in stack.lines("coordinator") if x.get("released")))
         sent, receipted, rate = _load_progress(work / "load" / "progress", rate_state)
         progress(
@@ -276,6 +307,28 @@ def _follow(
         if time.monotonic() - started > limit:
             raise LoadTestFailed(f"the load did not finish within {limit:.0f}s")
         time.sleep(0.5)
+
+
+def _check_workers(work: Path) -> None:
+    """LoadTestFailed if a Locust user failed (its worker's log holds a traceback)."""
+    for log in work.glob("locust-worker*.log"):
+        text = log.read_text(errors="replace")
+        if "Traceback" in text:
+            last = text.strip().splitlines()[-1]
+            raise LoadTestFailed(f"a Locust user failed ({log.name}): {last}")
+
+
+def _check_stack(stack: LocalStack) -> None:
+    """LoadTestFailed if the broker or a service stopped during the load (the coordinator
+    alone ends by itself, with status 0, after its rounds)."""
+    if stack.broker.proc.poll() is not None:
+        raise LoadTestFailed(f"the broker stopped (status {stack.broker.proc.returncode})")
+    for name, p in stack.procs.items():
+        code = p.poll()
+        if code is None or (code == 0 and name == "coordinator"):
+            continue
+        err = (stack.folder / f"{name}.err").read_text(errors="replace")[-600:]
+        raise LoadTestFailed(f"service {name} stopped (status {code}) during the load:\n{err}")
 
 
 def _load_progress(folder: Path, state: list[float]) -> tuple[int, int, float]:

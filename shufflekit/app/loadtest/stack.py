@@ -146,17 +146,22 @@ class LocalStack:
         tail = err.read_text()[-800:] if err.exists() else ""
         raise LoadTestFailed(f"{name} did not start:\n{tail}")
 
-    def stop(self) -> None:
-        """SIGTERM every service, then the broker."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the coordinator (so it does not wait on hops that are going), then every
+        other service, each killed if still running after `grace` seconds; then the broker."""
+        first = {n: p for n, p in self.procs.items() if n == "coordinator"}
+        rest = {n: p for n, p in self.procs.items() if n != "coordinator"}
+        for group in (first, rest):
+            for p in group.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            end = time.monotonic() + grace
+            for p in group.values():
+                try:
+                    p.wait(max(end - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
         self.broker.stop()
 
 

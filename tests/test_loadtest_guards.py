@@ -1,0 +1,112 @@
+"""`shufflekit loadtest`'s guards, without starting a load: options that would start the whole
+stack and then fail, hang or overflow are refused first; the report neither blames aborted
+(refunded) rounds for lost reports nor leaves out unreceipted reports and why a round was not
+released; a service or the broker that stops mid-load fails the run; a second Ctrl-C or
+SIGTERM cannot cut the cleanup short."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from shufflekit.app.cli import app
+from shufflekit.app.loadtest.report import Latencies, RoundFacts, build_report
+from shufflekit.app.loadtest.run import _check_stack, _signals_held, _writable
+from shufflekit.app.loadtest.stack import LoadTestFailed
+from shufflekit.base.errors import ConfigError
+
+pytest.importorskip("locust")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--users", "1", "--dropout", "0.6"], "no good client"),
+        (["--users", "100000000000"], "at most 10,000,000"),
+        (["--ramp", "inf"], "--ramp"),
+        (["--deadline", "inf"], "--deadline"),
+        (["--ramp", "700", "--deadline", "600"], "before the round's --deadline"),
+        (["--floor-seconds", "inf"], "--floor-seconds"),
+        (["--floor-seconds", "1e300"], "--floor-seconds"),
+    ],
+)
+def test_options_that_would_fail_late_are_refused_first(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    report = tmp_path / "new" / "report"
+    out = CliRunner().invoke(app, ["loadtest", *args, "--report", str(report)])
+    assert out.exit_code not in (0, 70), out.output
+    assert says in out.output and "Traceback" not in out.output, out.output
+    assert not report.exists()  # refused before anything, its folder included
+
+
+def test_an_unwritable_report_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot write the report"):
+        _writable(tmp_path / "file" / "report")
+    _writable(tmp_path / "ok")
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == []  # the probe is gone
+
+
+def test_the_report_blames_only_released_rounds_for_lost_reports() -> None:
+    released = RoundFacts(0, "r1", sent=10, acked=10, receipts=True, receipted=10, counted=10)
+    aborted = RoundFacts(
+        1, "r2", sent=8, acked=8, receipts=True, receipted=5, unreceipted=3, abort="3 reports"
+    )
+    out = build_report(
+        users_per_round=10,
+        rounds=[released, aborted],
+        latencies=Latencies(),
+        floor=1000.0,
+        workers=1,
+        peak_rss_mb={},
+    )
+    assert out["reports_lost"] == 0  # r2 was refunded: its receipted reports are not lost
+    assert out["reports_unreceipted"] == 3
+    assert out["rounds_aborted"] == [{"round": 2, "round_id": "r2", "reason": "3 reports"}]
+    lost = RoundFacts(0, "r3", sent=10, acked=10, receipts=True, receipted=10, counted=7)
+    again = build_report(
+        users_per_round=10,
+        rounds=[lost],
+        latencies=Latencies(),
+        floor=1000.0,
+        workers=1,
+        peak_rss_mb={},
+    )
+    assert again["reports_lost"] == 3 and again["rounds_aborted"] == []
+
+
+def _stack(tmp_path: Path, broker: Any, **procs: Any) -> Any:
+    for name in procs:
+        (tmp_path / f"{name}.err").write_text(f"{name} said goodbye\n")
+    return SimpleNamespace(broker=SimpleNamespace(proc=broker), procs=procs, folder=tmp_path)
+
+
+def test_a_service_or_broker_that_stops_during_the_load_fails_the_run(tmp_path: Path) -> None:
+    alive = subprocess.Popen(["sleep", "30"])
+    done = subprocess.Popen(["true"])
+    done.wait()
+    try:
+        _check_stack(_stack(tmp_path, alive, coordinator=done, mix1=alive))  # its rounds ended
+        with pytest.raises(LoadTestFailed, match=r"mix0 stopped \(status 0\)"):
+            _check_stack(_stack(tmp_path, alive, mix0=done))  # it said nothing was wrong
+        with pytest.raises(LoadTestFailed, match="the broker stopped"):
+            _check_stack(_stack(tmp_path, done, mix0=alive))
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_signals_are_held_while_the_stack_is_cleaned_up() -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with _signals_held():
+        os.kill(os.getpid(), signal.SIGTERM)  # a second `kill` during cleanup: ignored
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: ignored
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
