@@ -13,6 +13,7 @@ from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams, ledger_release_hook
+from shufflekit.base.errors import StaleQuote
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Result
 from shufflekit.core.transport import MemoryBroker, drain
@@ -103,3 +104,45 @@ async def test_a_coordinator_that_missed_the_publish_takes_the_stored_result(
     assert report.released and report.result == stored and report.abort is None
     assert msg.payload == stored.to_bytes()  # published again, the very same bytes
     assert [r.status for r in led.rounds_of("test")] == ["committed"]
+
+
+def test_a_commit_priced_before_another_round_committed_is_refused(ledger_url: str) -> None:
+    """Two rounds released together: B is priced, A commits, then B's commit would publish a
+    total that leaves A out (0.0553 where 0.0803 was spent, in the audit's case). The ledger
+    refuses it (`StaleQuote`); priced again, B states the whole total."""
+    led = Ledger(ledger_url)
+    led.init_budget(Budget("q", 10.0, 1e-6, 1000))
+    led.reserve("q", "A", 10, 1.0)
+    led.reserve("q", "B", 10, 1.0)
+    quote = led.quote_commit("q", "B", 2000)
+    led.commit("q", "A", 2000)
+    with pytest.raises(StaleQuote):
+        led.commit("q", "B", 2000, result="stale", basis=str(quote["basis"]))
+    assert led.stored_result("q", "B") is None  # nothing changed
+    again = led.quote_commit("q", "B", 2000)
+    led.commit("q", "B", 2000, result="fresh", basis=str(again["basis"]))
+    assert again["epsilon_spent_total"] == pytest.approx(led.status("q").epsilon_committed)
+    assert float(again["epsilon_spent_total"] or 0) > float(quote["epsilon_spent_total"] or 0)
+
+
+async def test_the_release_hook_prices_again_when_another_round_committed_meanwhile(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    led = Ledger(ledger_url)
+    led.init_budget(_budget())
+    led.reserve("test", "A", 2, 1.0)
+    led.reserve("test", "B", 2, 1.0)
+    quote = led.quote_commit
+    sneaked: list[str] = []
+
+    def quote_then_a_commits(*args: Any, **kw: Any) -> Any:
+        out = quote(*args, **kw)
+        if not sneaked:  # the analyzer of round A commits between B's pricing and its commit
+            sneaked.append("A")
+            led.commit("test", "A", 20)
+        return out
+
+    monkeypatch.setattr(led, "quote_commit", quote_then_a_commits)
+    published = await ledger_release_hook(led, "test")(_result("B", 9.0), _unsigned)
+    assert published.privacy["epsilon_spent_total"] == 2.0  # A's 1.0 and B's own
+    assert published.to_bytes().decode() == led.stored_result("test", "B")

@@ -14,6 +14,7 @@ rounds count as spent until committed or refunded (pessimistic).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +48,7 @@ from shufflekit.base.errors import (
     LedgerBusy,
     LedgerError,
     ScheduleViolation,
+    StaleQuote,
 )
 
 __all__ = ["COUNTED", "Budget", "BudgetStatus", "Ledger", "RoundRecord", "check_budget"]
@@ -287,10 +289,15 @@ class Ledger(LedgerStore):
         actor: str = "analyzer",
         *,
         result: str | None = None,
+        basis: str | None = None,
     ) -> RoundRecord:
         """Charge a released round with its real batch size (never more than reserved), storing
         its `result` (the text to publish) in the same transaction. Idempotent: a retried commit
-        changes nothing (the first stored result stays; read it with `stored_result`)."""
+        changes nothing (the first stored result stays; read it with `stored_result`).
+
+        `basis`: the `quote_commit` basis the result's totals were priced on. If another round
+        was committed since, `StaleQuote` (nothing changes): the result would state a total
+        below the truth, so its caller prices it again."""
         for attempt in range(ATTEMPTS):
             last = attempt == ATTEMPTS - 1  # the state kept changing: compute under the lock
             if not last:
@@ -321,6 +328,10 @@ class Ledger(LedgerStore):
                 if batch_size < b.n_min:
                     raise LedgerError(
                         f"batch of {batch_size} is below n_min={b.n_min}: not releasable"
+                    )
+                if basis is not None and basis != _basis(self._rounds(conn, deployment), round_id):
+                    raise StaleQuote(
+                        f"round {round_id!r}: another round was committed since it was priced"
                     )
                 eps_round = min(rec.epsilon_round, eps_alone)
                 now = self.clock.time()
@@ -360,7 +371,9 @@ class Ledger(LedgerStore):
     ) -> dict[str, float | str | None]:
         """What committing the round with `batch_size` would record, for its published result:
         its own epsilon, the population it is charged at, and the committed total with it.
-        Computed without any lock (curve cache); `commit` computes the same from the same state."""
+        Computed without any lock (curve cache); `commit` computes the same from the same state.
+        `basis` names the committed rounds the total is over: give it to `commit`, which refuses
+        (`StaleQuote`) if another round was committed meanwhile."""
         b, recs = self._snapshot(deployment)
         rec = find_round(recs, round_id, deployment)
         n_acc = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
@@ -377,6 +390,7 @@ class Ledger(LedgerStore):
             "n_accounted": float(n_acc),
             "epsilon_spent_total": total([*others, mine]),
             "epsilon_budget": b.epsilon_total,
+            "basis": _basis(recs, round_id),
         }
 
     def refund(
@@ -438,3 +452,10 @@ def _budget_values(b: Budget) -> dict[str, Any]:
     d = b.as_dict()
     d["schedule"] = schedule_to_json(b.schedule) if b.schedule else None
     return d
+
+
+def _basis(recs: list[RoundRecord], round_id: str) -> str:
+    """The committed rounds other than `round_id`, as one digest: what a quoted total is over.
+    A committed round's charge never changes, so the same set means the same total."""
+    ids = sorted(r.round_id for r in recs if r.status == "committed" and r.round_id != round_id)
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()

@@ -21,6 +21,7 @@ from shufflekit.base.errors import (
     InvalidParameters,
     InvalidReport,
     RoundAborted,
+    StaleQuote,
 )
 from shufflekit.base.offload import Offload, in_thread
 from shufflekit.base.random import Randomness, SystemRandomness
@@ -131,6 +132,9 @@ def new_round_id(clock: Clock = system_clock, rng: Randomness | None = None) -> 
     return f"r{int(clock.time())}-{token}"
 
 
+PRICE_ATTEMPTS = 5  # pricings of a result while other rounds keep committing meanwhile
+
+
 def ledger_release_hook(
     ledger: Ledger, deployment: str, actor: str = "analyzer", offload: Offload = in_thread
 ) -> ReleaseHook:
@@ -140,9 +144,11 @@ def ledger_release_hook(
     restart returns the result stored then). Raises unless the commit succeeded; nothing slow
     runs after it."""
 
-    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
+    async def priced(result: Result, seal: Callable[[Result], Result]) -> tuple[Result, str]:
+        """The sealed result with its privacy facts, and the basis its total is over."""
         rid, n = result.round_id, result.batch_size
         facts = await offload(ledger.quote_commit, deployment, rid, n)
+        basis = str(facts.pop("basis"))
         priced_rec = RoundRecord(
             rid,
             "committed",
@@ -155,12 +161,22 @@ def ledger_release_hook(
         )
         facts = facts | await participant_facts(priced_rec, float(facts["delta"] or 0), offload)
         # the analyzer's own notes (e.g. which bound a bits round used) stay next to the facts
-        priced = seal(result.model_copy(update={"privacy": dict(result.privacy) | facts}))
-        text = priced.to_bytes().decode()
-        await offload(ledger.commit, deployment, rid, n, actor, result=text)
+        return seal(result.model_copy(update={"privacy": dict(result.privacy) | facts})), basis
+
+    async def hook(result: Result, seal: Callable[[Result], Result]) -> Result:
+        rid, n = result.round_id, result.batch_size
+        for attempt in range(PRICE_ATTEMPTS):
+            sealed, basis = await priced(result, seal)
+            text = sealed.to_bytes().decode()
+            try:  # refused if a round was committed since the pricing: its total would be low
+                await offload(ledger.commit, deployment, rid, n, actor, result=text, basis=basis)
+                break
+            except StaleQuote:
+                if attempt == PRICE_ATTEMPTS - 1:
+                    raise
         stored = await offload(ledger.stored_result, deployment, rid)
         if stored is None or stored == text:
-            return priced
+            return sealed
         earlier = Result.from_bytes(stored.encode())
         if not isinstance(earlier, Result):
             raise InternalError(f"round {rid}: the ledger holds no valid result")

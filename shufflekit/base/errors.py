@@ -132,6 +132,10 @@ class LedgerBusy(LedgerError):
     """The ledger's database is busy (locked by another writer): transient, worth retrying."""
 
 
+class StaleQuote(LedgerBusy):
+    """A round's result was priced before another round was committed: price it again."""
+
+
 class LedgerNotFound(LedgerError):
     """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
 
