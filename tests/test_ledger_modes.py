@@ -60,6 +60,23 @@ def test_planned_schedule_fixes_each_slot(tmp_path: Path) -> None:
     ) == 1
 
 
+def test_a_refunded_slot_is_taken_again_only_by_its_own_type(tmp_path: Path) -> None:
+    """Schedule "1 x 10,1 then 1 x 4,2": the 4,2 round is released, then the 10,1 round is
+    refunded. A second 4,2 round used to take slot 2 again (the count of counted rounds), so
+    a refund decided after a release let the operator run a type the schedule had no room
+    for. The freed slot is slot 1, and only a 10,1 round may take it."""
+    led = _planned(tmp_path, ["10,1,1", "4,2,1"])
+    led.reserve("p", "r1", 10, 1.0)
+    led.reserve("p", "r2", 4, 2.0)
+    led.commit("p", "r2", 1000)
+    led.refund("p", "r1")
+    with pytest.raises(ScheduleViolation, match="slot 1 of its schedule is 10,1, not 4,2"):
+        led.reserve("p", "r3", 4, 2.0)
+    assert led.reserve("p", "r4", 10, 1.0).slot == 0
+    with pytest.raises(ScheduleViolation, match="allows 2 round"):
+        led.reserve("p", "r5", 4, 2.0)
+
+
 def test_a_finite_schedule_runs_out(tmp_path: Path) -> None:
     led = _planned(tmp_path, ["4,1,1"])
     led.reserve("p", "r1", 4, 1.0)

@@ -155,7 +155,7 @@ class Ledger(LedgerStore):
                     "k": k,
                     "eps0": eps0,
                     "n_accounted": n_acc,
-                    "slot": len(counted),
+                    "slot": first_free_slot(counted),
                     **plan["costs"],
                 }
                 refusal: BudgetExceeded | None = plan["refusal"]
@@ -163,7 +163,7 @@ class Ledger(LedgerStore):
                     self._audit(conn, deployment, round_id, actor, "reserve", "refused", params)
                 else:
                     return self._insert_reserved(
-                        conn, b, round_id, rt, n_acc, len(counted), plan, actor, params
+                        conn, b, round_id, rt, n_acc, first_free_slot(counted), plan, actor, params
                     )
             raise refusal  # raised after the refusal's audit row is committed
         raise LedgerBusy(
@@ -226,7 +226,7 @@ class Ledger(LedgerStore):
         None). Computed without any lock."""
         d = b.deployment
         if b.mode == "planned":
-            slot = len(counted)
+            slot = first_free_slot(counted)
             want = (
                 slot_type(b.schedule, slot)
                 if b.schedule
@@ -459,3 +459,13 @@ def _basis(recs: list[RoundRecord], round_id: str) -> str:
     A committed round's charge never changes, so the same set means the same total."""
     ids = sorted(r.round_id for r in recs if r.status == "committed" and r.round_id != round_id)
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+
+
+def first_free_slot(counted: Sequence[RoundRecord]) -> int:
+    """The schedule slot a new round of a planned budget takes: the first one no counted round
+    holds. A refunded round gives its slot back, for that slot's own type only; taking the
+    next slot instead (their count) let a refund decided after a release add a round of a
+    later slot's type again, which the schedule fixed in advance does not allow."""
+    held = {r.slot for r in counted if r.slot is not None}
+    free = [i for i in range(len(counted) + 1) if i not in held]
+    return free[sum(r.slot is None for r in counted)]  # older rounds (no slot): the first ones
