@@ -161,6 +161,13 @@ def test_counts_below_one_are_refused_in_one_line(argv: list[str]) -> None:
         ["simulate", "--eps0", "1000"],
         ["simulate", "--eps0", "701"],
         ["experiment", "utility", "--n", "2000", "--eps0-values", "1000"],
+        # below 1e-6: e^eps0 rounds towards 1 (a ZeroDivisionError, exit 70, at 1e-17; a
+        # 4-minute demo ending in a pydantic dump at 1e-300)
+        ["demo", "--users", "200", "--eps0", "1e-300"],
+        ["simulate", "--eps0", "1e-17"],
+        ["privacy", "epsilon", "--n", "1000", "--k", "10", "--eps0", "1e-17", "--delta", "1e-6"],
+        ["privacy", "epsilon", "--round", "1000,10,1e-17,2", "--delta", "1e-6"],
+        ["budget", "init", "--epsilon", "1", "--delta", "1e-6", "--round-type", "10,1e-300"],
     ],
 )
 def test_an_eps0_no_round_can_have_is_refused_before_anything(
@@ -169,10 +176,10 @@ def test_an_eps0_no_round_can_have_is_refused_before_anything(
     """demo created a budget of type 10,1000 before refusing it (every later demo on that
     ledger was then refused); simulate and experiment overflowed (internal error, exit 70)."""
     db = tmp_path / "l.db"
-    args = [*argv, "--ledger", f"sqlite:///{db}"] if argv[0] == "demo" else argv
+    args = [*argv, "--ledger", f"sqlite:///{db}"] if argv[0] in ("demo", "budget") else argv
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
-    assert "(0, 700]" in result.output
+    assert "[1e-06, 700]" in result.output and len(result.output.strip().splitlines()) == 1
     if db.exists():  # nothing was created: the next demo on this ledger is not refused
         assert not Ledger(f"sqlite:///{db}").has_budget("default")
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shufflekit.accountant import Mechanism, tight_delta, tight_epsilon
-from shufflekit.accountant.core import EPS0_MAX
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.accountant.registry import all_methods
 from shufflekit.accountant.tight_upper import N_MAX
 from shufflekit.app.cli import app
@@ -115,7 +115,7 @@ def test_too_many_users_is_refused_in_one_line() -> None:
 
 
 @pytest.mark.parametrize("k", [2, 3])
-@pytest.mark.parametrize("eps0", [1e-20, 1e-9, EPS0_MAX])
+@pytest.mark.parametrize("eps0", [EPS0_MIN, EPS0_MAX])
 def test_extreme_eps0_is_answered_soundly(k: int, eps0: float) -> None:
     mech = Mechanism(10, k, eps0)
     e = tight_epsilon(mech, 1e-6)
@@ -133,6 +133,9 @@ def test_extreme_eps0_is_answered_soundly(k: int, eps0: float) -> None:
         ["epsilon", "--n", "100", "--k", "3", "--eps0", "nan", "--delta", "1e-6"],
         ["epsilon", "--n", "100", "--k", "3", "--eps0", "inf", "--delta", "1e-6"],
         ["epsilon", "--n", "100", "--k", "3", "--eps0", "0", "--delta", "1e-6"],
+        # below 1e-6, e^eps0 rounds towards 1: composition divided by zero there (exit 70)
+        ["epsilon", "--n", "100", "--k", "3", "--eps0", "1e-20", "--delta", "1e-6"],
+        ["epsilon", "--n", "100", "--k", "3", "--eps0", "1e-9", "--rounds", "2", "--delta", "1e-6"],
         ["epsilon", "--n", "100", "--k", "1", "--eps0", "1", "--delta", "1e-6"],
         ["epsilon", "--n", "0", "--k", "3", "--eps0", "1", "--delta", "1e-6"],
         ["epsilon", "--n", "1000000000000", "--k", "3", "--eps0", "1", "--delta", "1e-6"],
@@ -150,11 +153,13 @@ def test_cli_extreme_input_is_one_line(argv: list[str]) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
 
 
-def test_cli_tiny_eps0_answers() -> None:
-    argv = ["privacy", "epsilon", "--n", "100", "--k", "3", "--eps0", "1e-20", "--delta", "1e-6"]
+def test_cli_smallest_eps0_answers() -> None:
+    argv = ["privacy", "epsilon", "--n", "100", "--k", "3", "--eps0", "1e-6", "--delta", "1e-6"]
     result = CliRunner().invoke(app, [*argv, "--json"])
     assert result.exit_code == 0, result.output
     assert '"epsilon": 0.0' in result.output
+    composed = CliRunner().invoke(app, [*argv, "--rounds", "2"])
+    assert composed.exit_code == 0, composed.output
 
 
 @pytest.mark.parametrize("eps0", [40.0, EPS0_MAX])

@@ -26,6 +26,10 @@ T = TypeVar("T")
 EPS0_MAX = 700.0
 """Largest eps0 a Mechanism accepts: e^eps0 (and e^eps for eps < eps0) must be a finite double
 (they overflow at ~709.78); such a k-RR reports its true value with probability 1 - 1e-304."""
+EPS0_MIN = 1e-6
+"""Smallest eps0 a Mechanism accepts: below ~1e-16, e^eps0 rounds to 1, the blanket gamma to 1
+and p - q to 0 (bounds and estimators divided by it); at 1e-6 a round already needs ~1e12 k
+users to estimate anything."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,11 @@ class Mechanism:
         if isinstance(self.eps0, bool) or not (
             isinstance(self.eps0, float | int | np.floating)
             and math.isfinite(self.eps0)
-            and 0 < self.eps0 <= EPS0_MAX
+            and EPS0_MIN <= self.eps0 <= EPS0_MAX
         ):
             raise InvalidParameters(
-                f"eps0 must be a finite number in (0, {EPS0_MAX:g}] (e^eps0 must fit a float), "
-                f"got {self.eps0!r}"
+                f"eps0 must be a finite number in [{EPS0_MIN:g}, {EPS0_MAX:g}] (e^eps0 must fit a "
+                f"float, and differ from 1), got {self.eps0!r}"
             )
 
     @property

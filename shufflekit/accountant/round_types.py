@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shufflekit.accountant.core import EPS0_MAX
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.base.errors import InvalidParameters
 
 KRR = "krr"
@@ -91,9 +91,9 @@ def check_entry(e: ScheduleEntry) -> None:
         raise InvalidParameters(f"round type {e}: bits length must be <= {MAX_BITS}")
     if t.mechanism == KRR and t.size > MAX_K:
         raise InvalidParameters(f"round type {e}: k must be <= {MAX_K}")
-    if not (math.isfinite(t.eps0) and 0 < t.eps0 <= EPS0_MAX):
+    if not (math.isfinite(t.eps0) and EPS0_MIN <= t.eps0 <= EPS0_MAX):
         raise InvalidParameters(
-            f"round type {e}: eps0 must be a finite number in (0, {EPS0_MAX:g}]"
+            f"round type {e}: eps0 must be a finite number in [{EPS0_MIN:g}, {EPS0_MAX:g}]"
         )
     if e.count is not None and e.count < 1:
         raise InvalidParameters(f"round type {e}: COUNT must be >= 1 (or left out for the last)")

@@ -82,13 +82,6 @@ __all__ = [
 METHOD = "tight"
 _LABEL = Label(METHOD, "")  # a sound upper bound; each result's note says how it was obtained
 _K2_MAX_N = N_MAX  # k = 2: certified branch and bound wherever `tight` answers (~10 s at 1e9)
-EPS0_TINY = 1e-6
-"""Below this eps0 `tight` answers with k-RR's own (epsilon, delta) curve (sound by post-
-processing; the shuffle's amplification is not computed: p and q agree to ~1e-6 or better)."""
-_TINY_NOTE = (
-    f"eps0 < {EPS0_TINY:g}: k-RR's own curve p - e^eps q (no amplification computed); lower"
-    " bound: none (0)"
-)
 
 
 # ----------------------------------------------------------------------------- k = 2
@@ -165,10 +158,6 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     if eps >= mech.eps0:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
         return _LABEL.result(eps, -math.inf, t0, {"capped_by_ldp": True}, note, (eps, -math.inf))
-    if mech.eps0 < EPS0_TINY:
-        up = _ldp_cap(mech, eps)
-        tiny = {"capped_by_ldp": True, "worst_dataset": "none computed"}
-        return _LABEL.result(eps, up, t0, tiny, _TINY_NOTE, (eps, -math.inf))
     up, drop, nb, limited = upper_bound(mech, eps)
     up = min(up, _ldp_cap(mech, eps))
     t1 = time.perf_counter()
@@ -252,9 +241,6 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     t0 = time.perf_counter()
     ld = math.log(float(delta))
     eps0 = mech.eps0
-    if eps0 < EPS0_TINY:
-        tiny = {"capped_by_ldp": True, "worst_dataset": "none computed", "rtol": rtol}
-        return _LABEL.result(_ldp_epsilon(mech, ld), ld, t0, tiny, _TINY_NOTE, (0.0, ld))
     top = eps0 * (1.0 - 1e-12)
     hint = ld
     g = mech.krr.gamma

@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup, TyperOption
 
-from shufflekit.accountant.core import EPS0_MAX
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.app.render import err_console
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
 
@@ -67,9 +67,10 @@ def refuse(message: str) -> NoReturn:
 
 
 def check_eps0(eps0: float, flag: str = "--eps0") -> float:
-    """Refuse an eps0 no round can have: k-RR needs e^eps0 in a float (0 < eps0 <= 700)."""
-    if not (math.isfinite(eps0) and 0 < eps0 <= EPS0_MAX):
-        refuse(f"{flag} must be a finite number in (0, {EPS0_MAX:g}], got {eps0:g}")
+    """Refuse an eps0 no round can have: k-RR needs e^eps0 in a float, and not 1 (1e-6 <=
+    eps0 <= 700)."""
+    if not (math.isfinite(eps0) and EPS0_MIN <= eps0 <= EPS0_MAX):
+        refuse(f"{flag} must be a finite number in [{EPS0_MIN:g}, {EPS0_MAX:g}], got {eps0:g}")
     return eps0
 
 

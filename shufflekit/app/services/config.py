@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.app.rounds import RoundParams
 from shufflekit.app.services.keys import KeyFiles
@@ -91,7 +92,9 @@ class CoordinatorSettings(_Section):
     """`[coordinator]`: the rounds it runs and where the others' public keys are."""
 
     k: int | None = Field(default=None, ge=2, le=65535, description="categories (k-RR)")
-    eps0: float = Field(gt=0, allow_inf_nan=False, description="local epsilon per report")
+    eps0: float = Field(
+        ge=EPS0_MIN, le=EPS0_MAX, allow_inf_nan=False, description="local epsilon per report"
+    )
     mechanism: Literal["krr", "bits"] = Field(
         default="krr", description="krr (k-RR over k values) or bits (L-bit records)"
     )
