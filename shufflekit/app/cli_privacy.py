@@ -321,21 +321,26 @@ def _epsilon_of_rounds(
         refuse("give either --round (repeatable) or --from-ledger, not both")
     model, mode = "tight", "planned"
     ledger_spent = None
+    cache = None
     if ledger_url is not None:
-        charges, model, mode, budget_delta, ledger_spent = cli_rounds.ledger_rounds(
-            ledger_url, deployment
+        held = cli_rounds.ledger_rounds(ledger_url, deployment)
+        model, mode, ledger_spent, cache = (
+            held.cost_model,
+            held.mode,
+            held.epsilon_spent,
+            held.curves,
         )
-        parsed: list[tuple[Any, int]] = [(c, 1) for c in charges]
+        parsed: list[tuple[Any, int]] = [(c, 1) for c in held.charges]
         if delta is None:
-            delta = budget_delta
-        elif delta != budget_delta:
+            delta = held.delta
+        elif delta != held.delta:
             ledger_spent = None  # the ledger's own figure is at its budget's delta
     else:
         parsed = [cli_rounds.parse_round(sp) for sp in specs]
     if delta is None:
         refuse("give --delta")
     with working("epsilon of the rounds", quiet=json_out):
-        row = cli_rounds.rounds_row(parsed, delta, model, mode)
+        row = cli_rounds.rounds_row(parsed, delta, model, mode, cache)
     if ledger_url is not None:
         row |= {"deployment": deployment, "ledger_epsilon_spent": ledger_spent}
     kinds = ", ".join(

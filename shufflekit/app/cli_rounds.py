@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from shufflekit.accountant import bits, composition, tight
 from shufflekit.accountant.core import Mechanism, Soundness, check_delta
+from shufflekit.accountant.curves import CurveCache
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.policy import charges_epsilon
 from shufflekit.accountant.round_types import RoundType
@@ -48,16 +50,32 @@ def parse_round(spec: str) -> tuple[Charge, int]:
     return (RoundType(kind, size, float(mech.eps0)), n), count
 
 
-def ledger_rounds(url: str | None, deployment: str) -> tuple[list[Charge], str, str, float, float]:
-    """(committed rounds as the ledger charges them, cost model, mode, budget delta, the
-    ledger's own spent epsilon) of a deployment; LedgerNotFound / LedgerError if none."""
+@dataclass(frozen=True)
+class LedgerRounds:
+    """A deployment's committed rounds as its ledger charges them, and what it says of them."""
+
+    charges: list[Charge]
+    cost_model: str
+    mode: str
+    delta: float  # the budget's
+    epsilon_spent: float  # the ledger's own figure, at the budget's delta
+    curves: CurveCache  # the ledger's stored curves: composing them again is fast
+
+
+LOWER_MAX_KINDS = 20  # distinct rounds the composed attack is computed for
+
+
+def ledger_rounds(url: str | None, deployment: str) -> LedgerRounds:
+    """The committed rounds of a deployment (`LedgerRounds`); LedgerNotFound / LedgerError if
+    none."""
     try:
         led = Ledger(ledger_url(url), create=False)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment) from None
     st = led.status(deployment)
     charges = [r.charge for r in st.rounds if r.status == "committed"]
-    return charges, st.cost_model, st.budget.mode, st.budget.delta_total, st.epsilon_spent
+    b = st.budget
+    return LedgerRounds(charges, st.cost_model, b.mode, b.delta_total, st.epsilon_spent, led.curves)
 
 
 def _mech(c: Charge) -> RoundMech:
@@ -76,10 +94,16 @@ def _krr_lower(mechs: list[Mechanism], counts: list[int], delta: float) -> float
 
 
 def rounds_row(
-    rounds: list[tuple[Charge, int]], delta: float, model: str = "tight", mode: str = "planned"
+    rounds: list[tuple[Charge, int]],
+    delta: float,
+    model: str = "tight",
+    mode: str = "planned",
+    cache: CurveCache | None = None,
 ) -> dict[str, Any]:
     """The epsilon row (keys of `cli_privacy.ROW_KEYS`, plus `round_list`) of the rounds,
-    charged by `policy.charges_epsilon` exactly as the ledger charges them."""
+    charged by `policy.charges_epsilon` exactly as the ledger charges them (from the ledger's
+    stored curves, `cache`, when they come from one). The composed attack (a lower bound) is
+    left out beyond `LOWER_MAX_KINDS` distinct rounds: it composes every one afresh."""
     t0 = time.perf_counter()
     delta = check_delta(delta)
     if not rounds:
@@ -88,12 +112,12 @@ def rounds_row(
     for c, k in rounds:
         grouped[c] += k
     charges = [c for c, k in grouped.items() for _ in range(k)]
-    eps = charges_epsilon(model, charges, delta, mode=mode)
+    eps = charges_epsilon(model, charges, delta, mode=mode, cache=cache)
     mechs = [_mech(c) for c in grouped]
     counts = list(grouped.values())
     krr = [m for m in mechs if isinstance(m, Mechanism)]
     lower: float | None = None
-    if model == "tight" and len(krr) == len(mechs):
+    if model == "tight" and len(krr) == len(mechs) <= LOWER_MAX_KINDS:
         try:
             lower = _krr_lower(krr, counts, delta)
         except AccountantError:  # the lower bound is extra information: never fail on it
@@ -103,6 +127,8 @@ def rounds_row(
     if model == "tight":
         note += f", {how}, capped by the sum of eps0"
     note += "; lower bound: the composed attack" if lower is not None else ""
+    if len(mechs) > LOWER_MAX_KINDS:
+        note += f"; lower bound: not computed for more than {LOWER_MAX_KINDS} distinct rounds"
     return {
         "method": model,
         "soundness": Soundness.SOUND_UPPER.value,
