@@ -8,8 +8,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner, Result
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.cli import app
+from tests.cli_run import run_cli_tty
 
 
 def budget(args: list[str], state: Path, stdin: str | None = None) -> Result:
@@ -120,3 +121,19 @@ async def test_rounds_lists_running_and_recent_with_the_broker_announcement(
     assert data["announced"]["n_min"] == 10
     r = CliRunner().invoke(app, ["rounds", "--json"], env={"SHUFFLEKIT_STATE": str(tmp_path)})
     assert r.exit_code == 0 and [x["round_id"] for x in json.loads(r.stdout)["running"]] == ["r3"]
+
+
+def test_round_ids_stay_whole_on_an_80_column_terminal(tmp_path: Path) -> None:
+    """`budget refund` takes a round id from `budget status` or `budget history`: on an
+    80-column terminal both cut the ids ("r1795776101-d07a7…") and the numbers beside them."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    led = Ledger(url)
+    led.init_budget(Budget("default", 10.0, 1e-6, n_min=1000))
+    ids = [f"r1795776101-d07a7{i:03d}" for i in range(2)]
+    for rid in ids:
+        led.reserve("default", rid, 10, 2.0)
+        led.commit("default", rid, 2000)
+    for command in ("status", "history"):
+        out = run_cli_tty(["budget", command, "--ledger", url], tmp_path, columns=80).stdout
+        assert all(rid in out for rid in ids), out
+        assert "…" not in out, out  # folded where too narrow, never cut

@@ -156,10 +156,10 @@ def status(
     for line in _policy_lines(st):
         _say(line)
     t = Table()
-    t.add_column("round", no_wrap=True)  # ids are needed whole for `refund`
-    t.add_column("status", no_wrap=True)
-    for col in ("slot", "type", "n", "batch", "epsilon alone", "published"):
-        t.add_column(col, no_wrap=True)
+    widest = max((len(r.round_id) for r in st.rounds), default=5)
+    t.add_column("round", no_wrap=True, min_width=widest)  # whole: `budget refund` takes it
+    for col in ("status", "slot", "type", "n", "batch", "epsilon alone", "published"):
+        t.add_column(col, overflow="fold")  # these fold on a narrow terminal, the id never
     for r in st.rounds:
         t.add_row(
             r.round_id,
@@ -187,8 +187,10 @@ def history(
         print_json({"deployment": deployment, "history": rows})
         return
     t = Table()
+    widest = max((len(r["round_id"] or "-") for r in rows), default=5)
     for col in ("when (UTC)", "round", "who", "action", "decision", "detail"):
-        t.add_column(col)
+        whole = col == "round"  # ids are needed whole (`budget refund`)
+        t.add_column(col, no_wrap=whole, min_width=widest if whole else None, overflow="fold")
     for r in rows:
         when = dt.datetime.fromtimestamp(r["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(
