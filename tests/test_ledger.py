@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 
@@ -408,3 +409,19 @@ def test_the_ledger_stamps_and_expires_by_its_clock(ledger_url: str) -> None:
     assert [h["at"] for h in history] == [1_000.0, 1_000.0, 1_059.0, 1_061.0, 1_061.0]
     assert [h["action"] for h in history] == ["init", "reserve", "reserve", "expire", "reserve"]
     assert history[-2]["detail"] == {"at": 1_061.0}
+
+
+def test_the_ledger_api_refuses_values_no_round_can_have(tmp_path: Path) -> None:
+    """A NaN batch size committed the round with no batch size; k = 10.7 was recorded as 10
+    (its audit row said 10.7); k = 10**9 passed where the CLI and the wire stop at 65535."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=10))
+    for k in (10.7, 10**9, True, 1):
+        with pytest.raises(InvalidParameters):
+            led.reserve("d", f"k{k}", k, 1.0)  # type: ignore[arg-type]
+    led.reserve("d", "r1", np.int64(10), 1.0)  # type: ignore[arg-type]
+    for size in (float("nan"), 1000.5, -1, "1000"):
+        with pytest.raises(InvalidParameters):
+            led.commit("d", "r1", size)  # type: ignore[arg-type]
+    assert led.rounds_of("d")[0].status == "reserved"  # nothing changed
+    assert led.commit("d", "r1", np.int64(20)).batch_size == 20  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -40,11 +41,14 @@ from shufflekit.accountant.rdp_filter import inf_budget
 from shufflekit.accountant.round_types import (
     KRR,
     RoundType,
+    ScheduleEntry,
+    check_entry,
     schedule_to_json,
     slot_type,
 )
 from shufflekit.base.errors import (
     BudgetExceeded,
+    InvalidParameters,
     LedgerBusy,
     LedgerError,
     ScheduleViolation,
@@ -128,8 +132,9 @@ class Ledger(LedgerStore):
         """Record the round as reserved at its pessimistic population size, or BudgetExceeded
         (ScheduleViolation when a planned budget's schedule fixes another type for its slot).
         `k` is the mechanism's size (k of k-RR, L of `bits:L`)."""
-        rt = RoundType(mechanism, int(k), float(eps0))
+        rt = RoundType(mechanism, _integer("k", k), float(eps0))
         mechanism_cost(mechanism)  # InvalidParameters for a tag nobody can charge
+        check_entry(ScheduleEntry(rt, None))  # k, L and eps0 in the ranges a round can have
         for attempt in range(ATTEMPTS):
             last = attempt == ATTEMPTS - 1  # the state kept changing: decide under the lock
             if not last:
@@ -294,10 +299,13 @@ class Ledger(LedgerStore):
         """Charge a released round with its real batch size (never more than reserved), storing
         its `result` (the text to publish) in the same transaction. Idempotent: a retried commit
         changes nothing (the first stored result stays; read it with `stored_result`).
+        `batch_size` is an integer (InvalidParameters otherwise: NaN slipped through and left
+        the round committed with no batch size).
 
         `basis`: the `quote_commit` basis the result's totals were priced on. If another round
         was committed since, `StaleQuote` (nothing changes): the result would state a total
         below the truth, so its caller prices it again."""
+        batch_size = _integer("batch_size", batch_size)
         for attempt in range(ATTEMPTS):
             last = attempt == ATTEMPTS - 1  # the state kept changing: compute under the lock
             if not last:
@@ -469,3 +477,17 @@ def first_free_slot(counted: Sequence[RoundRecord]) -> int:
     held = {r.slot for r in counted if r.slot is not None}
     free = [i for i in range(len(counted) + 1) if i not in held]
     return free[sum(r.slot is None for r in counted)]  # older rounds (no slot): the first ones
+
+
+def _integer(name: str, value: object) -> int:
+    """`value` as an int (numpy integers too); InvalidParameters for a float, NaN, a bool or a
+    negative number."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidParameters(f"{name} must be an integer, got {value!r}") from None
+    if n < 0:
+        raise InvalidParameters(f"{name} must be >= 0, got {n}")
+    return n
