@@ -121,3 +121,16 @@ def test_from_ledger_composes_from_the_ledgers_stored_curves(
     assert row["epsilon"] == spent == row["ledger_epsilon_spent"]
     assert given and all(c is not None for c in given)  # the ledger's curves, not afresh
     assert row["lower_bound"] is None and "not computed" in row["note"]
+
+
+def test_round_counts_are_read_as_written_like_n() -> None:
+    """`--n 1e4` was accepted and `--round 1e4,10,1` refused: counts read alike everywhere."""
+    code, written = run("--round", "1e4,10,1", "--round", "2e3,10,1,2", "--delta", "1e-6", "--json")
+    assert code == 0, written
+    code, plain = run(
+        "--round", "10000,10,1", "--round", "2000,10,1,2", "--delta", "1e-6", "--json"
+    )
+    assert code == 0, plain
+    assert json.loads(written)["epsilon"] == json.loads(plain)["epsilon"]
+    code, out = run("--round", "1e4.5,10,1", "--delta", "1e-6")
+    assert code == 2 and "whole numbers" in out

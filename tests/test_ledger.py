@@ -425,3 +425,11 @@ def test_the_ledger_api_refuses_values_no_round_can_have(tmp_path: Path) -> None
             led.commit("d", "r1", size)  # type: ignore[arg-type]
     assert led.rounds_of("d")[0].status == "reserved"  # nothing changed
     assert led.commit("d", "r1", np.int64(20)).batch_size == 20  # type: ignore[arg-type]
+
+
+def test_an_n_min_the_ledger_cannot_store_is_refused_on_every_backend(tmp_path: Path) -> None:
+    """n_min = 3e9 was accepted by SQLite and refused by PostgreSQL ("integer out of range")."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    with pytest.raises(InvalidParameters, match="n_min must be at most"):
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=3_000_000_000))
+    assert not led.has_budget("d")

@@ -29,6 +29,7 @@ from shufflekit.accountant.round_types import (
 from shufflekit.base.errors import InvalidParameters
 
 COUNTED = ("reserved", "committed")
+MAX_N_MIN = 2**31 - 1  # the ledger stores n_min (and batch sizes) in 32-bit integer columns
 
 # the names a coordinator accepts (shufflekit.core.topics.check_name): a budget must be usable
 _DEPLOYMENT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -211,6 +212,8 @@ def check_budget(b: Budget) -> None:
         raise InvalidParameters(f"budget epsilon must be > 0, got {b.epsilon_total}")
     if not 0 < b.delta_total < 1:
         raise InvalidParameters(f"budget delta must be in (0, 1), got {b.delta_total}")
+    if b.n_min > MAX_N_MIN:  # the ledger's columns are 32-bit integers (PostgreSQL refused)
+        raise InvalidParameters(f"n_min must be at most {MAX_N_MIN:,}, got {b.n_min:,}")
     if b.max_corrupt < 0 or b.n_min - b.max_corrupt < 1:
         raise InvalidParameters(
             f"n_min ({b.n_min}) must exceed max_corrupt ({b.max_corrupt}) by at least 1"

@@ -17,12 +17,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import typer
+
 from shufflekit.accountant import bits, composition, tight
 from shufflekit.accountant.core import Mechanism, Soundness, check_delta
 from shufflekit.accountant.curves import CurveCache
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.policy import charges_epsilon
 from shufflekit.accountant.round_types import RoundType
+from shufflekit.app.cli_common import count as count_of_people
 from shufflekit.app.state import ledger_url
 from shufflekit.base.errors import AccountantError, InvalidParameters, LedgerNotFound
 
@@ -35,13 +38,14 @@ def parse_round(spec: str) -> tuple[Charge, int]:
     parts = [p.strip() for p in str(spec).split(",")]
     if len(parts) not in (3, 4):
         raise InvalidParameters(f"--round takes N,K,EPS0[,COUNT] (K may be bits:L), got {spec!r}")
-    try:
-        n = int(parts[0])
+    try:  # counts as `--n` takes them: 10000, 10_000 or 1e4
+        n = count_of_people(parts[0])
         eps0 = float(parts[2])
-        count = int(parts[3]) if len(parts) == 4 else 1
-    except ValueError:
+        count = count_of_people(parts[3]) if len(parts) == 4 else 1
+    except (ValueError, typer.BadParameter):
         raise InvalidParameters(
-            f"--round takes N,K,EPS0[,COUNT] with integers N, COUNT and a number EPS0, got {spec!r}"
+            f"--round takes N,K,EPS0[,COUNT] with whole numbers N, COUNT (1e4 is fine) and a "
+            f"number EPS0, got {spec!r}"
         ) from None
     if count < 1:
         raise InvalidParameters(f"--round COUNT must be >= 1, got {count} in {spec!r}")
