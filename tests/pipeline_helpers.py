@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from shufflekit.client.agent import build_envelope
 from shufflekit.client.population import Population
-from shufflekit.core.crypto import LAYER_OVERHEAD
+from shufflekit.core.crypto import LAYER_OVERHEAD, KeyPair
 from shufflekit.core.messages import Announcement
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
@@ -17,6 +19,21 @@ def population(n: int, k: int, seed: int = 1) -> tuple[Population, list[int]]:
     """n users with values spread over k categories; returns the true histogram too."""
     values = np.random.default_rng(seed).integers(0, k, size=n)
     return Population(values.tolist()), np.bincount(values, minlength=k).tolist()
+
+
+def mix0_announcement(mix: KeyPair, analyzer: KeyPair, close_at: int | None) -> Announcement:
+    """Round r1 of deployment t (k = 4, one mix, n_min 1, a minute to go) for mix 0 alone."""
+    return Announcement(
+        deployment="t",
+        round_id="r1",
+        k=4,
+        eps0=1.0,
+        n_min=1,
+        deadline=time.time() + 60,
+        mix_keys=[mix.public_b64()],
+        analyzer_key=analyzer.public_b64(),
+        close_at=close_at,
+    )
 
 
 async def hostile_traffic(conn: Transport, ann: Announcement) -> dict[str, int]:

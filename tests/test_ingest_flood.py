@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Sequence
 
 from shufflekit.app.hops import HopRunner
@@ -22,7 +21,7 @@ from shufflekit.core.spool import Arrival, Spool, digest_key
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
 from shufflekit.shuffler.mix import MAX_ONIONS_PER_CLIENT, MixNode, MixOutcome
-from tests.pipeline_helpers import hostile_traffic
+from tests.pipeline_helpers import hostile_traffic, mix0_announcement
 
 HONEST = 5
 FLOOD = 300
@@ -40,17 +39,8 @@ class CountingPeeler(InlinePeeler):
 
 
 def _announcement(mix: KeyPair, analyzer: KeyPair) -> Announcement:
-    return Announcement(
-        deployment="t",
-        round_id="r1",
-        k=4,
-        eps0=1.0,
-        n_min=1,
-        deadline=time.time() + 60,
-        mix_keys=[mix.public_b64()],
-        analyzer_key=analyzer.public_b64(),
-        close_at=HONEST + 1,  # the flooder's first report counts, as any client's does
-    )
+    # the flooder's first report counts, as any client's does
+    return mix0_announcement(mix, analyzer, close_at=HONEST + 1)
 
 
 async def test_a_flood_from_one_account_is_refused_before_the_spool() -> None:

@@ -18,34 +18,20 @@ from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
 from shufflekit.core.wire import REPORT_SIZE, Envelope
 from shufflekit.shuffler.mix import MixNode
-from tests.pipeline_helpers import hostile_traffic
-
-
-def _announcement(mix: KeyPair, analyzer: KeyPair, close_at: int | None) -> Announcement:
-    return Announcement(
-        deployment="t",
-        round_id="r1",
-        k=4,
-        eps0=1.0,
-        n_min=1,
-        deadline=time.time() + 60,
-        mix_keys=[mix.public_b64()],
-        analyzer_key=analyzer.public_b64(),
-        close_at=close_at,
-    )
+from tests.pipeline_helpers import hostile_traffic, mix0_announcement
 
 
 def test_announcement_without_close_at_is_the_old_wire_format() -> None:
     mix, ana = KeyPair.generate(), KeyPair.generate()
-    ann = _announcement(mix, ana, None)
+    ann = mix0_announcement(mix, ana, None)
     assert b"close_at" not in ann.to_bytes()
-    assert Announcement.from_bytes(_announcement(mix, ana, 7).to_bytes()).close_at == 7  # type: ignore[union-attr]
+    assert Announcement.from_bytes(mix0_announcement(mix, ana, 7).to_bytes()).close_at == 7  # type: ignore[union-attr]
 
 
 async def test_mix0_closes_at_the_target_and_ignores_what_comes_after() -> None:
     broker = MemoryBroker()
     mix_key, ana = KeyPair.generate(), KeyPair.generate()
-    ann = _announcement(mix_key, ana, close_at=5)
+    ann = mix0_announcement(mix_key, ana, close_at=5)
     node = MixNode(broker.connect(), "t", 0, mix_key)
     topics = Topics("t")
     ready = asyncio.Event()
@@ -66,7 +52,7 @@ async def test_mix0_closes_at_the_target_and_ignores_what_comes_after() -> None:
 
 def test_pool_decides_as_inline_and_as_plain_crypto() -> None:
     mix_key, ana = KeyPair.generate(), KeyPair.generate()
-    ann = _announcement(mix_key, ana, None)
+    ann = mix0_announcement(mix_key, ana, None)
     enrol, forger = EnrollmentKey.generate(), EnrollmentKey.generate()
     verifier_pub = enrol.public_b64()
     payloads = []

@@ -10,13 +10,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.rounds import (
-    COORDINATOR_HOP,
-    HopOutcome,
-    RoundTopics,
-    aborted_elsewhere,
-    next_message,
-)
+from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
 from shufflekit.base.errors import ConfigError, InvalidReport, RoundSuspended, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Announcement, Ready
@@ -139,8 +133,7 @@ class HopRunner:
     def _abandoned(self, round_id: str, abort: Abort) -> HopOutcome | None:
         """The outcome of a round another hop (or the coordinator) aborted: what this node
         counted before it stopped, with the abort's reason, logged in one line."""
-        who = "the coordinator" if abort.hop == COORDINATOR_HOP else f"hop {abort.hop}"
-        reason = f"aborted by {who}: {abort.reason}"
+        reason = f"aborted by {abort.source}: {abort.reason}"
         out = self.node.abandoned(round_id)
         if out is None:
             log.info("%s: round %s was %s", self.name, round_id, reason)

@@ -133,9 +133,14 @@ class Abort(_Control):
     """Hop `hop` released nothing for this round; `reason` says why."""
 
     round_id: Name
-    hop: int = Field(ge=-1, le=MAX_HOPS)
+    hop: int = Field(ge=-1, le=MAX_HOPS)  # -1: the coordinator
     reason: Text
     received: int = Field(default=0, ge=0)
+
+    @property
+    def source(self) -> str:
+        """Who aborted the round, for people: "the coordinator" or "hop I"."""
+        return "the coordinator" if self.hop < 0 else f"hop {self.hop}"
 
 
 class Result(_Control):
