@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     eps0_cases = EPS0_CASES[:QUICK] if args.quick else EPS0_CASES
     n_cases = N_CASES[:1] if args.quick else N_CASES
     lines = [
-        "calibration: scaling-law start vs the old start (eps0 = epsilon/rounds; n = 1,000)",
+        "calibration: the Gaussian law's start vs the old start (eps0 = epsilon/rounds; n = 1,000)",
         f"{platform.python_version()} on {platform.machine()}; {load_line()}",
         f"{'case':<34} {'answer':>10} {'evals':>6} {'old evals':>9} {'s':>7} {'old s':>7} "
         f"{'ratio':>6}",
