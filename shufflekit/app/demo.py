@@ -257,8 +257,8 @@ async def run_demo(
             rep = await dep.run_round(params, population, progress=cb)
         except ScheduleViolation as exc:
             raise ScheduleViolation(
-                f"{exc}; the demo's budget here was made for the first demo's rounds: give "
-                "this one a deployment of its own (--deployment NAME) or another --ledger"
+                f"{exc}; this deployment's planned budget fixes other rounds than the demo's: "
+                "give the demo a deployment of its own (--deployment NAME) or another --ledger"
             ) from None
         except BudgetExceeded as exc:
             refused = str(exc)
