@@ -6,6 +6,7 @@ SIGTERM cannot cut the cleanup short."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -22,7 +23,10 @@ from shufflekit.app.loadtest.run import _check_stack, _signals_held, _writable
 from shufflekit.app.loadtest.stack import LoadTestFailed
 from shufflekit.base.errors import ConfigError
 
-pytest.importorskip("locust")
+# never import locust here: it patches threading with gevent, and the test worker hangs
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None, reason="the load test needs Locust"
+)
 
 
 @pytest.mark.parametrize(
