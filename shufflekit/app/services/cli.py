@@ -109,10 +109,9 @@ def keys_enroll(
 
     Lines are never wrapped (safe to redirect); --json prints one object instead.
 
-    A credential is the client's own key and its certificate: keep it secret on the client.
-    The client signs each report with it for that round only; mix 0 checks the signature and
-    the certificate against the enrollment public key and accepts at most one report per
-    client and round.
+    A credential is the client's own key with its certificate: keep it secret on the client.
+
+    Each report carries the client's signature for that round; mix 0 counts one per client.
     """
     import base64
 
