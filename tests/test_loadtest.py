@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -248,3 +249,25 @@ def test_sigterm_takes_the_whole_stack_down(tmp_path: Path) -> None:
             os.killpg(p.pid, signal.SIGKILL)
         for pid in [int(ln.split()[0]) for ln in _session(p.pid)]:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_port_taken_before_mosquitto_binds_it_is_given_up_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """free_port() then Mosquitto's bind race: another listener took the port in between, its
+    answer passed for Mosquitto's ("mix0 did not start: TLS handshake failed" a minute later).
+    Mosquitto exits ("Address already in use") and the broker starts on another port."""
+    require_secure_broker()
+    from shufflekit.app.loadtest import broker as broker_module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = broker_module.free_port
+        monkeypatch.setattr(broker_module, "free_port", lambda: next(ports, None) or real())
+        b = broker_module.start_broker(tmp_path, 1, tls=False)
+        try:
+            assert b.port != taken.getsockname()[1] and b.proc.poll() is None
+        finally:
+            b.stop()

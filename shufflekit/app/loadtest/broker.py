@@ -126,6 +126,9 @@ class Broker:
                 self.proc.wait(10)
 
 
+PORT_ATTEMPTS = 3  # ports tried before giving up
+
+
 def start_broker(folder: Path, mixes: int, *, tls: bool = True) -> Broker:
     """Mosquitto on a free loopback port with accounts and ACL; TLS unless `tls` is False."""
     binary, passwd_bin = _binary("mosquitto"), _binary("mosquitto_passwd")
@@ -138,7 +141,6 @@ def start_broker(folder: Path, mixes: int, *, tls: bool = True) -> Broker:
     subprocess.run([passwd_bin, "-U", str(passwd)], check=True, capture_output=True, timeout=30)
     acl = folder / "acl"
     acl.write_text(acl_for(mixes, (DEPLOY / "acl").read_text()))
-    port = free_port()
     conf = [
         "per_listener_settings false",
         "allow_anonymous false",
@@ -152,7 +154,7 @@ def start_broker(folder: Path, mixes: int, *, tls: bool = True) -> Broker:
         "log_type warning",
         # started as root, Mosquitto switches to this user: the current one, who owns the files
         f"user {pwd.getpwuid(os.getuid()).pw_name}",
-        f"listener {port} 127.0.0.1",
+        "listener PORT 127.0.0.1",
         "protocol mqtt",
     ]
     ca_path = None
@@ -174,17 +176,33 @@ def start_broker(folder: Path, mixes: int, *, tls: bool = True) -> Broker:
             "tls_version tlsv1.2",
             "require_certificate false",
         ]
-    (folder / "mosquitto.conf").write_text("\n".join(conf) + "\n")
     log = folder / "mosquitto.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([binary, "-c", str(folder / "mosquitto.conf")], stderr=out)
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        if proc.poll() is not None:
+    for _ in range(PORT_ATTEMPTS):  # a port found free may be taken before Mosquitto binds it
+        port = free_port()
+        text = "\n".join(conf).replace("listener PORT", f"listener {port}") + "\n"
+        (folder / "mosquitto.conf").write_text(text)
+        with log.open("wb") as out:
+            proc = subprocess.Popen([binary, "-c", str(folder / "mosquitto.conf")], stderr=out)
+        if _listening(proc, port):
+            return Broker(port, tls, ca_path, passwords, proc, log, roles)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+            raise TransportError(f"mosquitto did not listen on port {port} within 10 s")
+        if "in use" not in log.read_text():
             raise TransportError(f"mosquitto exited at start: {log.read_text()[-500:]}")
+    raise TransportError(f"mosquitto found no free port in {PORT_ATTEMPTS} tries")
+
+
+def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
+    """Whether `proc` (Mosquitto) listens on `port`: the port answers and Mosquitto is still up
+    a moment later (another listener on a port taken meanwhile answers too, while Mosquitto
+    exits: "Address already in use"). False if it exits or does not listen within 10 s."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end and proc.poll() is None:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return Broker(port, tls, ca_path, passwords, proc, log, roles)
+                time.sleep(0.3)
+                return proc.poll() is None
         time.sleep(0.05)
-    proc.kill()
-    raise TransportError(f"mosquitto did not listen on port {port} within 10 s")
+    return False
