@@ -154,13 +154,13 @@ class Ledger(LedgerStore):
                         plan = self._reserve_plan(b, counted, rt, b.n_min - b.max_corrupt)
                 elif b2 != b or _state(counted2) != _state(counted):
                     continue  # changed while we computed: compute again
-                n_acc = b.n_min - b.max_corrupt
+                n_acc, slot = b.n_min - b.max_corrupt, first_free_slot(counted)
                 params = {
                     "mechanism": mechanism,
-                    "k": k,
+                    "k": rt.size,
                     "eps0": eps0,
                     "n_accounted": n_acc,
-                    "slot": first_free_slot(counted),
+                    "slot": slot,
                     **plan["costs"],
                 }
                 refusal: BudgetExceeded | None = plan["refusal"]
@@ -168,7 +168,7 @@ class Ledger(LedgerStore):
                     self._audit(conn, deployment, round_id, actor, "reserve", "refused", params)
                 else:
                     return self._insert_reserved(
-                        conn, b, round_id, rt, n_acc, first_free_slot(counted), plan, actor, params
+                        conn, b, round_id, rt, n_acc, slot, plan, actor, params
                     )
             raise refusal  # raised after the refusal's audit row is committed
         raise LedgerBusy(

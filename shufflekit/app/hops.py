@@ -117,18 +117,12 @@ class HopRunner:
                     watcher.cancel()
                 if work.done():
                     return work.result()
-                abort = watcher.result()
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
+                await _cancelled(work)  # its counts are final once it has stopped
                 self.node.spool.finish(ann.round_id, None)
-                return self._abandoned(ann.round_id, abort)
+                return self._abandoned(ann.round_id, watcher.result())
             finally:
-                if not work.done():
-                    work.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await work
-                self.node.abandoned(ann.round_id)
+                await _cancelled(work)
+                self.node.abandoned(ann.round_id)  # forget a cancelled round's counts
 
     def _abandoned(self, round_id: str, abort: Abort) -> HopOutcome | None:
         """The outcome of a round another hop (or the coordinator) aborted: what this node
@@ -259,3 +253,11 @@ class HopRunner:
             log.error("%s: not serving round %s: %s", self.name, ann.round_id, reason)
             return None
         return ann
+
+
+async def _cancelled(task: asyncio.Task[HopOutcome]) -> None:
+    """Cancel `task` unless it is done, and wait until it has stopped."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

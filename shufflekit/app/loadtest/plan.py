@@ -50,10 +50,14 @@ class LoadSettings:
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
-        if self.dropout + self.stragglers + self.bad_fraction >= 1.0:
-            raise ConfigError("dropouts, stragglers and bad reports leave no good client")
         if self.users < 1 or self.rounds < 1 or self.connections < 1:
             raise ConfigError("--users, --rounds and the connections must be at least 1")
+        fractions = self.dropout + self.stragglers + self.bad_fraction
+        if fractions >= 1.0 or self.counts()["good"] < 1:  # the latter after rounding
+            raise ConfigError(
+                f"with {self.users:,} users, dropouts, stragglers and bad reports leave no good "
+                "client"
+            )
         if self.users > MAX_USERS:
             raise ConfigError(
                 f"--users must be at most {MAX_USERS:,} a round here (each connection plans "
@@ -61,11 +65,6 @@ class LoadSettings:
             )
         if not 0 <= self.ramp < math.inf:
             raise ConfigError("--ramp must be a finite number of seconds >= 0")
-        if self.counts()["good"] < 1:
-            raise ConfigError(
-                f"with {self.users:,} users, dropouts, stragglers and bad reports leave no good "
-                "client"
-            )
 
     def write(self, path: Path) -> None:
         """Save for the workers (mode 0600: it may hold the broker password)."""
