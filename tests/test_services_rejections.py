@@ -51,6 +51,9 @@ def run_enrolled_clients(broker: str, key: Path, users: int, bad: float) -> dict
     return out
 
 
+FLOOD = 30  # evil-1's reports past its first two
+
+
 def hostile(ann: Announcement, key: EnrollmentKey) -> tuple[list[bytes], Counter[str], int]:
     """Attack traffic: (payloads in order, what mix 0 must reject by reason, how many of them
     mix 0 must accept but the analyzer reject)."""
@@ -84,8 +87,11 @@ def hostile(ann: Announcement, key: EnrollmentKey) -> tuple[list[bytes], Counter
         build_envelope("evil-5", 0, ann),  # no credential (version-1 envelope)
         wrap_envelope("evil-6", garbage_inside, ann, cred("evil-6")),
         wrap_envelope("evil-7", wrong_k_onion, ann, cred("evil-7")),
+        # a flood of distinct reports under one enrolled id: refused before mix 0's spool
+        *(build_envelope("evil-1", i % ann.k, ann, cred("evil-1")) for i in range(FLOOD)),
     ]
     expected = Counter(
+        client_flood=FLOOD,
         replayed=1,
         duplicate_client=1,
         wrong_round=1,
