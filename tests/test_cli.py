@@ -72,6 +72,22 @@ def test_demo_table_and_budget_refusal(tmp_path: Path) -> None:
     assert [h["decision"] for h in json.loads(r.stdout)["history"]][-1] == "refused"
 
 
+def test_a_demo_that_released_nothing_says_why_and_fails(tmp_path: Path) -> None:
+    """Below the budget's n_min every round aborts: each says so in words (not a Python dict)
+    and the command exits 1, on the table and with --json; a released round exits 0."""
+    led = f"sqlite:///{tmp_path / 'l.db'}"
+    init = ["budget", "init", "--epsilon", "5", "--delta", "1e-6", "--n-min", "50"]
+    assert run([*init, "--ledger", led], tmp_path).returncode == 0
+    demo = ["demo", "--users", "10", "--rounds", "2", "--seed", "1", "--ledger", led]
+    r = run(demo, tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.count("released nothing (hop 0: 10 reports, below the release") == 2
+    assert "{" not in r.stdout and "no round released anything" in r.stderr
+    r = run([*demo, "--json"], tmp_path)
+    assert r.returncode == 1 and not any(x["released"] for x in json.loads(r.stdout)["rounds"])
+    assert run(["demo", "--users", "60", "--ledger", led], tmp_path).returncode == 0
+
+
 def test_clear_errors_and_nothing_written(tmp_path: Path) -> None:
     r = run(
         [

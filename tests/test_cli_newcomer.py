@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import inspect
 import json
 import math
 import re
@@ -55,17 +56,29 @@ def test_flags_show_no_bool_placeholder(command: list[str]) -> None:
     assert "--help" in result.output
 
 
-def test_every_command_summary_is_one_line() -> None:
-    """A command list shows each command's first paragraph with its line breaks kept (rich
-    mode): a summary wrapped in the source prints cut mid-sentence, so it must be one line."""
-    todo: list[tuple[str, click.Command]] = [("shufflekit", typer.main.get_command(app))]
-    wrapped = []
+def _command_tree() -> list[tuple[list[str], click.Command]]:
+    todo: list[tuple[list[str], click.Command]] = [([], typer.main.get_command(app))]
+    out = []
     while todo:
         path, command = todo.pop()
-        todo += [(f"{path} {n}", c) for n, c in getattr(command, "commands", {}).items()]
-        if "\n" in (command.help or "").strip().split("\n\n")[0]:
-            wrapped.append(path)
-    assert not wrapped
+        out.append((path, command))
+        todo += [([*path, n], c) for n, c in getattr(command, "commands", {}).items()]
+    return out
+
+
+def test_every_help_paragraph_prints_as_one_paragraph() -> None:
+    """typer 0.29 prints a docstring's line breaks after its first paragraph as they are in
+    the source, so a paragraph wrapped at 100 columns printed ragged on any terminal: each
+    paragraph of every command's help must print whole on a wide terminal."""
+    ragged = []
+    for path, command in _command_tree():
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "1000"}).output
+        lines = [" ".join(line.split()) for line in out.splitlines()]
+        for paragraph in inspect.cleandoc(command.help or "").split("\n\n"):
+            want = " ".join(paragraph.replace("\\[", "[").split())  # \\[: rich's escape
+            if not any(want in line for line in lines):
+                ragged.append(f"{' '.join(path)}: {paragraph[:40]!r}")
+    assert not ragged
 
 
 def test_no_rich_markup_in_the_cli_sources() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -32,6 +33,30 @@ def err(r: Result) -> str:
 def failed_cleanly(r: Result) -> bool:
     """Exit code 2 through `fail` (a SystemExit), not an uncaught exception."""
     return r.exit_code == 2 and isinstance(r.exception, SystemExit) and "error:" in r.stderr
+
+
+def _hint(r: Result) -> list[str]:
+    """The command between backquotes in an error, as words (E and D filled in)."""
+    command = err(r).split("`")[1].replace(" E ", " 5 ").replace(" D", " 1e-6")
+    return shlex.split(command)[2:]  # after `shufflekit budget`
+
+
+def test_every_hint_names_the_ledger_and_deployment_so_it_can_be_pasted(tmp_path: Path) -> None:
+    """The hints of a missing ledger, a missing budget and an existing one named neither the
+    ledger nor (for the budget) the deployment: pasted, they opened the default ledger."""
+    led = ["--ledger", f"sqlite:///{tmp_path / 'pilot.db'}", "--deployment", "north-pilot"]
+    r = budget(["status", *led[:3], "north pilot"], tmp_path / "state")  # no budget could be
+    assert failed_cleanly(r) and "--deployment must be 1-64 characters" in err(r)
+    r = budget(["status", *led], tmp_path / "state")  # no ledger: init creates it
+    assert failed_cleanly(r) and budget(_hint(r), tmp_path / "state").exit_code == 0
+    r = budget(["status", *led[:2], "--deployment", "south"], tmp_path / "state")  # no budget
+    assert failed_cleanly(r) and _hint(r)[-6:-4] == ["--deployment", "south"]
+    assert budget(_hint(r), tmp_path / "state").exit_code == 0
+    r = budget([*INIT, *led], tmp_path / "state")  # exists: status shows it
+    assert failed_cleanly(r), r.output
+    shown = budget(_hint(r), tmp_path / "state")
+    assert shown.exit_code == 0 and "north-pilot" in shown.stdout
+    assert not (tmp_path / "state").exists()  # the default ledger was never opened
 
 
 @pytest.mark.parametrize("command", [["status"], ["history"], ["refund", "r1"]])

@@ -31,6 +31,7 @@ from shufflekit.accountant.ledger_records import (
     check_budget,
 )
 from shufflekit.accountant.ledger_schema import (
+    budget_command,
     budgets,
     redact,
     rounds,
@@ -77,7 +78,7 @@ class Ledger(LedgerStore):
         d = budget.deployment
         exists = LedgerError(
             f"deployment {d!r} already has a budget in {redact(self.url)}; a budget is never "
-            f"overwritten: see it with `shufflekit budget status --deployment {d}`, or choose "
+            f"overwritten: see it with `{budget_command('status', self.url, d)}`, or choose "
             "another deployment name"
         )
         with self._tx() as conn:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import math
 import os
-import re
 import socket
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -27,12 +26,10 @@ from shufflekit.accountant.round_types import (
     schedule_entry_dict,
 )
 from shufflekit.base.errors import InvalidParameters
+from shufflekit.base.names import check_name
 
 COUNTED = ("reserved", "committed")
 MAX_N_MIN = 2**31 - 1  # the ledger stores n_min (and batch sizes) in 32-bit integer columns
-
-# the names a coordinator accepts (shufflekit.core.topics.check_name): a budget must be usable
-_DEPLOYMENT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -197,10 +194,7 @@ def accounted_n(batch_size: int, max_corrupt: int, floor: int) -> int:
 
 def check_budget(b: Budget) -> None:
     """InvalidParameters for a budget that cannot be enforced; call it before writing anything."""
-    if not isinstance(b.deployment, str) or not _DEPLOYMENT.fullmatch(b.deployment):
-        raise InvalidParameters(
-            f"deployment must be 1-64 characters of A-Z a-z 0-9 _ . -, got {b.deployment!r}"
-        )
+    check_name("deployment", b.deployment, InvalidParameters)
     cost_model(b.cost_model)  # InvalidParameters if unknown
     check_mode(b.mode)
     check_schedule(b.schedule)

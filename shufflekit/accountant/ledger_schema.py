@@ -9,6 +9,7 @@ is refused before anything is written to it.
 from __future__ import annotations
 
 import os
+import shlex
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -255,6 +256,13 @@ def redact(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except sa.exc.ArgumentError:
         return "<invalid URL>"
+
+
+def budget_command(sub: str, url: str, deployment: str, *rest: str) -> str:
+    """`shufflekit budget SUB` for this ledger and deployment, as a message's hint: both named,
+    so it can be pasted as is (a password shows as ***)."""
+    words = ["shufflekit", "budget", sub, *rest, "--ledger", redact(url)]
+    return shlex.join([*words, "--deployment", deployment])
 
 
 def in_memory(url: str) -> bool:

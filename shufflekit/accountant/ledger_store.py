@@ -20,6 +20,7 @@ from shufflekit.accountant.curves import CurveCache
 from shufflekit.accountant.ledger_records import Budget, RoundRecord, principal
 from shufflekit.accountant.ledger_schema import (
     audit,
+    budget_command,
     budgets,
     curves,
     make_engine,
@@ -213,8 +214,8 @@ class LedgerStore:
         b = self._budget_row(conn, deployment, lock)
         if b is None:
             raise LedgerError(
-                f"deployment {deployment!r} has no budget in {redact(self.url)}: "
-                "create one with `shufflekit budget init`"
+                f"deployment {deployment!r} has no budget in {redact(self.url)}: create one with "
+                f"`{budget_command('init', self.url, deployment)} --epsilon E --delta D`"
             )
         return b
 

@@ -20,6 +20,7 @@ from shufflekit.app.cli_common import (
     ShufflekitGroup,
     check_eps0,
     count,
+    print_error,
     refuse,
 )
 from shufflekit.app.cli_leakage import leakage
@@ -77,7 +78,7 @@ app.command()(rounds)
 def demo(
     users: Annotated[int, typer.Option(parser=count, help="Simulated users.")] = 10_000,
     k: Annotated[int, typer.Option(min=2, max=65535, help="Categories.")] = 10,
-    eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon of k-RR.")] = 2.0,
+    eps0: Annotated[float, typer.Option(help="Local epsilon of k-RR (1e-6 to 700).")] = 2.0,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 1,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds to run.")] = 1,
     seed: Annotated[
@@ -166,6 +167,9 @@ def demo(
         _print_demo(out)
     if out["refused"]:
         refuse(f"round refused: {out['refused']}")
+    if not any(r["released"] for r in out["rounds"]):
+        print_error("no round released anything (see above)")
+        raise typer.Exit(1)
 
 
 def _print_bits(last: dict[str, Any]) -> None:
@@ -227,16 +231,21 @@ def _print_demo(out: dict[str, Any]) -> None:
             statement = (last.get("privacy") or {}).get("statement")
             if statement:
                 console.print(f"what a participant risks: {statement}", soft_wrap=True)
-        else:
-            console.print(f"round {last['round_id']} released nothing: {last.get('abort')}")
+        for r in out["rounds"]:
+            if not r["released"]:
+                abort = r.get("abort") or {}
+                why = f" (hop {abort['hop']}: {abort['reason']})" if abort else ""
+                console.print(f"round {r['round_id']} released nothing{why}; its cost is refunded")
         stuck = [r["round_id"] for r in out["rounds"] if r.get("estimator_converged") is False]
         if stuck:
             err_console.print(
                 f"warning: the {out['estimator']} estimate did not converge in round(s) "
                 f"{', '.join(stuck)}: it is the last EM step (see docs/experiments.md)"
             )
-        if any(r["rejected"] for r in out["rounds"]):
-            console.print(f"rejected: {[r['rejected'] for r in out['rounds']]}")
+        for r in out["rounds"]:
+            if r["rejected"]:
+                counts = ", ".join(f"{n} {why}" for why, n in sorted(r["rejected"].items()))
+                console.print(f"round {r['round_id']} rejected: {counts}")
     p = out["privacy_spent"]
     console.print(
         styled(

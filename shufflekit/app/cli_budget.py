@@ -7,17 +7,20 @@ nothing, when the ledger or the deployment is missing.
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
+from shufflekit.accountant.ledger_schema import redact
 from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url
 from shufflekit.base.errors import InvalidInput, LedgerNotFound
+from shufflekit.base.names import check_name
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
 
@@ -27,10 +30,11 @@ def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
 
     Only `init` passes create=True: reading a missing ledger must not leave an empty one behind.
     """
+    check_name("--deployment", deployment)
     try:
         return Ledger(ledger_url(url), create=create)
     except LedgerNotFound as exc:
-        raise LedgerNotFound(exc.where, deployment) from None
+        raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None
 
 
 def _say(text: str) -> None:

@@ -8,6 +8,7 @@ out of any command and turns it into one line on stderr and an exit code: 2 for 
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import traceback
@@ -111,8 +112,26 @@ def print_error(message: str) -> None:
     )
 
 
+def reflow(text: str | None) -> str | None:
+    """A docstring as `--help` should print it: each paragraph one line for the terminal to
+    wrap (typer 0.29 keeps the source's line breaks after the first paragraph)."""
+    if text is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _reflow_tree(command: Any) -> None:
+    command.help = reflow(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        _reflow_tree(sub)
+
+
 class ShufflekitGroup(TyperGroup):
     """The root command group: runs a command and maps whatever it raises (see module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _reflow_tree(self)  # the whole tree is built by now: typer makes the root group last
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -21,7 +21,7 @@ def loadtest(
     rounds: Annotated[int, typer.Option(min=1, help="Rounds.")] = 3,
     mixes: Annotated[int, typer.Option(min=1, max=16, help="Mixes in the cascade.")] = 2,
     k: Annotated[int, typer.Option(min=2, help="Categories.")] = 10,
-    eps0: Annotated[float, typer.Option(min=0.0, help="Local epsilon per report.")] = 2.0,
+    eps0: Annotated[float, typer.Option(help="Local epsilon per report (1e-6 to 700).")] = 2.0,
     mechanism: Annotated[
         str, typer.Option(help="krr (k-RR over --k values) or bits (--bits L per record).")
     ] = "krr",

@@ -9,6 +9,8 @@ Each layer adds its own classes under these two (see `shufflekit.base.errors`).
 
 from __future__ import annotations
 
+import shlex
+
 
 class ShufflekitError(Exception):
     """The root of every error shufflekit raises on purpose."""
@@ -139,11 +141,15 @@ class StaleQuote(LedgerBusy):
 class LedgerNotFound(LedgerError):
     """`Ledger(url, create=False)` found no ledger there (no such file, or an empty database)."""
 
-    def __init__(self, where: str, deployment: str | None = None) -> None:
+    def __init__(
+        self, where: str, deployment: str | None = None, ledger_option: str | None = None
+    ) -> None:
         whose = f", so deployment {deployment!r} has no budget" if deployment else ""
-        opt = f" --deployment {deployment}" if deployment else ""
+        opt = f" --ledger {ledger_option}" if ledger_option else ""
+        opt += f" --deployment {shlex.quote(deployment)}" if deployment else ""
         super().__init__(
-            f"no ledger at {where}{whose}; create one with `shufflekit budget init{opt}`"
+            f"no ledger at {where}{whose}; create one with "
+            f"`shufflekit budget init{opt} --epsilon E --delta D`"
         )
         self.where = where
 

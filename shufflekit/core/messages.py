@@ -20,6 +20,7 @@ from pydantic import (
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import InvalidReport
+from shufflekit.base.names import NAME_PATTERN
 from shufflekit.core.wire import MAX_RECORD_BITS
 
 PROTOCOL_VERSION = 1
@@ -27,8 +28,7 @@ MAX_CONTROL_BYTES = 8 * 1024 * 1024  # the largest result (k = 2^16, three vecto
 MAX_HOPS = 16  # mixes in one cascade
 MAX_REASON = 500  # characters of a free-text reason
 
-# Names travel in topics and in the HPKE info string: the same set as core.topics.check_name.
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]  # in topics and HPKE info
 Key = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Text = Annotated[str, StringConstraints(max_length=MAX_REASON)]
 MECHANISMS = ("krr", "bits")

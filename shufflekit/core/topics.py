@@ -17,18 +17,9 @@ shufflekit/{deployment}/round/{round}/ready            hops -> coordinator: subs
 
 from __future__ import annotations
 
-import re
+from shufflekit.base.names import check_name
 
-from shufflekit.base.errors import ConfigError
-
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-def check_name(kind: str, value: str) -> str:
-    """Deployment and round names are used in topics and HPKE info: keep them plain."""
-    if not _NAME.match(value):
-        raise ConfigError(f"{kind} must be 1-64 characters of A-Z a-z 0-9 _ . -, got {value!r}")
-    return value
+__all__ = ["Topics", "check_name"]
 
 
 class Topics:

@@ -1,0 +1,18 @@
+"""The names that travel in MQTT topics, HPKE info strings and ledger rows (deployments,
+rounds): one rule, so a budget the ledger accepts is one a coordinator can run."""
+
+from __future__ import annotations
+
+import re
+
+from shufflekit.base.errors import ConfigError, InvalidInput
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_name(kind: str, value: object, error: type[InvalidInput] = ConfigError) -> str:
+    """`value` if it is 1-64 characters of A-Z a-z 0-9 _ . -; else `error` naming `kind`."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise error(f"{kind} must be 1-64 characters of A-Z a-z 0-9 _ . -, got {value!r}")
+    return value
