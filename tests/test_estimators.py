@@ -236,7 +236,7 @@ def test_every_named_estimator_runs() -> None:
     [
         ([1, 2, 3], 4, 1.0, "length 3 but k = 4"),
         ([1, -2, 3], 3, 1.0, "negative count"),
-        ([1, 2], 1, 1.0, "k must be an integer >= 2"),
+        ([1, 2], 1, 1.0, "k must be a whole number >= 2"),
         ([1, 2, 3], 3, 0.0, "eps0 must be a finite number > 0"),
         ([1, 2, 3], 3, -1.0, "eps0 must be a finite number > 0"),
         ([1, 2, 3], 3, float("nan"), "eps0 must be a finite number > 0"),

@@ -76,12 +76,21 @@ def test_read_commands_on_a_missing_ledger_create_nothing(
 @pytest.mark.parametrize(
     ("bad", "says"),
     [
-        (["--epsilon", "0"], "epsilon must be > 0"),
-        (["--epsilon", "nan"], "epsilon must be > 0"),
-        (["--delta", "1"], "delta must be in (0, 1)"),
-        (["--reservation-ttl", "0"], "reservation_ttl must be > 0"),
-        (["--reservation-ttl", "-5"], "reservation_ttl must be > 0"),
-        (["--max-round-epsilon", "0"], "per-round epsilon cap must be > 0"),
+        (["--epsilon", "0"], "epsilon must be a finite number > 0, got 0"),
+        (["--epsilon", "nan"], "epsilon must be a finite number > 0, got nan"),
+        (["--delta", "1"], "delta must be a finite number in (0, 1), got 1"),
+        (
+            ["--reservation-ttl", "0"],
+            "reservation_ttl seconds (or unset) must be a finite number > 0",
+        ),
+        (
+            ["--reservation-ttl", "-5"],
+            "reservation_ttl seconds (or unset) must be a finite number > 0",
+        ),
+        (
+            ["--max-round-epsilon", "0"],
+            "per-round epsilon cap (or unset) must be a finite number > 0",
+        ),
         (["--cost-model", "nope"], "unknown cost model 'nope'"),
         (["--max-corrupt", "10"], "must exceed max_corrupt"),
         (["--deployment", "a b"], "deployment must be 1-64 characters"),

@@ -38,7 +38,7 @@ def test_the_analyzer_errors_are_the_trees_and_keep_their_old_homes() -> None:
     [
         (lambda: KRR(1, 1.0), "k must be"),
         (lambda: KRR(3, 0.0), "eps0"),
-        (lambda: KRR(3, 1.0).randomize(3), "outside"),
+        (lambda: KRR(3, 1.0).randomize(3), r"in \[0, 2\], got 3"),
         (lambda: Report(10, 10).encode(), "outside"),
         (lambda: Envelope("", b"x").encode(), "client id"),
         (lambda: Envelope("a", b"x", credential=b"c").encode(), "name its round"),

@@ -46,6 +46,7 @@ from shufflekit.accountant.core import (
 from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp
 from shufflekit.accountant.numerics.roots import solve_epsilon
 from shufflekit.accountant.round_types import MAX_BITS
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import InvalidParameters
 
 METHOD = "bits-generic"
@@ -65,11 +66,7 @@ GENERIC_NOTE = (
 
 def check_bits(bits: object) -> int:
     """L as an int in [1, MAX_BITS]; InvalidParameters otherwise (bool and floats refused)."""
-    if isinstance(bits, bool) or not isinstance(bits, int | np.integer):
-        raise InvalidParameters(f"L (bits per record) must be an integer, got {bits!r}")
-    if not 1 <= int(bits) <= MAX_BITS:
-        raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_BITS}], got {bits}")
-    return int(bits)
+    return whole("L (bits per record)", bits, 1, MAX_BITS, InvalidParameters)
 
 
 def flip_probability(eps0: float, bits: int) -> float:
@@ -94,12 +91,9 @@ class BitsMechanism:
     eps0: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int | np.integer) or isinstance(self.n, bool) or self.n < 1:
-            raise InvalidParameters(f"n (number of users) must be an integer >= 1, got {self.n!r}")
+        whole("n (number of users)", self.n, 1, error=InvalidParameters)
         check_bits(self.bits)
-        e = self.eps0
-        if isinstance(e, bool) or not (isinstance(e, float | int) and math.isfinite(e) and e > 0):
-            raise InvalidParameters(f"eps0 must be a finite number > 0, got {e!r}")
+        real("eps0", self.eps0, 0, low_open=True, error=InvalidParameters)
 
     @property
     def q(self) -> float:

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from shufflekit.accountant.composition import PldFn, rounds_epsilon
-from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.core import Mechanism, check_delta
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.roots import bracket_boundary, shrink_bracket
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import InvalidParameters, NotApplicable, UnsoundResult
 
 #: Default relative tolerance of the eps0 search.
@@ -95,12 +96,9 @@ class Calibration:
 
 
 def _check_common(rounds: int, epsilon: float, delta: float) -> None:
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise InvalidParameters(f"rounds must be an integer >= 1, got {rounds!r}")
-    if not (isinstance(epsilon, float | int) and math.isfinite(epsilon) and epsilon > 0):
-        raise InvalidParameters(f"target epsilon must be a finite number > 0, got {epsilon!r}")
-    if not (isinstance(delta, float | int) and 0 < delta < 1):
-        raise InvalidParameters(f"delta must be in (0, 1), got {delta!r}")
+    whole("rounds", rounds, 1, error=InvalidParameters)
+    real("target epsilon", epsilon, 0, low_open=True, error=InvalidParameters)
+    check_delta(delta)
 
 
 class _Evaluator:

@@ -48,6 +48,7 @@ from shufflekit.accountant.numerics.grid import (
 from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.rdp_filter import planned_epsilon
 from shufflekit.accountant.tight_upper import tight_pld
+from shufflekit.base.checks import whole
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ENGINES = ("dp_accounting", "fft")
@@ -157,8 +158,7 @@ def _check_counts(counts: Sequence[int] | None, n: int, what: str) -> list[int]:
     if len(cs) != n:
         raise InvalidParameters(f"{n} {what} but {len(cs)} counts")
     for c in cs:
-        if isinstance(c, bool) or not isinstance(c, int | np.integer) or c < 0:
-            raise InvalidParameters(f"counts must be integers >= 0, got {c!r}")
+        whole("counts", c, 0, error=InvalidParameters)
     if sum(cs) < 1:
         raise InvalidParameters("counts must add up to at least one round")
     return [int(c) for c in cs]

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from shufflekit.accountant.numerics.krr import KRR, krr
 from shufflekit.accountant.numerics.logspace import log1mexp, logsumexp
+from shufflekit.base.checks import whole
 from shufflekit.base.errors import InvalidParameters
 
 T = TypeVar("T")
@@ -41,12 +42,8 @@ class Mechanism:
     eps0: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int | np.integer) or self.n < 1:
-            raise InvalidParameters(f"n (number of users) must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.k, int | np.integer) or self.k < 2:
-            raise InvalidParameters(
-                f"k (number of categories) must be an integer >= 2, got {self.k!r}"
-            )
+        whole("n (number of users)", self.n, 1, error=InvalidParameters)  # True is refused
+        whole("k (number of categories)", self.k, 2, error=InvalidParameters)
         if isinstance(self.eps0, bool) or not (
             isinstance(self.eps0, float | int | np.floating)
             and math.isfinite(self.eps0)

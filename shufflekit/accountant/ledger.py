@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +46,7 @@ from shufflekit.accountant.round_types import (
     schedule_to_json,
     slot_type,
 )
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import (
     BudgetExceeded,
     InvalidParameters,
@@ -74,7 +74,7 @@ class Ledger(LedgerStore):
     # ---------------------------------------------------------------- budgets
     def init_budget(self, budget: Budget, actor: str = "operator") -> None:
         """Create a deployment's budget; refuses to overwrite an existing one."""
-        check_budget(budget)
+        budget = check_budget(budget)
         d = budget.deployment
         exists = LedgerError(
             f"deployment {d!r} already has a budget in {redact(self.url)}; a budget is never "
@@ -133,7 +133,8 @@ class Ledger(LedgerStore):
         """Record the round as reserved at its pessimistic population size, or BudgetExceeded
         (ScheduleViolation when a planned budget's schedule fixes another type for its slot).
         `k` is the mechanism's size (k of k-RR, L of `bits:L`)."""
-        rt = RoundType(mechanism, _integer("k", k), float(eps0))
+        bad = InvalidParameters
+        rt = RoundType(mechanism, whole("k", k, 0, error=bad), real("eps0", eps0, error=bad))
         mechanism_cost(mechanism)  # InvalidParameters for a tag nobody can charge
         check_entry(ScheduleEntry(rt, None))  # k, L and eps0 in the ranges a round can have
         for attempt in range(ATTEMPTS):
@@ -306,7 +307,7 @@ class Ledger(LedgerStore):
         `basis`: the `quote_commit` basis the result's totals were priced on. If another round
         was committed since, `StaleQuote` (nothing changes): the result would state a total
         below the truth, so its caller prices it again."""
-        batch_size = _integer("batch_size", batch_size)
+        batch_size = whole("batch_size", batch_size, 0, error=InvalidParameters)
         for attempt in range(ATTEMPTS):
             last = attempt == ATTEMPTS - 1  # the state kept changing: compute under the lock
             if not last:
@@ -478,17 +479,3 @@ def first_free_slot(counted: Sequence[RoundRecord]) -> int:
     held = {r.slot for r in counted if r.slot is not None}
     free = [i for i in range(len(counted) + 1) if i not in held]
     return free[sum(r.slot is None for r in counted)]  # older rounds (no slot): the first ones
-
-
-def _integer(name: str, value: object) -> int:
-    """`value` as an int (numpy integers too); InvalidParameters for a float, NaN, a bool or a
-    negative number."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidParameters(f"{name} must be an integer, got {value!r}") from None
-    if n < 0:
-        raise InvalidParameters(f"{name} must be >= 0, got {n}")
-    return n

@@ -7,10 +7,9 @@ Kept apart from the budget rules (`accountant.ledger`) so that both stay readabl
 from __future__ import annotations
 
 import getpass
-import math
 import os
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shufflekit.accountant.bits import BitsMechanism, RoundMechanism
@@ -25,6 +24,7 @@ from shufflekit.accountant.round_types import (
     check_schedule,
     schedule_entry_dict,
 )
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import InvalidParameters
 from shufflekit.base.names import check_name
 
@@ -192,40 +192,45 @@ def accounted_n(batch_size: int, max_corrupt: int, floor: int) -> int:
     return max(floor, n)
 
 
-def check_budget(b: Budget) -> None:
-    """InvalidParameters for a budget that cannot be enforced; call it before writing anything."""
-    check_name("deployment", b.deployment, InvalidParameters)
+def check_budget(b: Budget) -> Budget:
+    """The budget with its numbers as Python's (a numpy int64 n_min was stored as a BLOB);
+    InvalidParameters for one that cannot be enforced. Call it before writing anything."""
+    bad = InvalidParameters
+    check_name("deployment", b.deployment, bad)
     cost_model(b.cost_model)  # InvalidParameters if unknown
     check_mode(b.mode)
+    if not isinstance(b.schedule, tuple | list) or not all(
+        isinstance(e, ScheduleEntry) for e in b.schedule
+    ):
+        raise bad(f"schedule must be ScheduleEntry values (parse_schedule), got {b.schedule!r}")
     check_schedule(b.schedule)
     if b.schedule and b.mode != "planned":
-        raise InvalidParameters("a schedule of round types belongs to a planned budget only")
+        raise bad("a schedule of round types belongs to a planned budget only")
     for e in b.schedule:
         mechanism_cost(e.type.mechanism)  # a type nobody can charge is refused at init
-    if not (math.isfinite(b.epsilon_total) and b.epsilon_total > 0):
-        raise InvalidParameters(f"budget epsilon must be > 0, got {b.epsilon_total}")
-    if not 0 < b.delta_total < 1:
-        raise InvalidParameters(f"budget delta must be in (0, 1), got {b.delta_total}")
-    if b.n_min > MAX_N_MIN:  # the ledger's columns are 32-bit integers (PostgreSQL refused)
-        raise InvalidParameters(f"n_min must be at most {MAX_N_MIN:,}, got {b.n_min:,}")
-    if b.max_corrupt < 0 or b.n_min - b.max_corrupt < 1:
-        raise InvalidParameters(
-            f"n_min ({b.n_min}) must exceed max_corrupt ({b.max_corrupt}) by at least 1"
-        )
-    if b.max_round_epsilon is not None and not (
-        math.isfinite(b.max_round_epsilon) and b.max_round_epsilon > 0
-    ):
-        raise InvalidParameters(
-            f"per-round epsilon cap must be > 0 (or unset), got {b.max_round_epsilon}"
-        )
-    if b.reservation_ttl is not None and not (
-        math.isfinite(b.reservation_ttl) and b.reservation_ttl > 0
-    ):
+    # the ledger's columns are 32-bit integers (PostgreSQL refused what SQLite took)
+    n_min = whole("n_min", b.n_min, 1, MAX_N_MIN, bad)
+    max_corrupt = whole("max_corrupt", b.max_corrupt, 0, error=bad)
+    if n_min - max_corrupt < 1:
+        raise bad(f"n_min ({n_min}) must exceed max_corrupt ({max_corrupt}) by at least 1")
+    cap, ttl = b.max_round_epsilon, b.reservation_ttl
+    return replace(
+        b,
+        epsilon_total=real("budget epsilon", b.epsilon_total, 0, low_open=True, error=bad),
+        delta_total=real(
+            "budget delta", b.delta_total, 0, 1, low_open=True, high_open=True, error=bad
+        ),
+        n_min=n_min,
+        max_corrupt=max_corrupt,
+        max_round_epsilon=None
+        if cap is None
+        else real("per-round epsilon cap (or unset)", cap, 0, low_open=True, error=bad),
         # 0 or less would expire every reservation at once: the round could never commit
-        raise InvalidParameters(
-            f"reservation_ttl must be > 0 seconds (or unset: reservations never expire), "
-            f"got {b.reservation_ttl}"
-        )
+        reservation_ttl=None
+        if ttl is None
+        else real("reservation_ttl seconds (or unset)", ttl, 0, low_open=True, error=bad),
+        schedule=tuple(b.schedule),
+    )
 
 
 def principal() -> str:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shufflekit.analyzer.estimators import project_simplex
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import EstimatorInputError
 
 FloatArray = npt.NDArray[np.float64]
@@ -38,10 +39,8 @@ def flip_probability(bits: int, eps0: float) -> float:
 
 
 def _check(bits: int, eps0: float) -> None:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
-        raise EstimatorInputError(f"L (bits per record) must be an integer in [1, 16], got {bits}")
-    if not (isinstance(eps0, int | float) and math.isfinite(eps0) and eps0 > 0):
-        raise EstimatorInputError(f"eps0 must be a finite number > 0, got {eps0!r}")
+    whole("L (bits per record)", bits, 1, MAX_BITS, EstimatorInputError)
+    real("eps0", eps0, 0, low_open=True, error=EstimatorInputError)
 
 
 def validate_record_histogram(hist: npt.ArrayLike, bits: int) -> IntArray:

@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtri
 
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import EstimatorInputError
 
 FloatArray = npt.NDArray[np.float64]
@@ -104,10 +105,8 @@ def krr_probabilities(k: int, eps0: float) -> KRRProbabilities:
 
 def _check_k_eps0(k: int, eps0: float) -> None:
     """Refuse k < 2 (or not an integer) and eps0 that is not a finite number > 0."""
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 2:
-        raise EstimatorInputError(f"k must be an integer >= 2, got {k!r}")
-    if not isinstance(eps0, int | float | np.number) or not math.isfinite(eps0) or eps0 <= 0:
-        raise EstimatorInputError(f"eps0 must be a finite number > 0, got {eps0!r}")
+    whole("k", k, 2, error=EstimatorInputError)
+    real("eps0", eps0, 0, low_open=True, error=EstimatorInputError)
 
 
 def validate_histogram(hist: npt.ArrayLike, k: int) -> IntArray:

@@ -49,6 +49,7 @@ from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     AccountantError,
     ConfigError,
+    InvalidParameters,
     InvalidReport,
     RoundAborted,
     TransportError,
@@ -127,8 +128,9 @@ class Coordinator:
     def announcement(self, round_id: str, params: RoundParams) -> Announcement:
         """The round as the hops are prepared for it. Its deadline is provisional (the latest
         the real one can be: after the readiness handshake); `_drive` announces the real one,
-        counted from the announcement, and closes mix 0's ingest at it."""
-        return Announcement(
+        counted from the announcement, and closes mix 0's ingest at it. InvalidInput for a
+        round no hop would take."""
+        return Announcement.build(
             deployment=self.deployment,
             round_id=round_id,
             k=params.k,
@@ -161,7 +163,16 @@ class Coordinator:
         A hop that is not ready within `ready_timeout` aborts the round before any client is
         asked: its reservation is refunded.
         """
-        rid = round_id or new_round_id(self.clock, self.rng)
+        rid = check_name("round id", round_id or new_round_id(self.clock, self.rng))
+        budget = await self.offload(self.ledger.budget, self.deployment)
+        # the cost is reserved for the budget's n_min: never release a smaller batch
+        params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
+        if params.close_at is not None and params.close_at < params.n_min:
+            raise InvalidParameters(
+                f"close_at {params.close_at} is below the round's n_min {params.n_min} (the "
+                "budget's or its own): mix 0 would close before the round could be released"
+            )
+        self.announcement(rid, params)  # refused here, before any reservation, if no hop takes it
         if params.bits is None:
             await self.offload(
                 self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
@@ -191,9 +202,6 @@ class Coordinator:
         report = RoundReport(rid, released=False, result=None, abort=None)
         outcome: Result | Abort
         try:
-            budget = await self.offload(self.ledger.budget, self.deployment)
-            # the cost was reserved for the budget's n_min: never release a smaller batch
-            params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
             ann = self.announcement(rid, params)
             try:
                 outcome = await self._drive(ann, params.deadline_seconds, report, answer, stop)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from scipy.special import ndtr
 
 from shufflekit.analyzer.estimators import round_counts
+from shufflekit.base.checks import whole
 from shufflekit.base.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
@@ -41,14 +42,12 @@ class DatasetError(InvalidInput):
 
 def _check_k(k: int) -> None:
     """Refuse k that is not an integer >= 2."""
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 2:
-        raise DatasetError(f"k must be an integer >= 2, got {k!r}")
+    whole("k", k, 2, error=DatasetError)
 
 
 def _check_n(n: int) -> None:
     """Refuse a number of users that is not a non-negative integer."""
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise DatasetError(f"number of users must be an integer >= 0, got {n!r}")
+    whole("number of users", n, 0, error=DatasetError)
 
 
 @dataclass(frozen=True, eq=False)

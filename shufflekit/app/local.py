@@ -21,6 +21,7 @@ from shufflekit.app.rounds import (
 from shufflekit.app.wiring import Wiring
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import TransportError
+from shufflekit.base.names import check_name
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.population import Population
 from shufflekit.core.crypto import KeyPair
@@ -74,7 +75,8 @@ class LocalDeployment:
         `tamper(transport, announcement)`, for tests, is awaited after the honest clients and
         before the close: it may publish hostile traffic.
         """
-        rid = round_id or new_round_id(self.wiring.clock, self.wiring.rng)
+        rid = check_name("round id", round_id or new_round_id(self.wiring.clock, self.wiring.rng))
+        population.check_fits(params.k)  # refused before anything is reserved
         conns = [self.connect(f"mix{i}") for i in range(len(self.mix_keys))]
         conns += [self.connect("analyzer"), self.connect("coordinator"), self.connect("clients")]
         async with contextlib.AsyncExitStack() as stack:

@@ -12,9 +12,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.accountant.leakage import round_facts
 from shufflekit.accountant.ledger import Ledger, RoundRecord
+from shufflekit.accountant.ledger_records import MAX_N_MIN
 from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
+from shufflekit.base.checks import real, whole
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     InternalError,
@@ -67,15 +70,21 @@ class RoundParams:
     close_at: int | None = None  # mix 0 closes once this many accepted reports are stored
 
     def __post_init__(self) -> None:
-        if self.bits is not None and (
-            isinstance(self.bits, bool)
-            or not isinstance(self.bits, int)
-            or not 1 <= self.bits <= MAX_RECORD_BITS
-            or self.k != 1 << self.bits
-        ):
-            raise InvalidParameters(
-                f"a bits round needs L in [1, {MAX_RECORD_BITS}] and k = 2^L, got L={self.bits!r}"
-            )
+        """Refuse, before any round is reserved, what no round can have (numpy numbers are
+        taken as Python's): a round of bad parameters would leave its reservation behind."""
+        bad = InvalidParameters
+        set_ = object.__setattr__  # frozen: store the checked values as Python numbers
+        if self.bits is not None:
+            set_(self, "bits", whole("L (bits per record)", self.bits, 1, MAX_RECORD_BITS, bad))
+        set_(self, "k", whole("k", self.k, 2, 65535 if self.bits is None else 1 << 16, bad))
+        if self.bits is not None and self.k != 1 << self.bits:
+            raise bad(f"a bits round needs k = 2^L, got k={self.k} and L={self.bits}")
+        set_(self, "eps0", real("eps0", self.eps0, EPS0_MIN, EPS0_MAX, error=bad))
+        set_(self, "n_min", whole("n_min", self.n_min, 1, MAX_N_MIN, bad))
+        seconds = real("deadline_seconds", self.deadline_seconds, 0, low_open=True, error=bad)
+        set_(self, "deadline_seconds", seconds)
+        if self.close_at is not None:
+            set_(self, "close_at", whole("close_at", self.close_at, 1, error=bad))
 
     @classmethod
     def for_bits(
@@ -87,8 +96,7 @@ class RoundParams:
         close_at: int | None = None,
     ) -> RoundParams:
         """A bit-vector round: records of `bits` = L bits, eps0 per record."""
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_RECORD_BITS:
-            raise InvalidParameters(f"L (bits per record) must be in [1, {MAX_RECORD_BITS}]")
+        bits = whole("L (bits per record)", bits, 1, MAX_RECORD_BITS, InvalidParameters)
         return cls(1 << bits, eps0, n_min, deadline_seconds, bits=bits, close_at=close_at)
 
     @property

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import InvalidInput
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.krr import population_array
@@ -29,12 +30,10 @@ class BitRR:
     eps0: float
 
     def __post_init__(self) -> None:
-        b = self.bits
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_RECORD_BITS:
-            raise InvalidInput(f"L (bits per record) must be an integer in [1, 16], got {b!r}")
-        e = self.eps0
-        if isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e) or e <= 0:
-            raise InvalidInput(f"eps0 must be a finite number > 0, got {e!r}")
+        object.__setattr__(
+            self, "bits", whole("L (bits per record)", self.bits, 1, MAX_RECORD_BITS)
+        )
+        object.__setattr__(self, "eps0", real("eps0", self.eps0, 0, low_open=True))
 
     @property
     def q(self) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import InvalidInput
 from shufflekit.base.random import Randomness, SystemRandomness
 
@@ -21,7 +22,10 @@ from shufflekit.base.random import Randomness, SystemRandomness
 def population_array(values: npt.ArrayLike, size: int, what: str) -> npt.NDArray[np.int64]:
     """`values` as int64, each in [0, size): what a vectorised randomizer may take (InvalidInput
     naming `what` otherwise)."""
-    v = np.asarray(values, dtype=np.int64)
+    given = np.asarray(values)
+    if given.size and not np.issubdtype(given.dtype, np.integer):  # 1.7 was drawn as 1
+        raise InvalidInput(f"{what} must be whole numbers, got an array of {given.dtype}")
+    v = given.astype(np.int64)
     if v.size and (v.min() < 0 or v.max() >= size):
         raise InvalidInput(f"{what} must lie in [0, {size})")
     return v
@@ -35,10 +39,8 @@ class KRR:
     eps0: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 2 or self.k > 65535:
-            raise InvalidInput(f"k must be an integer in [2, 65535], got {self.k!r}")
-        if not math.isfinite(self.eps0) or self.eps0 <= 0:
-            raise InvalidInput(f"eps0 must be a finite number > 0, got {self.eps0!r}")
+        object.__setattr__(self, "k", whole("k", self.k, 2, 65535))  # numpy ints as Python's
+        object.__setattr__(self, "eps0", real("eps0", self.eps0, 0, low_open=True))
 
     @property
     def p_keep(self) -> float:
@@ -52,8 +54,7 @@ class KRR:
 
     def randomize(self, value: int, rng: Randomness | None = None) -> int:
         """One user's report, drawn from `rng` (default: the OS CSPRNG)."""
-        if not 0 <= value < self.k:
-            raise InvalidInput(f"value {value} outside [0, {self.k})")
+        value = whole("value", value, 0, self.k - 1)  # 3.7 and True were reported as given
         r = rng if rng is not None else SystemRandomness()
         if r.random() < self.p_keep:
             return value

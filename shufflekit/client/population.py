@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from shufflekit.base.checks import whole
+from shufflekit.base.errors import InvalidInput
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.agent import ClientAgent
 from shufflekit.core.messages import Announcement
@@ -23,8 +25,16 @@ class Population:
     ) -> None:
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.agents = [
-            ClientAgent(f"{id_prefix}-{i}", int(v), rng=self.rng) for i, v in enumerate(values)
-        ]
+            ClientAgent(f"{id_prefix}-{i}", whole(f"value of user {i}", v, 0), rng=self.rng)
+            for i, v in enumerate(values)
+        ]  # whole numbers only: 1.5 was answered as 1
+
+    def check_fits(self, k: int) -> None:
+        """InvalidInput unless every value is in [0, k): before a round is reserved, so that a
+        population that cannot answer it never leaves a reservation behind."""
+        top = max((a.value for a in self.agents), default=0)
+        if top >= k:
+            raise InvalidInput(f"values must lie in [0, {k}) for this round, got {top}")
 
     def __len__(self) -> int:
         return len(self.agents)

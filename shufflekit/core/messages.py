@@ -7,7 +7,7 @@ fails is refused whole with InvalidReport('bad_control'), which the reader count
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport
+from shufflekit.base.errors import InvalidInput, InvalidReport
 from shufflekit.base.names import NAME_PATTERN
 from shufflekit.core.wire import MAX_RECORD_BITS
 
@@ -34,6 +34,15 @@ Text = Annotated[str, StringConstraints(max_length=MAX_REASON)]
 MECHANISMS = ("krr", "bits")
 
 
+def one_line(exc: ValidationError) -> str:
+    """A pydantic error in one line: `field: problem` for each, joined by '; '."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'message'}: "
+        + e["msg"].removeprefix("Value error, ")
+        for e in exc.errors()
+    )
+
+
 class _Control(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     version: int = PROTOCOL_VERSION
@@ -41,6 +50,14 @@ class _Control(BaseModel):
     def to_bytes(self) -> bytes:
         """Compact JSON for the wire."""
         return self.model_dump_json().encode()
+
+    @classmethod
+    def build(cls, **fields: Any) -> Self:
+        """The message from Python values; InvalidInput, in one line, if it is not valid."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise InvalidInput(f"invalid {cls.__name__}: {one_line(exc)}") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> _Control:
@@ -52,7 +69,7 @@ class _Control(BaseModel):
         try:
             msg = cls.model_validate_json(data)
         except ValidationError as exc:
-            raise InvalidReport("bad_control", f"invalid {cls.__name__}: {exc}") from None
+            raise InvalidReport("bad_control", f"invalid {cls.__name__}: {one_line(exc)}") from None
         if msg.version != PROTOCOL_VERSION:
             raise InvalidReport("bad_version", f"{cls.__name__} version {msg.version}")
         return msg

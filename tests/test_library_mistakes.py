@@ -1,0 +1,116 @@
+"""A newcomer's mistakes through the library API: each is a typed one-line error that changes
+nothing. Before, a round of bad parameters left its cost reserved for ever, a numpy n_min made
+a budget unusable, and 1.5 or 3.7 were answered as 1 and 3 (an outside audit found them)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shufflekit.accountant import Budget, Ledger, calibrate_eps0
+from shufflekit.app.local import LocalDeployment
+from shufflekit.app.rounds import RoundParams
+from shufflekit.base.errors import InvalidInput, InvalidParameters
+from shufflekit.client import Population
+from shufflekit.client.bits import BitRR
+from shufflekit.client.krr import KRR
+from shufflekit.core.transport import MemoryBroker
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("pilot", 5.0, 1e-6, 100))
+    return led
+
+
+def _round(ledger: Ledger, params: Any, values: list[Any], **options: Any) -> None:
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _name: broker.connect(), "pilot", ledger)
+    asyncio.run(dep.run_round(params, Population(values), **options))
+
+
+@pytest.mark.parametrize(
+    ("params", "values", "options", "says"),
+    [
+        ({}, [10] * 300, {}, r"values must lie in \[0, 10\)"),
+        ({}, [1] * 300, {"round_id": "a b/#"}, "round id must be 1-64 characters"),
+        ({"close_at": 50}, [1] * 300, {}, "close_at 50 is below the round's n_min 100"),
+    ],
+)
+def test_a_round_that_cannot_run_reserves_nothing(
+    ledger: Ledger, params: dict[str, Any], values: list[int], options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        _round(ledger, RoundParams(k=10, eps0=2.0, n_min=100, **params), values, **options)
+    assert ledger.status("pilot").rounds == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"n_min": 100.5}, r"n_min must be a whole number in \[1, 2147483647\], got 100.5"),
+        ({"n_min": None}, "n_min must be a whole number"),
+        ({"n_min": 0}, "n_min must be a whole number"),
+        ({"eps0": "2"}, "eps0 must be a finite number"),
+        ({"deadline_seconds": math.nan}, "deadline_seconds must be a finite number > 0"),
+        ({"deadline_seconds": 0}, "deadline_seconds must be a finite number > 0"),
+        ({"close_at": 1.5}, "close_at must be a whole number >= 1"),
+        ({"k": True}, "k must be a whole number"),
+    ],
+)
+def test_round_params_refuse_what_no_round_can_have(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidParameters, match=says):
+        RoundParams(**({"k": 10, "eps0": 2.0, "n_min": 100} | fields))
+
+
+def test_numpy_numbers_are_taken_as_python_numbers(ledger: Ledger) -> None:
+    """np.int64 n_min was stored by SQLite as an 8-byte BLOB: every later reserve failed."""
+    ledger.init_budget(Budget("np", np.float64(2.0), np.float32(1e-6), np.int64(100)))
+    b = ledger.budget("np")
+    assert (type(b.n_min), b.n_min, type(b.epsilon_total)) == (int, 100, float)
+    ledger.reserve("np", "r1", np.int64(10), np.float32(1.0))
+    assert [r.status for r in ledger.status("np").rounds] == ["reserved"]
+    p = RoundParams(np.int64(16), np.float32(2.0), np.int64(100), bits=np.int64(4))
+    assert (type(p.k), type(p.bits), type(p.n_min), type(p.eps0)) == (int, int, int, float)
+    assert KRR(np.int64(10), 2.0).k == 10 and BitRR(np.int64(4), 2.0).bits == 4
+    assert calibrate_eps0(10_000, 10, np.int64(1), 1.0, np.float32(1e-6)) > 0
+
+
+GOOD = {"deployment": "x", "epsilon_total": 2.0, "delta_total": 1e-6, "n_min": 100}
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"n_min": 1000.5}, "n_min must be a whole number"),
+        ({"n_min": math.nan}, "n_min must be a whole number"),  # was "already has a budget"
+        ({"max_corrupt": 1.5}, "max_corrupt must be a whole number"),
+        ({"epsilon_total": "2"}, "budget epsilon must be a finite number > 0"),
+        ({"delta_total": None}, r"budget delta must be a finite number in \(0, 1\)"),
+        ({"reservation_ttl": "10"}, "reservation_ttl seconds"),
+        ({"schedule": ("3,2.0",)}, "schedule must be ScheduleEntry values"),
+    ],
+)
+def test_a_budget_of_the_wrong_types_is_refused_and_not_written(
+    ledger: Ledger, fields: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(InvalidParameters, match=says):
+        ledger.init_budget(Budget(**(GOOD | fields)))
+    assert not ledger.has_budget("x")
+
+
+def test_values_are_whole_numbers_or_refused() -> None:
+    with pytest.raises(InvalidInput, match="value of user 0 must be a whole number"):
+        Population([1.5] * 3)
+    for bad in (3.7, True, 10):
+        with pytest.raises(InvalidInput, match=r"value must be a whole number in \[0, 9\]"):
+            KRR(10, 2.0).randomize(bad)
+    with pytest.raises(InvalidInput, match="values must be whole numbers"):
+        KRR(10, 2.0).randomize_many(np.array([1.7, 2.9]), np.random.default_rng(0))
+    assert KRR(10, 2.0).randomize(np.int64(3)) in range(10)
