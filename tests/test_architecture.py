@@ -38,7 +38,13 @@ def test_the_wheel_installs_shufflekit_and_nothing_else(tmp_path: Path) -> None:
     )
     assert build.returncode == 0, build.stderr
     (wheel,) = tmp_path.glob("*.whl")
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    # what `loadtest` reads at run time (an installed wheel could not find deploy/mosquitto/acl)
+    assert {
+        "shufflekit/app/loadtest/mosquitto.acl",
+        "shufflekit/app/loadtest/locustfile.py",
+    } <= set(names)
+    tops = {name.split("/")[0] for name in names}
     assert tops == {
         "shufflekit",
         wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",

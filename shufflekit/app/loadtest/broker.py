@@ -1,5 +1,6 @@
 """A throwaway Mosquitto for a load test: free loopback port, TLS with a fresh CA, one account
-per role, and the ACL shipped in deploy/mosquitto/ (rewritten for the cascade's length)."""
+per role, and the ACL shipped in deploy/mosquitto/ (rewritten for the cascade's length; the file
+is this package's `mosquitto.acl`, which deploy/mosquitto/acl links to)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from cryptography.x509.oid import NameOID
 
 from shufflekit.base.errors import ConfigError, TransportError
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "mosquitto"
+# the ACL deploy/mosquitto/acl links to: package data, so an installed wheel has it too
+ACL = Path(__file__).with_name("mosquitto.acl")
 
 
 def free_port() -> int:
@@ -140,7 +142,7 @@ def start_broker(folder: Path, mixes: int, *, tls: bool = True) -> Broker:
     passwd.chmod(0o600)
     subprocess.run([passwd_bin, "-U", str(passwd)], check=True, capture_output=True, timeout=30)
     acl = folder / "acl"
-    acl.write_text(acl_for(mixes, (DEPLOY / "acl").read_text()))
+    acl.write_text(acl_for(mixes, ACL.read_text()))
     conf = [
         "per_listener_settings false",
         "allow_anonymous false",
