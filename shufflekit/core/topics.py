@@ -9,7 +9,7 @@ shufflekit/{deployment}/round/{round}/result           the analyzer's published 
 shufflekit/{deployment}/round/{round}/go-request       a mix -> coordinator: may I forward?
 shufflekit/{deployment}/round/{round}/go               coordinator -> mixes: the answer
 
-The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/app/coordinator.py):
+The coordinator's readiness handshake adds two (`RoundTopics` in shufflekit/app/rounds.py):
 
 shufflekit/{deployment}/prepare                        coordinator -> hops: the coming round
 shufflekit/{deployment}/round/{round}/ready            hops -> coordinator: subscribed, key ok
