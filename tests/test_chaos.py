@@ -235,6 +235,55 @@ def test_a_seed_without_faults_runs_and_releases_every_round() -> None:
     assert out.reports_counted == out.reports_receipted > 0
 
 
+def _planted(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, bug: Any) -> None:
+    """Replace `module.name` by `bug(original)` for this test: a bug planted in the services."""
+    monkeypatch.setattr(module, name, bug(getattr(module, name)))
+
+
+def test_a_release_in_the_wrong_bins_is_caught_when_it_happens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An analyzer counting each report one value up kept every count, so no promise caught
+    it (an outside audit's mutation): what a round releases is checked against what its
+    clients sent, at the result."""
+    import shufflekit.analyzer.service as service
+
+    _planted(monkeypatch, service, "decode_report", lambda f: lambda *a: (f(*a) + 1) % a[2])
+    out = run_seed(SimSpec(seed=0))
+    v = out.violations[0]
+    assert v.invariant == "released_is_what_was_sent" and "sent" in v.detail, v
+    assert v.t < 30  # at the release (t = 20.05), not at the end of the seed (t > 90)
+
+
+def test_a_hop_losing_a_report_is_caught_at_the_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Judged only at the end of the seed before, 70 virtual seconds after the release."""
+    import shufflekit.shuffler.mix as mix
+
+    def dropping(f: Any) -> Any:
+        return lambda t, topics, rid, hop, items, *a, **kw: f(
+            t, topics, rid, hop, items[:-1], *a, **kw
+        )
+
+    _planted(monkeypatch, mix, "send_batch", dropping)
+    v = run_seed(SimSpec(seed=0)).violations[0]
+    assert v.invariant == "receipted_counted" and v.t < 30, v
+
+
+def test_a_bug_that_only_refunds_is_caught_by_the_quiet_seeds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hop dropping its last chunk makes the next hop refuse the batch: every round is
+    refunded, which broke no promise under faults. One seed in eight of a sweep runs with no
+    fault, and there every round must release."""
+    import shufflekit.core.batch as batch
+
+    _planted(monkeypatch, batch, "split_chunks", lambda f: lambda *a: f(*a)[:-1])
+    r = CliRunner().invoke(app, ["chaos", "--seeds", "8", "--workers", "1", "--json"])
+    assert r.exit_code == 1, r.output
+    broken = {(v["seed"], v["invariant"]) for v in json.loads(r.stdout)["violations"]}
+    assert broken == {(7, "quiet_rounds_release")}
+
+
 def test_refunded_round_is_never_forwarded_when_a_broker_restart_loses_its_abort() -> None:
     """Found by seeds 157 and 297 of `shufflekit chaos --seeds 300`: mix 0's forward was lost,
     the round was aborted and refunded, then a broker restarted without persistence took the

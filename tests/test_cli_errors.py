@@ -168,6 +168,9 @@ def test_counts_below_one_are_refused_in_one_line(argv: list[str]) -> None:
         ["privacy", "epsilon", "--n", "1000", "--k", "10", "--eps0", "1e-17", "--delta", "1e-6"],
         ["privacy", "epsilon", "--round", "1000,10,1e-17,2", "--delta", "1e-6"],
         ["budget", "init", "--epsilon", "1", "--delta", "1e-6", "--round-type", "10,1e-300"],
+        # the local model runs k-RR at eps0 = epsilon (1000: OverflowError, exit 70)
+        ["experiment", "utility", "--n", "1000", "--epsilons", "1000"],
+        ["experiment", "utility", "--n", "1000", "--epsilons", "1e-7"],
     ],
 )
 def test_an_eps0_no_round_can_have_is_refused_before_anything(
@@ -220,6 +223,17 @@ def test_a_ledger_in_memory_or_empty_is_refused(url: str) -> None:
         assert "--ledger is empty" in result.output or "in memory" in result.output
 
 
+@pytest.mark.parametrize(
+    "command", [["simulate"], ["demo"], ["experiment", "utility"], ["experiment", "individual"]]
+)
+def test_a_negative_seed_is_a_usage_error(command: list[str], tmp_path: Path) -> None:
+    """numpy refuses a negative seed: it ended in "internal error", exit 70."""
+    led = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}"] if command == ["demo"] else []
+    result = CliRunner().invoke(app, [*command, "--seed", "-1", *led])
+    assert result.exit_code == 2 and "--seed" in result.output, result.output
+    assert "internal error" not in result.output and not (tmp_path / "l.db").exists()
+
+
 def test_experiment_individual_refuses_a_negative_epsilon() -> None:
     for eps in ("-1", "nan"):
         result = CliRunner().invoke(
@@ -238,3 +252,11 @@ def test_a_plot_path_that_cannot_be_a_png_is_refused_before_the_work(plot: str) 
     ):
         result = CliRunner().invoke(app, [*argv, "--plot", plot])
         assert result.exit_code == 2 and "--plot" in result.output, result.output
+
+
+def test_a_bits_demo_refuses_an_estimator_it_would_ignore(tmp_path: Path) -> None:
+    """`--estimator clip` was ignored by a bits round, the JSON saying "clip" all the same."""
+    argv = ["demo", "--mechanism", "bits", "--bits", "3", "--estimator", "clip"]
+    result = CliRunner().invoke(app, [*argv, "--ledger", f"sqlite:///{tmp_path / 'l.db'}"])
+    assert result.exit_code == 2 and "--estimator is for k-RR rounds" in result.output
+    assert not (tmp_path / "l.db").exists()

@@ -38,6 +38,15 @@ def test_json_has_the_promised_fields() -> None:
     assert again["noisy_histogram"] == d["noisy_histogram"]  # seeded
 
 
+def test_json_gives_null_where_there_is_no_number() -> None:
+    """Without a bootstrap an iterative estimate has no standard error: JSON said "nan" (a
+    string a script would take for a value), the table "-"."""
+    code, out = sim("--users", "2000", "--k", "4", "--estimator", "ibu", "--n-boot", "0", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["stderr"] == [None] * 4 and d["ci_low"] == [None] * 4 and "nan" not in out
+
+
 def test_rounds_dataset_and_estimator_options() -> None:
     code, out = sim(
         "--users", "3000", "--k", "5", "--eps0", "1", "--rounds", "7", "--dataset", "zipf",

@@ -114,3 +114,30 @@ def test_values_are_whole_numbers_or_refused() -> None:
     with pytest.raises(InvalidInput, match="values must be whole numbers"):
         KRR(10, 2.0).randomize_many(np.array([1.7, 2.9]), np.random.default_rng(0))
     assert KRR(10, 2.0).randomize(np.int64(3)) in range(10)
+
+
+def test_every_error_class_is_exported_where_readme_says() -> None:
+    """base.errors' __all__ left out four classes; Ledger.commit raises StaleQuote, which
+    shufflekit.accountant did not export; README's `shufflekit.analyzer` had no estimate."""
+    import inspect
+
+    import shufflekit.accountant as accountant
+    import shufflekit.analyzer as analyzer
+    from shufflekit.base import errors
+
+    defined = {
+        n for n, c in vars(errors).items() if inspect.isclass(c) and c.__module__ == errors.__name__
+    }
+    assert defined == set(errors.__all__)
+    assert accountant.StaleQuote is errors.StaleQuote and "StaleQuote" in accountant.__all__
+    assert analyzer.estimate([5, 3], 2, 1.0).frequencies.sum() == pytest.approx(1.0)
+
+
+def test_the_inversion_checks_its_histogram() -> None:
+    from shufflekit.analyzer.estimators import inv_frequencies
+    from shufflekit.base.errors import EstimatorInputError
+
+    with pytest.raises(EstimatorInputError, match="must have k = 2 counts"):
+        inv_frequencies([1, 2, 3], 2, 1.0)  # answered 3 frequencies for k = 2
+    with pytest.raises(EstimatorInputError, match="no reports"):
+        inv_frequencies([0, 0], 2, 1.0)  # answered NaN

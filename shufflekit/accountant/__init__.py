@@ -38,6 +38,7 @@ from shufflekit.base.errors import (
     LedgerNotFound,
     NotApplicable,
     ScheduleViolation,
+    StaleQuote,
     UnsoundResult,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "PrivacyResult",
     "ScheduleViolation",
     "Soundness",
+    "StaleQuote",
     "UnsoundResult",
     "calibrate_eps0",
     "compose_rounds",

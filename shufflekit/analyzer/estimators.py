@@ -148,7 +148,12 @@ def inv_frequencies(hist: npt.ArrayLike, k: int, eps0: float) -> FloatArray:
     """
     pr = krr_probabilities(k, eps0)
     h = np.asarray(hist, dtype=np.float64)
-    q = h / h.sum(axis=-1, keepdims=True)
+    if h.ndim == 0 or h.shape[-1] != k:
+        raise EstimatorInputError(f"histograms must have k = {k} counts, got shape {h.shape}")
+    total = h.sum(axis=-1, keepdims=True)
+    if np.any(total <= 0):
+        raise EstimatorInputError("a histogram with no reports has no estimate")
+    q = h / total
     out: FloatArray = (q - pr.p_other) / pr.gap
     return out
 

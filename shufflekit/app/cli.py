@@ -84,9 +84,10 @@ def demo(
     seed: Annotated[
         int | None,
         typer.Option(
+            min=0,
             help="Seed of the users' values and k-RR responses: the same seed and options give "
             "the same result (histograms, estimates; not timings or round ids). Default: "
-            "responses from the OS CSPRNG. Mix permutations and encryption always use it."
+            "responses from the OS CSPRNG. Mix permutations and encryption always use it.",
         ),
     ] = None,
     ledger: LedgerOpt = None,
@@ -127,6 +128,8 @@ def demo(
         refuse("--mechanism bits needs --bits L (bits per record, 1..16)")
     if mechanism == "krr" and bits is not None:
         refuse("--bits needs --mechanism bits")
+    if mechanism == "bits" and estimator != "inv":  # it was ignored, the JSON saying otherwise
+        refuse("--estimator is for k-RR rounds: a bits round is estimated per bit and record (inv)")
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if estimator != "inv" and k > MAX_K:  # their bootstrap draws from a k x k law
@@ -224,7 +227,7 @@ def _print_demo(out: dict[str, Any]) -> None:
             console.print(t)
             console.print(
                 styled(
-                    "total variation distance (truth vs estimate): ",
+                    "total variation distance (truth vs the estimate projected onto the simplex): ",
                     (f"{last['tv_distance']:.4f}", "bold"),
                 )
             )

@@ -83,6 +83,8 @@ def _replay(cfg: ChaosConfig, seed: int, json_out: bool) -> None:
     if json_out:
         facts = dataclasses.asdict(out)
         del facts["tail"]  # (the last events, already in `events`)
+        for v in facts["violations"]:  # as a sweep's --json gives them
+            v["replay"] = cfg.replay_command(seed)
         print_json(facts)
     else:
         for event in out.events:

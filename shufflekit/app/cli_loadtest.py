@@ -53,7 +53,9 @@ def loadtest(
         Path | None,
         typer.Option("--config", help="Drive this existing deployment instead of starting one."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of who drops out, straggles, misbehaves.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of who drops out, straggles, misbehaves.")
+    ] = 0,
     floor_seconds: Annotated[
         float, typer.Option(min=0.05, help="Seconds spent measuring the crypto floor.")
     ] = 2.0,

@@ -87,7 +87,9 @@ def simulate(
     ] = 200,
     ibu_max_iter: IbuMaxIterOpt = 20_000,
     ibu_tol: IbuTolOpt = 1e-10,
-    seed: Annotated[int, typer.Option(help="Seed of the population and of the simulation.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the population and of the simulation.")
+    ] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate shuffled k-RR rounds from their exact law and estimate the distribution."""
@@ -322,7 +324,7 @@ def utility(
     ] = "tight",
     ibu_max_iter: IbuMaxIterOpt = 20_000,
     ibu_tol: IbuTolOpt = 1e-10,
-    seed: Annotated[int, typer.Option(help="Seed of every random stream.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of every random stream.")] = 0,
     out: Annotated[
         Path | None, typer.Option("--out", help="Write utility.csv and utility.png here.")
     ] = None,
@@ -443,7 +445,7 @@ def individual(
     ] = None,
     repetitions: Annotated[int, typer.Option(min=1, help="Repetitions.")] = DEFAULT_REPETITIONS,
     dataset: Annotated[str, typer.Option(help=f"Dataset: {DATASET_HELP}.")] = "normal",
-    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed.")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""

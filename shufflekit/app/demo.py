@@ -269,7 +269,8 @@ async def run_demo(
         **(rounds[-1] if rounds else {"true_histogram": true_hist}),
         "rounds": rounds,
         "refused": refused,
-        "estimator": cfg.estimator,
+        # a bits round's own estimator ("bits-inv") where it released one, else the one asked for
+        "estimator": rounds[-1].get("estimator", cfg.estimator) if rounds else cfg.estimator,
         "budget_created": bool(created),
         "config": cfg.__dict__,
         "privacy_spent": {

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN, Mechanism
 from shufflekit.analyzer.central import (
     REPLACE_ONE_SENSITIVITY,
     CalibrationError,
@@ -72,6 +72,7 @@ from shufflekit.analyzer.estimators import (
 from shufflekit.analyzer.metrics import METRICS
 from shufflekit.app.datasets import DatasetError, make_dataset
 from shufflekit.app.simulate import simulate_rounds
+from shufflekit.base.checks import real
 from shufflekit.base.errors import AccountantError, InvalidInput, NotApplicable
 
 FloatArray = npt.NDArray[np.float64]
@@ -307,12 +308,11 @@ class UtilityConfig:
         """Raise ExperimentError on an invalid parameter."""
         if not self.epsilons and not self.eps0_values:
             raise ExperimentError("nothing to sweep: give at least one epsilon or eps0 value")
-        for e in self.epsilons:
-            if not (math.isfinite(e) and e > 0):
-                raise ExperimentError(f"epsilon values must be finite and > 0, got {e!r}")
+        for e in self.epsilons:  # the local model runs k-RR at eps0 = epsilon: eps0's range
+            what = "epsilon values (the local model's eps0)"
+            real(what, e, EPS0_MIN, EPS0_MAX, error=ExperimentError)
         for e in self.eps0_values:
-            if not (math.isfinite(e) and e > 0):
-                raise ExperimentError(f"eps0 values must be finite and > 0, got {e!r}")
+            real("eps0 values", e, EPS0_MIN, EPS0_MAX, error=ExperimentError)
         if not self.ns or any(isinstance(n, bool) or n < 1 for n in self.ns):
             raise ExperimentError(f"n values must be integers >= 1, got {list(self.ns)}")
         if not self.ks or any(isinstance(k, bool) or k < 2 for k in self.ks):

@@ -47,14 +47,17 @@ def styled(*parts: str | Text | tuple[str, str]) -> Text:
 
 
 def _clean(x: Any) -> Any:
-    """Make a value JSON-safe: non-finite floats become strings, numpy scalars plain numbers."""
+    """Make a value JSON-safe: NaN (not available) becomes null, an infinity the string "inf"
+    or "-inf" (JSON has neither), numpy scalars plain numbers."""
     if isinstance(x, dict):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [_clean(v) for v in x]
     if hasattr(x, "item") and callable(x.item):
         x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, float) and math.isinf(x):
         return str(x)
     return x
 

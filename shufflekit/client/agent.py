@@ -35,7 +35,12 @@ def randomized_report(value: int, ann: Announcement, rng: Randomness | None = No
 def build_onion(value: int, ann: Announcement, rng: Randomness | None = None) -> bytes:
     """value -> the announced randomizer (drawn from `rng`, default the OS CSPRNG) ->
     fixed-size report -> onion (analyzer innermost)."""
-    report = randomized_report(value, ann, rng)
+    return seal_report(randomized_report(value, ann, rng), ann, rng)
+
+
+def seal_report(report: bytes, ann: Announcement, rng: Randomness | None = None) -> bytes:
+    """A randomized report in the announced round's onion (analyzer innermost); a simulation
+    that must know what each client sent draws the report first, then seals it."""
     keys = [public_from_b64(k) for k in [*ann.mix_keys, ann.analyzer_key]]
     return seal_onion(report, keys, ann.deployment, ann.round_id, rng)
 

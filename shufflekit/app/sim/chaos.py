@@ -16,6 +16,8 @@ from shufflekit.app.sim.invariants import INVARIANTS
 from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome, SimSpec, run_seed
 from shufflekit.base.errors import InvalidInput
 
+QUIET_EVERY = 8  # seeds 7, 15, 23, ... run without faults
+
 
 @dataclass(frozen=True)
 class ChaosConfig:
@@ -50,12 +52,16 @@ class ChaosConfig:
             )
 
     def spec(self, seed: int, keep_trace: bool = False) -> SimSpec:
+        """Seed `seed`'s simulation. One seed in QUIET_EVERY runs with no fault at all, so
+        that `quiet_rounds_release` judges every sweep: a bug that only ever refunds (a hop
+        that drops a chunk) broke no other promise under faults."""
+        quiet = seed % QUIET_EVERY == QUIET_EVERY - 1
         return SimSpec(
             seed=seed,
             users=self.users,
             mixes=self.mixes,
             rounds=self.rounds,
-            faults=frozenset(self.faults),
+            faults=frozenset() if quiet else frozenset(self.faults),
             real_crypto=self.real_crypto,
             keep_trace=keep_trace,
         )
@@ -98,6 +104,7 @@ class ChaosReport:
                     "seed": x.seed,
                     "invariant": v.invariant,
                     "detail": v.detail,
+                    "t": round(v.t, 6),
                     "replay": self.config.replay_command(x.seed),
                 }
                 for x in o
@@ -141,6 +148,7 @@ def run_chaos(cfg: ChaosConfig, progress: Callable[[int, int], None] | None = No
 
 def replay(cfg: ChaosConfig, seed: int) -> SeedOutcome:
     """One seed again, with its whole trace."""
+    cfg.validate()  # as given (--workers 0 was taken), then one seed in this process
     cfg = replace(cfg, seeds=1, first_seed=seed, workers=1)
     cfg.validate()
     return run_seed(cfg.spec(seed, keep_trace=True))

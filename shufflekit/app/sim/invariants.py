@@ -3,10 +3,17 @@
 receipted_counted           every report mix 0 gave a receipt for is counted in its round if
                             the round is released (else the round is refunded), nothing is
                             counted twice, and no round counts more reports than it had users
+released_is_what_was_sent   a round releases what its clients sent: each value's count is at
+                            most the reports of that value sent (at the result) and at least
+                            those receipted (at the end: a receipt may arrive after the
+                            result), the histogram sums to its batch size and to the ledger's,
+                            and every result published for a round is the same
 charged_round_published     a round whose cost was committed has its result published; no
                             round is left reserved (charged and never settled) at the end
 budget_never_exceeded       spent plus reserved epsilon never passes the budget
 nothing_below_n_min         no result releases a batch smaller than n_min
+quiet_rounds_release        in a seed where no fault fired, every round the operator asked for
+                            ran and released (a bug that only ever refunds breaks no other)
 no_forward_after_refund     no hop forwards, and the analyzer publishes nothing, for a round
                             the ledger refunded
 progress                    the deployment never stalls or spins: some timer or message is
@@ -20,9 +27,11 @@ from typing import Any
 
 INVARIANTS = (
     "receipted_counted",
+    "released_is_what_was_sent",
     "charged_round_published",
     "budget_never_exceeded",
     "nothing_below_n_min",
+    "quiet_rounds_release",
     "no_forward_after_refund",
     "progress",
 )
@@ -44,9 +53,18 @@ class RoundFacts:
 
     deadline: float | None = None  # virtual seconds
     receipted: dict[str, float] = field(default_factory=dict)  # logical client -> receipt time
+    sent: dict[str, int] = field(default_factory=dict)  # logical client -> randomized value sent
     users: int = 0  # logical clients that answered
     results: list[int] = field(default_factory=list)  # batch sizes published
+    histogram: list[int] | None = None  # the first result's
     status: str | None = None  # ledger: reserved, committed, refunded
+    batch_size: int | None = None  # the ledger's, once committed
+
+    def sent_of(self, value: int) -> int:
+        return sum(1 for v in self.sent.values() if v == value)
+
+    def receipted_of(self, value: int) -> int:
+        return sum(1 for c in self.receipted if self.sent.get(c) == value)
 
 
 class Checker:
@@ -78,17 +96,44 @@ class Checker:
                 t,
             )
 
-    def on_result(self, t: float, rid: str, batch_size: int) -> None:
-        self.round(rid).results.append(batch_size)
+    def on_result(self, t: float, rid: str, batch_size: int, histogram: list[int]) -> None:
+        facts = self.round(rid)
+        facts.results.append(batch_size)
         if batch_size < self.n_min:
             self._fail(
                 "nothing_below_n_min", f"round {rid} released {batch_size} < {self.n_min}", t
             )
+        if batch_size < len(facts.receipted):  # judged again at the end, with late receipts
+            self._fail(
+                "receipted_counted",
+                f"round {rid} counted {batch_size} of {len(facts.receipted)} receipted reports",
+                t,
+            )
+        what = "released_is_what_was_sent"
+        if facts.histogram is not None and list(histogram) != facts.histogram:
+            self._fail(
+                what, f"round {rid} published two results: {facts.histogram}, {histogram}", t
+            )
+            return
+        facts.histogram = list(histogram)
+        if sum(histogram) != batch_size:
+            self._fail(
+                what, f"round {rid}: histogram sums to {sum(histogram)}, not {batch_size}", t
+            )
+        for v, count in enumerate(histogram):
+            if count > facts.sent_of(v):
+                self._fail(
+                    what, f"round {rid} released {count} of value {v}; {facts.sent_of(v)} sent", t
+                )
+                return
 
-    def on_ledger(self, t: float, reserved_total: float, statuses: dict[str, str]) -> None:
-        """After each ledger call: the budget, and each round's status."""
-        for rid, status in statuses.items():
-            self.round(rid).status = status
+    def on_ledger(
+        self, t: float, reserved_total: float, statuses: dict[str, tuple[str, int | None]]
+    ) -> None:
+        """After each ledger call: the budget, and each round's status and batch size."""
+        for rid, (status, batch_size) in statuses.items():
+            facts = self.round(rid)
+            facts.status, facts.batch_size = status, batch_size
         if reserved_total > self.epsilon_total + EPS_SLACK:
             self._fail(
                 "budget_never_exceeded",
@@ -97,7 +142,18 @@ class Checker:
             )
 
     # ------------------------------------------------------------------ at the end
-    def at_end(self, t: float) -> None:
+    def at_end(self, t: float, quiet_rounds: int | None = None) -> None:
+        """The promises only the whole run can judge; `quiet_rounds`: the rounds asked for,
+        in a seed where no fault fired (each must have run and released)."""
+        if quiet_rounds is not None:
+            released = sum(1 for f in self.rounds.values() if f.status == "committed")
+            if released < quiet_rounds:
+                self._fail(
+                    "quiet_rounds_release",
+                    f"no fault fired, yet {released} of {quiet_rounds} rounds released "
+                    f"({len(self.rounds)} ran)",
+                    t,
+                )
         for rid, facts in sorted(self.rounds.items()):
             if facts.status == "reserved":
                 self._fail("charged_round_published", f"round {rid} is still reserved", t)
@@ -105,10 +161,28 @@ class Checker:
                 self._fail(
                     "charged_round_published", f"round {rid} was committed, never published", t
                 )
-            if len(set(facts.results)) > 1:
+            if facts.results and facts.status != "committed":
                 self._fail(
-                    "receipted_counted", f"round {rid} published two results {facts.results}", t
+                    "released_is_what_was_sent",
+                    f"round {rid} published a result but is {facts.status} in the ledger",
+                    t,
                 )
+            if facts.results and facts.batch_size not in (None, facts.results[0]):
+                self._fail(
+                    "released_is_what_was_sent",
+                    f"round {rid} released {facts.results[0]}, the ledger charged "
+                    f"{facts.batch_size}",
+                    t,
+                )
+            for v, count in enumerate(facts.histogram or []):
+                if count < facts.receipted_of(v):
+                    self._fail(
+                        "released_is_what_was_sent",
+                        f"round {rid} released {count} of value {v}; {facts.receipted_of(v)} "
+                        "receipted",
+                        t,
+                    )
+                    break
             if facts.results and facts.status == "committed":
                 counted = facts.results[0]
                 receipted = len(facts.receipted)

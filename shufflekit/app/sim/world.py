@@ -44,7 +44,7 @@ from shufflekit.base.errors import (
     LedgerBusy,
 )
 from shufflekit.base.random import SeededRandomness
-from shufflekit.client.agent import ClientAgent
+from shufflekit.client.agent import ClientAgent, randomized_report, seal_report, wrap_envelope
 from shufflekit.client.receipts import ReceiptBox
 from shufflekit.core import standin
 from shufflekit.core.crypto import KeyPair
@@ -52,6 +52,7 @@ from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.peeling import InlinePeeler
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
+from shufflekit.core.wire import decode_report
 
 FAULT_KINDS = (
     "drop",
@@ -215,7 +216,7 @@ class World:
             with contextlib.suppress(InvalidReport):
                 res = Result.from_bytes(payload)
                 if isinstance(res, Result):
-                    self.checker.on_result(now, res.round_id, res.batch_size)
+                    self.checker.on_result(now, res.round_id, res.batch_size, res.histogram)
         self._check()
 
     def _halt(self) -> None:
@@ -234,8 +235,10 @@ class World:
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
-            statuses = {r.round_id: r.status for r in status.rounds}
-            self.event("ledger", name, spent=round(status.epsilon_spent_or_reserved, 9))
+            statuses = {r.round_id: (r.status, r.batch_size) for r in status.rounds}
+            rid = args[1] if len(args) > 1 else None  # (deployment, round id, ...)
+            spent = round(status.epsilon_spent_or_reserved, 9)
+            self.event("ledger", name, round=rid, spent=spent)
             self.checker.on_ledger(
                 self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
             )
@@ -261,11 +264,12 @@ class World:
 
     def _emit(self, role: str) -> Callable[[dict[str, Any]], None]:
         def emit(obj: dict[str, Any]) -> None:
+            rid = obj.get("round_id")
             if role == "coordinator":
                 self.rounds_done += 1
-                self.event(role, "round", released=obj.get("released"))
+                self.event(role, "round", round=rid, released=obj.get("released"))
             else:
-                self.event(role, "outcome", accepted=obj.get("accepted"))
+                self.event(role, "outcome", round=rid, accepted=obj.get("accepted"))
 
         return emit
 
@@ -354,7 +358,7 @@ class World:
             for i in range(n):
                 agent = ClientAgent(f"u{i}", crng.randbelow(ann.k), rng=crng)
                 arrive = 0.8 * window * crng.random()
-                users.append(self._one_user(agent, ann, arrive, box, facts.receipted))
+                users.append(self._one_user(agent, ann, arrive, box, facts.receipted, facts.sent))
             await asyncio.gather(*users)
         self.event(CLIENTS, "receipted", round=ann.round_id, n=box.receipted)
 
@@ -365,10 +369,17 @@ class World:
         arrive: float,
         box: ReceiptBox,
         receipted: dict[str, float],
+        sent: dict[str, int],
     ) -> None:
         """One user: arrives, then resends its report until mix 0's receipt comes."""
         await asyncio.sleep(arrive)
-        if await box.deliver(agent.envelope(ann, reply=box.reply), resend=1.0) is not None:
+        # what the client sends is drawn first and noted (its value is checked against what
+        # the round releases), then sealed: the same draws, in the same order, as `envelope`
+        report = randomized_report(agent.value, ann, agent.rng)
+        sent[agent.client_id] = decode_report(report, ann.mechanism, ann.report_size)
+        onion = seal_report(report, ann, agent.rng)
+        envelope = wrap_envelope(agent.client_id, onion, ann, agent.credential, box.reply)
+        if await box.deliver(envelope, resend=1.0) is not None:
             receipted.setdefault(agent.client_id, self.clock.monotonic())
 
     # ------------------------------------------------------------------ the run
@@ -410,7 +421,8 @@ class World:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(t, 2 * self.spec.batch_timeout + 5)
         if not self.checker.violations:
-            self.checker.at_end(self.clock.monotonic())
+            faulted = any(self.broker.injected.values())
+            self.checker.at_end(self.clock.monotonic(), None if faulted else self.spec.rounds)
 
     def outcome(self) -> SeedOutcome:
         status = self.ledger.status(DEPLOYMENT)
