@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shufflekit.accountant import Budget, Ledger, calibrate_eps0
+from shufflekit.accountant import (
+    Budget,
+    Ledger,
+    calibrate_eps0,
+    compose_rounds,
+    tight_delta,
+    tight_epsilon,
+)
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import InvalidInput, InvalidParameters
@@ -141,3 +148,57 @@ def test_the_inversion_checks_its_histogram() -> None:
         inv_frequencies([1, 2, 3], 2, 1.0)  # answered 3 frequencies for k = 2
     with pytest.raises(EstimatorInputError, match="no reports"):
         inv_frequencies([0, 0], 2, 1.0)  # answered NaN
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda m: tight_epsilon(m, None), "delta must be a number, got None"),
+        (lambda m: tight_delta(m, None), "epsilon must be a number, got None"),
+        (lambda m: compose_rounds(m), r"\[mech\]"),
+        (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, rtol=None), "rtol"),
+        (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, eps0_max="5"), "eps0_max"),
+        (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, bogus=1), "unknown option"),
+        (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, spent=m), r"\[mech\]"),
+    ],
+)
+def test_the_accountant_refuses_in_its_own_words(call: Any, says: str) -> None:
+    """Each of these was a raw TypeError from deep inside."""
+    from shufflekit.accountant import Mechanism
+
+    with pytest.raises(InvalidParameters, match=says):
+        call(Mechanism(1000, 10, 1.0))
+
+
+def test_the_estimator_refuses_in_its_own_words() -> None:
+    from shufflekit.analyzer import estimate
+    from shufflekit.base.errors import EstimatorInputError
+
+    with pytest.raises(EstimatorInputError, match="confidence must be a finite number"):
+        estimate([5, 3], 2, 1.0, confidence="0.9")  # type: ignore[arg-type]
+    with pytest.raises(EstimatorInputError, match="n_boot must be a whole number"):
+        estimate([5, 3], 2, 1.0, method="clip", n_boot=1.5)  # type: ignore[arg-type]
+
+
+def test_a_publish_mqtt_would_refuse_is_refused_by_the_bus_too() -> None:
+    async def main() -> None:
+        async with MemoryBroker().connect() as conn:
+            with pytest.raises(InvalidInput, match="a payload is bytes, got str"):
+                await conn.publish("a/b", "text")  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput, match="without \\+ or #"):
+                await conn.publish("a/#", b"x")  # a wildcard topic was taken as a name
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [({"mixes": 1.5}, "mixes"), ({"mixes": 17}, "mixes"), ({"estimator": "bogus"}, "estimator")],
+)
+def test_a_deployment_is_refused_before_its_first_round(
+    ledger: Ledger, options: dict[str, Any], says: str
+) -> None:
+    """An unknown estimator was found by the analyzer, after the round was reserved."""
+    broker = MemoryBroker()
+    with pytest.raises(InvalidInput, match=says):
+        LocalDeployment(lambda _name: broker.connect(), "pilot", ledger, **options)

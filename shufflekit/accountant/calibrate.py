@@ -114,8 +114,13 @@ class _Evaluator:
         engine: str = "dp_accounting",
         grid: float | None = None,
         spent: Sequence[Mechanism] = (),
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise InvalidParameters(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.make, self.rounds, self.delta = make, rounds, delta
+        if isinstance(spent, Mechanism):
+            raise InvalidParameters("spent must be a list of Mechanism (one round: [mech])")
         self.spent = list(spent)
         for m in self.spent:
             if not isinstance(m, Mechanism):
@@ -243,10 +248,9 @@ def calibrate_eps0_detailed(
     t0 = time.perf_counter()
     _check_common(rounds, epsilon, delta)
     Mechanism(n, k, 1.0)  # validates n and k
-    if not (0 < rtol < 1):
-        raise InvalidParameters(f"rtol must be in (0, 1), got {rtol!r}")
-    if not (0 < eps0_min < eps0_max and math.isfinite(eps0_max)):
-        raise InvalidParameters("need 0 < eps0_min < eps0_max < inf")
+    rtol = real("rtol", rtol, 0, 1, low_open=True, high_open=True, error=InvalidParameters)
+    eps0_min = real("eps0_min", eps0_min, 0, low_open=True, error=InvalidParameters)
+    eps0_max = real("eps0_max", eps0_max, eps0_min, low_open=True, error=InvalidParameters)
     ev = _Evaluator(lambda e: Mechanism(n, k, float(e)), rounds, delta, **composition)
     if eps0_start is None:  # the LDP answer (no amplification) is always feasible
         law = _law_eps0(n, k, rounds, epsilon, delta, ev.spent) or 0.0

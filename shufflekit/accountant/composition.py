@@ -19,7 +19,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypedDict, Unpack
 
 import numpy as np
@@ -420,6 +420,10 @@ def _grouped(
     rounds: Sequence[Mechanism], counts: Sequence[int] | None
 ) -> OrderedDict[tuple[int, int, float], int]:
     """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order."""
+    if isinstance(rounds, Mechanism) or not isinstance(rounds, Iterable):
+        raise InvalidParameters(
+            f"rounds must be a list of Mechanism (one round: [mech]), got {type(rounds).__name__}"
+        )
     rounds = list(rounds)
     if not rounds:
         raise InvalidParameters("nothing to compose: no rounds")

@@ -49,6 +49,8 @@ from shufflekit.accountant.core import (
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
+    check_delta,
+    check_epsilon,
     check_query,
 )
 from shufflekit.accountant.ldp import Label
@@ -151,9 +153,9 @@ def _k2_epsilon(
 # ----------------------------------------------------------------------------- public API
 def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     """Tight delta(epsilon) of one round: sound upper bound and best exact attack."""
-    check_query(mech, epsilon)
+    check_query(mech)
     check_supported(mech)
-    eps = float(epsilon)
+    eps = check_epsilon(epsilon)  # None too: check_query takes None for "not asked"
     t0 = time.perf_counter()
     if eps >= mech.eps0:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
@@ -233,9 +235,9 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     `epsilon` is rounded UP (delta_upper(epsilon) <= delta is verified at the returned point),
     `lower_epsilon` DOWN (the attack's delta at it is >= delta), each to relative `rtol`.
     """
-    check_query(mech, delta=delta, zero_delta=False)
+    check_query(mech)
     check_supported(mech)
-    delta = float(delta)
+    delta = check_delta(delta)
     if not (0 < rtol < 0.1):
         raise InvalidParameters(f"rtol must be in (0, 0.1), got {rtol!r}")
     t0 = time.perf_counter()

@@ -133,9 +133,10 @@ def validate_histogram(hist: npt.ArrayLike, k: int) -> IntArray:
 
 def _check_confidence(confidence: float) -> float:
     """Return the two-sided normal quantile z for `confidence` in (0, 1)."""
-    if not 0.0 < confidence < 1.0:
-        raise EstimatorInputError(f"confidence must lie in (0, 1), got {confidence!r}")
-    return float(ndtri(0.5 + confidence / 2.0))
+    c = real(
+        "confidence", confidence, 0, 1, low_open=True, high_open=True, error=EstimatorInputError
+    )
+    return float(ndtri(0.5 + c / 2.0))
 
 
 # ----------------------------------------------------------------------------- point estimators
@@ -429,8 +430,7 @@ def estimate_bootstrapped(
 ) -> Estimate:
     """A point estimate with parametric-bootstrap stderr and percentile interval."""
     _check_confidence(confidence)
-    if n_boot < 0:
-        raise EstimatorInputError(f"n_boot must be >= 0, got {n_boot!r}")
+    n_boot = whole("n_boot", n_boot, 0, error=EstimatorInputError)
     n = int(hist.sum())
     freqs = point(hist, k, eps0)
     boot = _bootstrap_histograms(freqs, n, k, eps0, target, n_boot, seed)

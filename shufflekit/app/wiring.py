@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shufflekit.accountant.ledger import Ledger
+from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.rounds import ledger_published_hook, ledger_release_hook
+from shufflekit.base.checks import whole
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
 from shufflekit.base.offload import Offload, in_thread, retrying
@@ -22,6 +24,7 @@ from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK
 from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair
+from shufflekit.core.messages import MAX_HOPS
 from shufflekit.core.peeling import Peeler
 from shufflekit.core.spool import Spool
 from shufflekit.core.topics import check_name
@@ -50,8 +53,11 @@ class Wiring:
 
     def __post_init__(self) -> None:
         check_name("deployment", self.deployment)
-        if self.mixes < 1:
-            raise ConfigError("a cascade needs at least one mix")
+        whole("mixes (a cascade of 1 to 16)", self.mixes, 1, MAX_HOPS, ConfigError)
+        if self.estimator not in ESTIMATORS:  # found at the analyzer, after the reservation
+            raise ConfigError(
+                f"unknown estimator {self.estimator!r}; choose one of {', '.join(ESTIMATORS)}"
+            )
 
     def _ledger(self, role: str) -> Ledger:
         if self.ledger is None:

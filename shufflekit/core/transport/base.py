@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.closing import AsyncClosing
-from shufflekit.base.errors import TransportError
+from shufflekit.base.errors import InvalidInput, TransportError
 from shufflekit.core.waiting import within
 
 
@@ -24,6 +24,17 @@ class Message:
 
     topic: str
     payload: bytes
+
+
+def check_publish(topic: object, payload: object) -> bytes:
+    """The payload as bytes, if `topic` is a topic one may publish to (a non-empty string
+    without the wildcards + and #) and `payload` is bytes-like; InvalidInput otherwise, as
+    MQTT would refuse it, the in-memory bus included."""
+    if not isinstance(topic, str) or not topic or "+" in topic or "#" in topic:
+        raise InvalidInput(f"cannot publish to {topic!r}: a topic is a name without + or #")
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise InvalidInput(f"a payload is bytes, got {type(payload).__name__}")
+    return bytes(payload)
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:

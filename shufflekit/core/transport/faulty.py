@@ -21,7 +21,13 @@ from typing import Any
 
 from shufflekit.base.errors import TransportError
 from shufflekit.base.random import Randomness
-from shufflekit.core.transport.base import Message, Subscription, Transport, topic_matches
+from shufflekit.core.transport.base import (
+    Message,
+    Subscription,
+    Transport,
+    check_publish,
+    topic_matches,
+)
 
 EventSink = Callable[..., None]
 # durable messages a persistent session has delivered and not yet acked, at most (Mosquitto's
@@ -319,7 +325,7 @@ class FaultyTransport(Transport):
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         if not self._open:
             raise TransportError(f"{self.client_id}: publish on a lost connection")
-        self.broker._publish(self.client_id, topic, bytes(payload), retain)
+        self.broker._publish(self.client_id, topic, check_publish(topic, payload), retain)
         await asyncio.sleep(0)  # the PUBACK comes back: let subscribers run first
 
     def ack(self, message: Message) -> None:

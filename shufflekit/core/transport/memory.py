@@ -7,7 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from shufflekit.base.errors import TransportError
-from shufflekit.core.transport.base import Message, Subscription, Transport, topic_matches
+from shufflekit.core.transport.base import (
+    Message,
+    Subscription,
+    Transport,
+    check_publish,
+    topic_matches,
+)
 
 
 class MemoryBroker:
@@ -64,7 +70,7 @@ class MemoryTransport(Transport):
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         if not self._open:
             raise TransportError("publish on a closed in-memory connection")
-        self._broker._publish(topic, bytes(payload), retain)
+        self._broker._publish(topic, check_publish(topic, payload), retain)
         await asyncio.sleep(0)  # let subscribers run, as a network would
 
     def subscribe(self, topic_filter: str) -> AbstractAsyncContextManager[Subscription]:

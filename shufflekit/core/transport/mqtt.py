@@ -45,7 +45,13 @@ from shufflekit.base.errors import (
     ConfigError,
     TransportError,
 )
-from shufflekit.core.transport.base import Message, Subscription, Transport, topic_matches
+from shufflekit.core.transport.base import (
+    Message,
+    Subscription,
+    Transport,
+    check_publish,
+    topic_matches,
+)
 from shufflekit.core.transport.mqtt_link import ClosedBeforeConnack, MqttLink
 
 __all__ = [
@@ -360,6 +366,7 @@ class MqttTransport(Transport):
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish with QoS 1; BrokerAccessDenied if the broker's ACL refuses the topic."""
+        payload = check_publish(topic, payload)
         link = self._require()
         async with self._inflight:
             try:
