@@ -417,3 +417,22 @@ def test_a_total_variation_distance_stays_a_distance(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     tv = json.loads(r.stdout)["tv_distance"]
     assert 0.0 <= tv <= 1.0, tv
+
+
+def test_a_reader_that_stops_early_gets_no_error(tmp_path: Path) -> None:
+    """`shufflekit chaos --seed 7 | head -1` printed "error: Broken pipe" and exited 2."""
+    import os
+    import sys
+
+    env = {**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shufflekit", "chaos", "--seed", "7", "--faults", "crash"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert json.loads(proc.stdout.readline())["event"] == "start"
+    proc.stdout.close()  # as `head -1` does
+    assert proc.wait(timeout=120) == 141
+    assert b"error" not in proc.stderr.read()

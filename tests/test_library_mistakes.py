@@ -202,3 +202,15 @@ def test_a_deployment_is_refused_before_its_first_round(
     broker = MemoryBroker()
     with pytest.raises(InvalidInput, match=says):
         LocalDeployment(lambda _name: broker.connect(), "pilot", ledger, **options)
+
+
+def test_an_unreachable_ledger_is_one_line_and_a_ledger_closes(tmp_path: Path) -> None:
+    from shufflekit.base.errors import LedgerError
+
+    with pytest.raises(LedgerError) as err:  # psycopg's message spans two lines
+        Ledger("postgresql+psycopg://u:secret@127.0.0.1:1/x")
+    assert "\n" not in str(err.value) and "secret" not in str(err.value)
+    with Ledger(f"sqlite:///{tmp_path / 'c.db'}") as led:
+        led.init_budget(Budget("c", 1.0, 1e-6, 10))
+    assert led.engine.pool.checkedout() == 0
+    assert Ledger(f"sqlite:///{tmp_path / 'c.db'}").has_budget("c")

@@ -155,6 +155,11 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
 _BUSY = ("database is locked", "database is busy", "could not serialize", "deadlock detected")
 
 
+def _said(exc: sa.exc.DBAPIError) -> str:
+    """What the database driver said, in one line (psycopg's spans several)."""
+    return " ".join(str(exc.orig).split())
+
+
 def _busy(exc: sa.exc.OperationalError) -> bool:
     """A lock held by another writer (SQLite) or a serialization failure (PostgreSQL)."""
     return any(s in str(exc.orig).lower() for s in _BUSY)
@@ -178,10 +183,10 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
                     yield conn
     except sa.exc.OperationalError as exc:
         if _busy(exc):
-            raise LedgerBusy(f"ledger {redact(url)} is busy: {exc.orig}") from exc
-        raise LedgerError(f"ledger {redact(url)} is unavailable: {exc.orig}") from exc
+            raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
+        raise LedgerError(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
     except sa.exc.DBAPIError as exc:
-        raise LedgerError(f"ledger {redact(url)} refused the write: {exc.orig}") from exc
+        raise LedgerError(f"ledger {redact(url)} refused the write: {_said(exc)}") from exc
 
 
 def open_schema(engine: Engine, url: str, create: bool) -> None:
@@ -214,7 +219,7 @@ def open_schema(engine: Engine, url: str, create: bool) -> None:
             conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
             _META.create_all(conn)
     except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
-        raise LedgerError(f"cannot open ledger {redact(url)}: {exc.orig}") from exc
+        raise LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}") from exc
 
 
 def _sqlite_precheck(engine: Engine, url: str, create: bool) -> None:

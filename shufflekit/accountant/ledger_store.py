@@ -11,7 +11,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -47,6 +47,17 @@ class LedgerStore:
             self.engine.dispose()  # release the file before the caller sees the error
             raise
         self.curves = CurveCache(self._curve_load, self._curve_save)
+
+    def close(self) -> None:
+        """Release the database (its connections and, for SQLite, the file); a call after
+        this opens a new connection. `with Ledger(url) as led:` closes at the end."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _tx(self, write: bool = True) -> AbstractContextManager[Connection]:
         """One transaction; database failures become a LedgerError naming the ledger."""

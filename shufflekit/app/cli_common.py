@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 import traceback
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -60,6 +61,7 @@ TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 EXIT_USER = 2
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 def refuse(message: str) -> NoReturn:
@@ -138,6 +140,9 @@ class ShufflekitGroup(TyperGroup):
             return super().invoke(ctx)
         except (typer.TyperException, typer.Exit, typer.Abort):  # usage errors, --help, exits
             raise
+        except BrokenPipeError:  # `... | head`: the reader has what it wanted; say nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nor at exit)
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except (Exception, KeyboardInterrupt) as exc:  # the one handler
             message, code = describe(exc)
             if os.environ.get("SHUFFLEKIT_DEBUG"):
