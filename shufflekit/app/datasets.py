@@ -113,9 +113,10 @@ def normal_binned(
     edges = np.linspace(lo, hi, k + 1)
     cdf = ndtr(edges[1:-1] / sd)
     probs = np.diff(np.concatenate(([0.0], cdf, [1.0])))
-    labels = [f"[{a:.3g}, {b:.3g})" for a, b in itertools.pairwise(edges)]
-    labels[0] = f"(-inf, {edges[1]:.3g})"
-    labels[-1] = f"[{edges[-2]:.3g}, inf)"
+    shown = np.where(np.abs(edges) < 1e-12 * (hi - lo), 0.0, edges)  # 0, not -8.88e-16
+    labels = [f"[{a:.3g}, {b:.3g})" for a, b in itertools.pairwise(shown)]
+    labels[0] = f"(-inf, {shown[1]:.3g})"
+    labels[-1] = f"[{shown[-2]:.3g}, inf)"
     desc = f"N(0, variance={variance:g}) in {k} equal bins on [{lo:.4g}, {hi:.4g}], tails clipped"
     return Dataset("normal", probs, tuple(labels), desc)
 
@@ -192,7 +193,8 @@ def parse_probabilities(spec: str) -> Dataset:
         raise DatasetError(f"{spec!r}: a distribution needs at least 2 categories")
     if not np.all(np.isfinite(p)) or np.any(p < 0):
         raise DatasetError(f"{spec!r}: probabilities must be finite and >= 0")
-    total = float(p.sum())
+    with np.errstate(over="ignore"):  # 1e308 + 1e308 is inf, refused below, not a warning
+        total = float(p.sum())
     if abs(total - 1.0) > PROBS_SUM_TOLERANCE:
         raise DatasetError(
             f"{spec!r}: probabilities sum to {total:.6g}, not 1 (within {PROBS_SUM_TOLERANCE:g})"

@@ -20,7 +20,9 @@ The users' true histogram is the dataset's exact histogram for n users (largest-
 rounding; deterministic, the same for every model at a point); errors are distances between
 estimated and true frequency vectors (TV, L1, L2, max; `analyzer.metrics`), averaged over the
 repetitions (mean and sample standard deviation). All estimators of a point share the same
-simulated histograms (common random numbers). Every random stream derives from `seed`.
+simulated histograms (common random numbers). Every random stream derives from `seed` and the
+point's place in the grid: a row of `docs/utility.csv` is reproduced by the whole grid it came
+from, not by that point alone.
 EM (``ibu``) stops after `ibu_max_iter` steps; a row's ``nonconverged`` counts the repetitions
 that hit that cap (their estimate is EM's last step), and its note says so.
 
@@ -523,7 +525,8 @@ def utility_experiment(cfg: UtilityConfig, progress: ProgressFn | None = None) -
     t0 = time.perf_counter()
     pts = cfg.points()
     root = np.random.SeedSequence(cfg.seed)
-    # one child per point of the full grid, so a point's numbers do not depend on the others
+    # one child per point, by its place in the grid: a point's numbers do not depend on the
+    # others' results, but the same point in another grid (run alone, say) draws others
     children = root.spawn(len(pts))
     result = UtilityResult(cfg)
     for i, ((n, k, kind, v), ss) in enumerate(zip(pts, children, strict=True)):

@@ -147,6 +147,11 @@ def _estimator_panel(ax: Any, sel: list[dict[str, Any]], metric: str) -> bool:
         )
     ax.axhline(1.0, color="0.6", lw=0.8)
     ax.set_xscale("log")
+    # ratios equal to 1 within 1e-9 were drawn on an axis labelled "1e-9 + 1", as if the
+    # differences meant something: at least +-1% shown, and the values written whole
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, 0.99), max(hi, 1.01))
+    ax.ticklabel_format(axis="y", useOffset=False)
     first = names[0].upper()
     ax.set_ylabel(f"{_METRICS.get(metric, metric)} error / {first}'s error (1 = same)")
     ax.set_title(f"shuffle model: estimators compared with {first}", fontsize=10)
