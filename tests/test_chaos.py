@@ -269,6 +269,32 @@ def test_a_hop_losing_a_report_is_caught_at_the_release(monkeypatch: pytest.Monk
     assert v.invariant == "receipted_counted" and v.t < 30, v
 
 
+def test_a_mix_counting_a_client_twice_is_caught_by_hostile_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With honest clients only, mix 0 without its one-report-per-client check broke no
+    promise (an outside audit's mutation): every client sent one report. Now some send a
+    second, distinct one, or another's onion, and the round counts more reports than
+    clients."""
+    import shufflekit.shuffler.mix as mix
+
+    class Forgetful(dict[str, bytes]):
+        def __contains__(self, _key: object) -> bool:
+            return False  # `elif c.client_id in self.clients` never refuses
+
+    real_init = mix._Ingest.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.clients = Forgetful()
+
+    monkeypatch.setattr(mix._Ingest, "__init__", init)
+    outs = [run_seed(SimSpec(seed=s, faults=frozenset({"hostile_clients"}))) for s in range(3)]
+    found = [v for o in outs for v in o.violations]
+    assert found and all(v.invariant == "receipted_counted" for v in found), found
+    assert "reports from" in found[0].detail
+
+
 def test_a_bug_that_only_refunds_is_caught_by_the_quiet_seeds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from shufflekit.accountant.composition import PldFn, rounds_epsilon
-from shufflekit.accountant.core import Mechanism, check_delta
+from shufflekit.accountant.core import Mechanism, check_delta, mechanisms
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.roots import bracket_boundary, shrink_bracket
 from shufflekit.base.checks import real, whole
@@ -119,12 +119,7 @@ class _Evaluator:
         if unknown:
             raise InvalidParameters(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.make, self.rounds, self.delta = make, rounds, delta
-        if isinstance(spent, Mechanism):
-            raise InvalidParameters("spent must be a list of Mechanism (one round: [mech])")
-        self.spent = list(spent)
-        for m in self.spent:
-            if not isinstance(m, Mechanism):
-                raise InvalidParameters(f"spent rounds must be Mechanism, got {type(m).__name__}")
+        self.spent = mechanisms(spent, "spent")
         self.pld_fn, self.engine, self.grid = pld_fn, engine, grid
         self.memo: dict[float, float] = {}
 

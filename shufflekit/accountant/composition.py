@@ -19,7 +19,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, mechanisms
 from shufflekit.accountant.curve_cells import MAX_CELLS, steps_that_fit
 from shufflekit.accountant.curve_pld import (
     CurvePLD,
@@ -420,19 +420,13 @@ def _grouped(
     rounds: Sequence[Mechanism], counts: Sequence[int] | None
 ) -> OrderedDict[tuple[int, int, float], int]:
     """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order."""
-    if isinstance(rounds, Mechanism) or not isinstance(rounds, Iterable):
-        raise InvalidParameters(
-            f"rounds must be a list of Mechanism (one round: [mech]), got {type(rounds).__name__}"
-        )
-    rounds = list(rounds)
+    rounds = mechanisms(rounds)
     if not rounds:
         raise InvalidParameters("nothing to compose: no rounds")
     if counts is not None and len(counts) != len(rounds):
         raise InvalidParameters(f"{len(rounds)} rounds but {len(counts)} counts")
     grouped: OrderedDict[tuple[int, int, float], int] = OrderedDict()
     for m, c in zip(rounds, [1] * len(rounds) if counts is None else counts, strict=True):
-        if not isinstance(m, Mechanism):
-            raise InvalidParameters(f"expected Mechanism, got {type(m).__name__}")
         key = (int(m.n), int(m.k), float(m.eps0))
         grouped[key] = grouped.get(key, 0) + int(c)
     return grouped

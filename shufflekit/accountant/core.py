@@ -129,6 +129,18 @@ class PrivacyLossDistribution:
         return logsumexp(terms)
 
 
+def mechanisms(rounds: object, what: str = "rounds") -> list[Mechanism]:
+    """`rounds` as a list of Mechanism; InvalidParameters for one Mechanism where a list goes
+    (one round is [mech]), something not iterable, or an element that is not a Mechanism."""
+    if isinstance(rounds, Mechanism) or not isinstance(rounds, Iterable):
+        raise InvalidParameters(f"{what} must be a list of Mechanism (one round: [mech])")
+    out = list(rounds)
+    for m in out:
+        if not isinstance(m, Mechanism):
+            raise InvalidParameters(f"{what} must be Mechanism, got {type(m).__name__}")
+    return out
+
+
 def check_query(
     mech: Mechanism,
     epsilon: float | None = None,

@@ -54,6 +54,7 @@ class RoundFacts:
     deadline: float | None = None  # virtual seconds
     receipted: dict[str, float] = field(default_factory=dict)  # logical client -> receipt time
     sent: dict[str, int] = field(default_factory=dict)  # logical client -> randomized value sent
+    extra_sent: list[int] = field(default_factory=list)  # values of misbehaving clients' extras
     users: int = 0  # logical clients that answered
     results: list[int] = field(default_factory=list)  # batch sizes published
     histogram: list[int] | None = None  # the first result's
@@ -61,7 +62,7 @@ class RoundFacts:
     batch_size: int | None = None  # the ledger's, once committed
 
     def sent_of(self, value: int) -> int:
-        return sum(1 for v in self.sent.values() if v == value)
+        return sum(1 for v in self.sent.values() if v == value) + self.extra_sent.count(value)
 
     def receipted_of(self, value: int) -> int:
         return sum(1 for c in self.receipted if self.sent.get(c) == value)
@@ -102,6 +103,12 @@ class Checker:
         if batch_size < self.n_min:
             self._fail(
                 "nothing_below_n_min", f"round {rid} released {batch_size} < {self.n_min}", t
+            )
+        if facts.users and batch_size > facts.users:  # (a client counted twice)
+            self._fail(
+                "receipted_counted",
+                f"round {rid} counted {batch_size} reports from {facts.users} clients",
+                t,
             )
         if batch_size < len(facts.receipted):  # judged again at the end, with late receipts
             self._fail(

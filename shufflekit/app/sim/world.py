@@ -33,7 +33,7 @@ from shufflekit.app.services.config import (
 )
 from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
-from shufflekit.app.sim.invariants import Checker, Violation
+from shufflekit.app.sim.invariants import Checker, RoundFacts, Violation
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
@@ -42,6 +42,7 @@ from shufflekit.base.errors import (
     ConfigError,
     InvalidReport,
     LedgerBusy,
+    TransportError,
 )
 from shufflekit.base.random import SeededRandomness
 from shufflekit.client.agent import ClientAgent, randomized_report, seal_report, wrap_envelope
@@ -50,6 +51,7 @@ from shufflekit.core import standin
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Announcement, Result
 from shufflekit.core.peeling import InlinePeeler
+from shufflekit.core.topics import Topics
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, FaultyTransport, LinkFaults
 from shufflekit.core.wire import decode_report
@@ -64,7 +66,9 @@ FAULT_KINDS = (
     "crash",
     "restart",
     "ledger_busy",
+    "hostile_clients",
 )
+HOSTILE_CEILING = 0.1  # the largest share of a round's clients that misbehave
 DEPLOYMENT = "sim"
 N_MIN = 10
 CLIENTS = "sim-clients"
@@ -151,6 +155,8 @@ class World:
         self.publishes: dict[str, int] = {}  # accepted publishes per role
         self.crash_points: dict[str, tuple[int, float]] = {}  # role -> (nth publish, restart)
         self.restarting: dict[str, float] = {}  # role told to stop -> seconds until it starts
+        self.onions: dict[str, list[bytes]] = {}  # round -> honest onions sent so far
+        self.hostile_share = self.rng.fork("hostile").random()  # x HOSTILE_CEILING
 
     # ------------------------------------------------------------------ set-up
     def _config(self, folder: Path) -> ServiceConfig:
@@ -353,12 +359,19 @@ class World:
         facts.users = n
         self.event(CLIENTS, "users", round=ann.round_id, n=n)
         window = max(0.0, ann.seconds_left(self.clock))
+        # misbehaving clients draw from their own stream: the honest draws stay the seed's
+        hrng = self.rng.fork(f"hostile-{ann.round_id}")
+        hostile = "hostile_clients" in self.spec.faults
+        share = HOSTILE_CEILING * self.hostile_share if hostile else 0.0
         async with ReceiptBox(self._clients_connection, ann, CLIENTS, clock=self.clock) as box:
             users = []
             for i in range(n):
                 agent = ClientAgent(f"u{i}", crng.randbelow(ann.k), rng=crng)
                 arrive = 0.8 * window * crng.random()
                 users.append(self._one_user(agent, ann, arrive, box, facts.receipted, facts.sent))
+                if share and hrng.random() < share:
+                    kind = "twice" if hrng.random() < 0.5 else "replay"
+                    users.append(self._hostile(kind, agent, ann, arrive, hrng, facts))
             await asyncio.gather(*users)
         self.event(CLIENTS, "receipted", round=ann.round_id, n=box.receipted)
 
@@ -378,9 +391,41 @@ class World:
         report = randomized_report(agent.value, ann, agent.rng)
         sent[agent.client_id] = decode_report(report, ann.mechanism, ann.report_size)
         onion = seal_report(report, ann, agent.rng)
+        self.onions.setdefault(ann.round_id, []).append(onion)  # for replaying clients
         envelope = wrap_envelope(agent.client_id, onion, ann, agent.credential, box.reply)
         if await box.deliver(envelope, resend=1.0) is not None:
             receipted.setdefault(agent.client_id, self.clock.monotonic())
+
+    async def _hostile(
+        self,
+        kind: str,
+        agent: ClientAgent,
+        ann: Announcement,
+        arrive: float,
+        rng: SeededRandomness,
+        facts: RoundFacts,
+    ) -> None:
+        """A client's misbehaviour beside its honest report, a little after it: `twice`, a
+        second, distinct report under its own id (its value counts as sent: only one of the
+        two may be counted); `replay`, the onion of a client that answered earlier, under its
+        own id (no new value: the onion is counted once, if at all)."""
+        await asyncio.sleep(arrive + 0.5 * rng.random())
+        onions = self.onions.get(ann.round_id, [])
+        if kind == "twice":
+            report = randomized_report(agent.value, ann, rng)
+            facts.extra_sent.append(decode_report(report, ann.mechanism, ann.report_size))
+            onion = seal_report(report, ann, rng)
+        elif onions:
+            onion = onions[rng.randbelow(len(onions))]
+        else:
+            return  # nobody answered before it: nothing to replay
+        injected = self.broker.injected
+        injected["hostile_clients"] = injected.get("hostile_clients", 0) + 1
+        self.event(CLIENTS, "hostile", round=ann.round_id, client=agent.client_id, kind=kind)
+        envelope = wrap_envelope(agent.client_id, onion, ann, agent.credential, None)
+        with contextlib.suppress(TransportError):
+            conn = await self._clients_connection()
+            await conn.publish(Topics(DEPLOYMENT).data(ann.round_id, 0), envelope)
 
     # ------------------------------------------------------------------ the run
     def _schedule_faults(self) -> None:
