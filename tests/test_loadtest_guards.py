@@ -19,7 +19,13 @@ from typer.testing import CliRunner
 
 from shufflekit.app.cli import app
 from shufflekit.app.loadtest.report import Latencies, RoundFacts, build_report
-from shufflekit.app.loadtest.run import _check_stack, _signals_held, _writable
+from shufflekit.app.loadtest.run import (
+    _check_stack,
+    _signals_held,
+    _writable,
+    interrupted_line,
+    so_far,
+)
 from shufflekit.app.loadtest.stack import LoadTestFailed
 from shufflekit.base.errors import ConfigError
 
@@ -114,3 +120,35 @@ def test_signals_are_held_while_the_stack_is_cleaned_up() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # a second `kill` during cleanup: ignored
         os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: ignored
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_an_interrupted_run_says_what_it_did_until_then(tmp_path: Path) -> None:
+    """Ctrl-C said only where the logs were: nothing of the rounds released or the reports
+    receipted by then (the report is written at the end of a run)."""
+    import json
+
+    progress = tmp_path / "load" / "progress"
+    progress.mkdir(parents=True)
+    for i, (sent, receipted) in enumerate([(600, 590), (400, 380)]):
+        state = {"sent": sent, "receipted": receipted, "acked": sent}
+        (progress / f"{i}.json").write_text(json.dumps(state))
+    lines = [
+        {"released": True, "result": {"batch_size": 500}},
+        {"released": False, "result": None},
+        {"released": True, "result": {"batch_size": 460}},
+    ]
+    stack: Any = SimpleNamespace(lines=lambda name: lines if name == "coordinator" else [])
+    facts = so_far(tmp_path, stack)
+    assert facts == {
+        "interrupted": True,
+        "rounds_released": 2,
+        "rounds_aborted": 1,
+        "reports_counted": 960,
+        "reports_sent": 1000,
+        "reports_receipted": 970,
+    }
+    assert interrupted_line(facts) == (
+        "until then: 2 round(s) released (960 reports counted), 1 aborted; 1,000 reports sent, "
+        "970 receipted"
+    )
+    assert interrupted_line(so_far(tmp_path, None)).startswith("until then: 1,000 reports sent")

@@ -216,7 +216,13 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     except LoadTestFailed as exc:
         raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
     except KeyboardInterrupt:
-        sys.stderr.write(f"loadtest: interrupted; stopping everything (logs kept in {work})\n")
+        facts = so_far(work, stack)
+        sys.stderr.write(f"loadtest: interrupted; {interrupted_line(facts)}\n")
+        if opts.report_dir is not None:  # what the run did until then, for the record
+            with contextlib.suppress(OSError):
+                partial = opts.report_dir / "report.json"
+                partial.write_text(json.dumps(facts | {"logs": str(work)}, indent=2) + "\n")
+        sys.stderr.write(f"loadtest: stopping everything (logs kept in {work})\n")
         raise
     finally:
         restore()
@@ -230,6 +236,36 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
                 stack.stop(grace=30.0 if ok else 5.0)
             if ok:
                 shutil.rmtree(owned, ignore_errors=True)
+
+
+def so_far(work: Path, stack: LocalStack | None) -> dict[str, Any]:
+    """What an interrupted run did: the rounds the coordinator settled (here on loopback) and
+    the reports the load generator sent and had receipted, from the files they keep."""
+    sent, receipted, _rate = _load_progress(work / "load" / "progress", [])
+    lines = stack.lines("coordinator") if stack is not None else []
+    released = [x for x in lines if x.get("released")]
+    return {
+        "interrupted": True,
+        "rounds_released": len(released) if stack is not None else None,
+        "rounds_aborted": sum(1 for x in lines if x.get("released") is False),
+        "reports_counted": sum(int((x.get("result") or {}).get("batch_size", 0)) for x in released),
+        "reports_sent": sent,
+        "reports_receipted": receipted,
+    }
+
+
+def interrupted_line(facts: dict[str, Any]) -> str:
+    """One line of `so_far`'s facts."""
+    rounds = (
+        ""
+        if facts["rounds_released"] is None
+        else f"{facts['rounds_released']} round(s) released ({facts['reports_counted']:,} "
+        f"reports counted), {facts['rounds_aborted']} aborted; "
+    )
+    return (
+        f"until then: {rounds}{facts['reports_sent']:,} reports sent, "
+        f"{facts['reports_receipted']:,} receipted"
+    )
 
 
 def _writable(folder: Path) -> None:
