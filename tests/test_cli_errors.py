@@ -260,3 +260,20 @@ def test_a_bits_demo_refuses_an_estimator_it_would_ignore(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, [*argv, "--ledger", f"sqlite:///{tmp_path / 'l.db'}"])
     assert result.exit_code == 2 and "--estimator is for k-RR rounds" in result.output
     assert not (tmp_path / "l.db").exists()
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`experiment utility --out FILE` ran the whole sweep (minutes), then failed to write and
+    threw its results away."""
+    import shufflekit.app.cli_simulate as cli_simulate
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(cli_simulate, "utility_experiment", never)
+    (tmp_path / "afile").write_text("")
+    argv = ["experiment", "utility", "--n", "1000", "--epsilons", "1", "--out"]
+    result = CliRunner().invoke(app, [*argv, str(tmp_path / "afile")])
+    assert result.exit_code == 2 and "cannot write to" in result.output, result.output

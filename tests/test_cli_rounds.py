@@ -134,3 +134,28 @@ def test_round_counts_are_read_as_written_like_n() -> None:
     assert json.loads(written)["epsilon"] == json.loads(plain)["epsilon"]
     code, out = run("--round", "1e4.5,10,1", "--delta", "1e-6")
     assert code == 2 and "whole numbers" in out
+
+
+def test_the_composed_plot_draws_only_what_its_composition_certifies() -> None:
+    """`privacy compare --rounds 10 --plot` drew every composed curve flat at ~4e-14 from
+    epsilon 0.3 to 10 (a tenth of the composition's numerical slack), while `privacy epsilon`
+    answers 0.756 at delta = 1e-20 by another method: the plot showed numerics as privacy."""
+    import math
+
+    import numpy as np
+
+    from shufflekit.accountant import composition
+    from shufflekit.accountant.core import Mechanism
+    from shufflekit.accountant.registry import get_method
+    from shufflekit.app.plots import _STYLES, _curve
+
+    mech = Mechanism(10_000, 2, 1.0)
+    eps = np.geomspace(0.01, 10, 60)
+    upper, _lower, _failed, uncertified = _curve("tight", mech, 10, eps)
+    pld = get_method("tight").pld
+    assert pld is not None
+    composed = composition.compose([pld(mech)], counts=[10])
+    drawn = [y for y in upper if math.isfinite(y) and y > -40]
+    assert uncertified > 0 and drawn
+    assert all(composed.certifies(y * math.log(10)) for y in drawn)
+    assert len(set(_STYLES)) == len(_STYLES) >= 13  # --variants: 12 curves beside tight

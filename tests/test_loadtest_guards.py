@@ -22,11 +22,11 @@ from shufflekit.app.loadtest.report import Latencies, RoundFacts, build_report
 from shufflekit.app.loadtest.run import (
     _check_stack,
     _signals_held,
-    _writable,
     interrupted_line,
     so_far,
 )
 from shufflekit.app.loadtest.stack import LoadTestFailed
+from shufflekit.app.state import writable
 from shufflekit.base.errors import ConfigError
 
 # never import locust here: it patches threading with gevent, and the test worker hangs
@@ -59,9 +59,9 @@ def test_options_that_would_fail_late_are_refused_first(
 
 def test_an_unwritable_report_folder_is_refused_before_the_run(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError, match="cannot write the report"):
-        _writable(tmp_path / "file" / "report")
-    _writable(tmp_path / "ok")
+    with pytest.raises(ConfigError, match="cannot write to"):
+        writable(tmp_path / "file" / "report", ConfigError)
+    writable(tmp_path / "ok", ConfigError)
     assert [p.name for p in (tmp_path / "ok").iterdir()] == []  # the probe is gone
 
 

@@ -48,6 +48,7 @@ from shufflekit.app.render import (
     working,
 )
 from shufflekit.app.simulate import check_size, run_simulation
+from shufflekit.app.state import writable
 
 IbuMaxIterOpt = Annotated[
     int, typer.Option(min=1, help="EM (ibu) stops after this many steps; hitting it is reported.")
@@ -354,6 +355,8 @@ def utility(
         ibu_max_iter=ibu_max_iter,
     )
     cfg.validate()
+    if out is not None:  # before the sweep: found after it, its results were thrown away
+        writable(Path(out))
     with progress_bar("utility", len(cfg.points()), "points", quiet=json_out) as update:
         res = utility_experiment(cfg, progress=lambda i, _t, d: update(i, description=d))
     try:

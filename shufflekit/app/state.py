@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from shufflekit.accountant.ledger_schema import in_memory
@@ -37,3 +38,15 @@ def ledger_url(given: str | None) -> str:
             "(sqlite:///path/ledger.db)"
         )
     return url
+
+
+def writable(folder: Path, error: type[InvalidInput] = InvalidInput) -> None:
+    """Make `folder` and check that a file can be written there, before a long run whose
+    results are written at its end (found after the run, the results were lost); `error`
+    otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise error(f"cannot write to {folder}: {exc.strerror}") from None

@@ -31,6 +31,7 @@ from shufflekit.app.loadtest.stack import (
     start_coordinator,
     start_services,
 )
+from shufflekit.app.state import writable
 from shufflekit.base.errors import ConfigError, TransportError
 
 Progress = Callable[[str], None]
@@ -142,7 +143,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     probe = _settings(opts, connections, Path("."), "127.0.0.1", 1, False, None, None, None, "x")
     good = probe.counts()["good"]
     if opts.report_dir is not None:  # after every other check: a refused run leaves no folder
-        _writable(opts.report_dir)
+        writable(opts.report_dir, ConfigError)
     owned = tempfile.mkdtemp(prefix="shufflekit-loadtest-")
     work = Path(owned)
     monitor = RssMonitor()
@@ -266,17 +267,6 @@ def interrupted_line(facts: dict[str, Any]) -> str:
         f"until then: {rounds}{facts['reports_sent']:,} reports sent, "
         f"{facts['reports_receipted']:,} receipted"
     )
-
-
-def _writable(folder: Path) -> None:
-    """Make `folder` and check that files can be written there, before the run (the report is
-    written at its end); ConfigError if not."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"cannot write the report to {folder}: {exc.strerror}") from None
 
 
 @contextlib.contextmanager
