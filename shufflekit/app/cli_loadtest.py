@@ -134,7 +134,7 @@ def _print(out: dict[str, Any], report: Path | None) -> None:
     lat, ack, rl = out["publish_latency_ms"], out["puback_latency_ms"], out["round_latency_s"]
     receipted = out["reports_receipted"]
     _line(
-        f"{out['users_per_round']:,} users x {out['rounds']} rounds: "
+        f"{out['users_per_round']:,} users x {out['rounds']} round{'s' * (out['rounds'] != 1)}: "
         f"{out['rounds_released']} released; {out['reports_sent']:,} reports sent, "
         f"{out['reports_acknowledged']:,} acknowledged, "
         f"{'no receipts' if receipted is None else f'{receipted:,} receipted'}, "
