@@ -224,7 +224,8 @@ def test_a_ledger_in_memory_or_empty_is_refused(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [["simulate"], ["demo"], ["experiment", "utility"], ["experiment", "individual"]]
+    "command",
+    [["simulate"], ["demo"], ["experiment", "utility"], ["experiment", "individual"], ["clients"]],
 )
 def test_a_negative_seed_is_a_usage_error(command: list[str], tmp_path: Path) -> None:
     """numpy refuses a negative seed: it ended in "internal error", exit 70."""

@@ -212,5 +212,22 @@ def test_an_unreachable_ledger_is_one_line_and_a_ledger_closes(tmp_path: Path) -
     assert "\n" not in str(err.value) and "secret" not in str(err.value)
     with Ledger(f"sqlite:///{tmp_path / 'c.db'}") as led:
         led.init_budget(Budget("c", 1.0, 1e-6, 10))
-    assert led.engine.pool.checkedout() == 0
+    assert led.engine.pool.checkedin() == 0  # 1 without close(): the file stays open
     assert Ledger(f"sqlite:///{tmp_path / 'c.db'}").has_budget("c")
+
+
+def test_a_name_with_a_trailing_newline_is_refused_everywhere(ledger: Ledger) -> None:
+    """`^...$` with re.match took "pilot\\n": the ledger accepted a budget the announcement then
+    refused (pydantic's $ is the true end), so no round of it could run."""
+    with pytest.raises(InvalidParameters, match="deployment must be 1-64 characters"):
+        ledger.init_budget(Budget("pilot\n", 1.0, 1e-6, 10))
+
+
+def test_numpy_numbers_are_taken_by_the_accountant_too() -> None:
+    from shufflekit.accountant import Mechanism
+
+    m = Mechanism(np.int64(1000), np.int64(4), np.int64(1))  # "got np.int64(1)", 1 in range
+    assert (type(m.n), type(m.k), type(m.eps0)) == (int, int, float)
+    assert tight_delta(Mechanism(1000, 4, 1.0), np.int64(1)).delta >= 0
+    with pytest.raises(InvalidParameters, match="got 700.0000001"):  # not "got 700"
+        RoundParams(4, 700.0000001, 10)

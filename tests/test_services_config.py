@@ -355,3 +355,17 @@ async def test_a_refused_login_at_start_is_an_error_not_a_retry_loop() -> None:
         stop,
     )
     assert len(tries) == 3 and done == [1]  # refused twice (a broker not up yet), then served
+
+
+def test_a_close_at_below_n_min_is_refused_when_the_coordinator_starts(tmp_path: Path) -> None:
+    """It was refused at each round instead, after connecting: a service in a crash loop."""
+    from shufflekit.app.services.runtime import serve_coordinator
+    from shufflekit.app.sim.world import SimSpec, World
+
+    spec = SimSpec(seed=0, real_crypto=True)  # real keys: a service refuses stand-in ones
+    cfg = World(spec, tmp_path).cfg  # a whole configuration, budget n_min 10
+    early = cfg.model_copy(
+        update={"coordinator": cfg.coordinator.model_copy(update={"close_at": 5})}
+    )
+    with pytest.raises(ConfigError, match="close_at 5 is below the rounds' n_min 10"):
+        asyncio.run(asyncio.wait_for(serve_coordinator(early, asyncio.Event()), 10))

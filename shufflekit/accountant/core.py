@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -42,10 +43,15 @@ class Mechanism:
     eps0: float
 
     def __post_init__(self) -> None:
-        whole("n (number of users)", self.n, 1, error=InvalidParameters)  # True is refused
-        whole("k (number of categories)", self.k, 2, error=InvalidParameters)
+        # stored as Python numbers (numpy ones are taken); True is refused
+        object.__setattr__(
+            self, "n", whole("n (number of users)", self.n, 1, error=InvalidParameters)
+        )
+        object.__setattr__(
+            self, "k", whole("k (number of categories)", self.k, 2, error=InvalidParameters)
+        )
         if isinstance(self.eps0, bool) or not (
-            isinstance(self.eps0, float | int | np.floating)
+            isinstance(self.eps0, numbers.Real)
             and math.isfinite(self.eps0)
             and EPS0_MIN <= self.eps0 <= EPS0_MAX
         ):
@@ -53,6 +59,7 @@ class Mechanism:
                 f"eps0 must be a finite number in [{EPS0_MIN:g}, {EPS0_MAX:g}] (e^eps0 must fit a "
                 f"float, and differ from 1), got {self.eps0!r}"
             )
+        object.__setattr__(self, "eps0", float(self.eps0))
 
     @property
     def krr(self) -> KRR:
@@ -162,7 +169,7 @@ def check_query(
 def check_epsilon(epsilon: float, *, real_line: bool = False) -> float:
     """epsilon as a float: a finite number >= 0, or with `real_line` any number but NaN (a
     hockey-stick divergence is defined at every e^epsilon); InvalidParameters otherwise."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, float | int | np.floating):
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
         raise InvalidParameters(f"epsilon must be a number, got {epsilon!r}")
     e = float(epsilon)
     if math.isnan(e) or not (real_line or (math.isfinite(e) and e >= 0)):
@@ -172,7 +179,7 @@ def check_epsilon(epsilon: float, *, real_line: bool = False) -> float:
 
 def check_delta(delta: float, *, allow_zero: bool = False) -> float:
     """delta as a float in (0, 1) ([0, 1) with `allow_zero`); InvalidParameters otherwise."""
-    if isinstance(delta, bool) or not isinstance(delta, float | int | np.floating):
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
         raise InvalidParameters(f"delta must be a number, got {delta!r}")
     d = float(delta)
     if not (0.0 < d < 1.0 or (allow_zero and d == 0.0)):

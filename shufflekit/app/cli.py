@@ -118,6 +118,8 @@ def demo(
     If the deployment has no budget yet, one is created from --budget-* (a notice on stderr
     says so). With --mechanism bits --bits L each user holds an L-bit record and flips each
     bit (eps0 per record); the result has per-bit estimates with standard errors.
+
+    Exit 1 if no round released anything (each says why); 2 for a refused value or budget.
     """
     if users < 1:
         refuse(f"--users must be at least 1, got {users}")

@@ -69,5 +69,5 @@ def real(
         or (low is not None and (x < low or (low_open and x == low)))
         or (high is not None and (x > high or (high_open and x == high)))
     ):
-        raise error(f"{name} must be a finite number{within}, got {x:g}")
+        raise error(f"{name} must be a finite number{within}, got {x!r}")  # all its digits
     return x

@@ -8,11 +8,11 @@ import re
 from shufflekit.base.errors import ConfigError, InvalidInput
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-_NAME = re.compile(NAME_PATTERN)
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # with fullmatch: "$" also matched before "\n"
 
 
 def check_name(kind: str, value: object, error: type[InvalidInput] = ConfigError) -> str:
     """`value` if it is 1-64 characters of A-Z a-z 0-9 _ . -; else `error` naming `kind`."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise error(f"{kind} must be 1-64 characters of A-Z a-z 0-9 _ . -, got {value!r}")
     return value

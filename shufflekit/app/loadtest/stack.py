@@ -180,7 +180,7 @@ def build_stack(
 ) -> LocalStack:
     """Keys, ledger, broker and config in `folder` (services are started by `start_services`).
     With `bits` = L the rounds are bit-vector rounds of L-bit records (k = 2^L)."""
-    mechanism = f'mechanism = "bits"\nbits = {bits}\nk = {1 << bits}\n' if bits else f"k = {k}\n"
+    mechanism = f'mechanism = "bits"\nbits = {bits}\n' if bits else f"k = {k}\n"  # k = 2^L implied
     keys = folder / "keys"
     for i in range(mixes):
         write_key_pair(KeyFiles.of(keys, f"mix{i}"))

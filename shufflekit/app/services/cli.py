@@ -231,7 +231,7 @@ def clients(
     bad_fraction: Annotated[
         float, typer.Option("--bad-fraction", min=0.0, max=1.0, help="Share of malformed reports.")
     ] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of values and bad clients.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of values and bad clients.")] = 0,
     connections: Annotated[
         int, typer.Option("--connections", min=1, max=64, help="Broker connections to use.")
     ] = 4,

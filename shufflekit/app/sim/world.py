@@ -336,7 +336,9 @@ class World:
         if task is None or task.done():
             return
         self.restarting.pop(role, None)  # (killed while stopping: this restart wins)
-        self.broker.cut(self.cfg.client_id(role), reason="crash")
+        if not self.broker.cut(self.cfg.client_id(role), reason="crash"):  # (no connection
+            injected = self.broker.injected  # to cut: still a crash, not a quiet seed)
+            injected["crash"] = injected.get("crash", 0) + 1
         self.event(role, "crash", restart_after=round(restart_after, 6))
         del self.tasks[role]
         task.cancel()
