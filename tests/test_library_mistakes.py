@@ -229,5 +229,5 @@ def test_numpy_numbers_are_taken_by_the_accountant_too() -> None:
     m = Mechanism(np.int64(1000), np.int64(4), np.int64(1))  # "got np.int64(1)", 1 in range
     assert (type(m.n), type(m.k), type(m.eps0)) == (int, int, float)
     assert tight_delta(Mechanism(1000, 4, 1.0), np.int64(1)).delta >= 0
-    with pytest.raises(InvalidParameters, match="got 700.0000001"):  # not "got 700"
+    with pytest.raises(InvalidParameters, match=r"got 700\.0000001"):  # not "got 700"
         RoundParams(4, 700.0000001, 10)
