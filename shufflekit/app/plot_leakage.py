@@ -48,16 +48,30 @@ def plot_leakage(
             progress(i + 1)
     x = np.array(sizes, dtype=float)
     exact_mask = np.array(ins_exact)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    # one more participant whose answer the insider knows is a post-processing of the smaller
+    # round (the insider can add that report itself), so the insider's risk never grows with
+    # n: the smallest value so far, exact or bound, is a sound bound too (the bound alone
+    # jumped above the exact values where it took over)
+    ins = np.minimum.accumulate(np.array(ins_v))
+    chance = 1.0 / k
+    tiny = 1e-12  # excesses below it are drawn at it (the log axis has no zero)
+
+    def excess(v: object) -> np.ndarray:
+        return np.maximum(np.asarray(v, dtype=float) - chance, tiny)
+
+    fig, ax = plt.subplots(figsize=(7.5, 6.2))
     local = lk.local_only_vulnerability(k, eps0)
     ax.axhline(
-        local, color="tab:red", lw=1.2, ls=":", label=f"k-RR alone (no shuffle): {local:.4g}"
+        local - chance,
+        color="tab:red",
+        lw=1.2,
+        ls=":",
+        label=f"k-RR alone (no shuffle): {local:.4g}",
     )
-    ax.plot(x, shuf, color="tab:gray", lw=1.2, label="shuffle alone (no noise), outsider")
-    ins = np.array(ins_v)
+    ax.plot(x, excess(shuf), color="tab:gray", lw=1.2, label="shuffle alone (no noise), outsider")
     ax.plot(
         np.where(exact_mask, x, np.nan),
-        np.where(exact_mask, ins, np.nan),
+        np.where(exact_mask, excess(ins), np.nan),
         color="tab:orange",
         lw=1.8,
         label="insider (knows every other answer), exact worst case",
@@ -66,28 +80,32 @@ def plot_leakage(
         first = int(np.argmin(exact_mask)) if exact_mask.any() else 0
         ax.plot(
             x[max(first - 1, 0) :],
-            ins[max(first - 1, 0) :],
+            excess(ins[max(first - 1, 0) :]),
             color="tab:orange",
             lw=1.5,
             ls="--",
-            label="insider, sound upper bound",
+            label="insider, sound upper bound (the least at any n so far)",
         )
-    ax.plot(x, out, color="black", lw=2.2, label="outsider (sees the published counts)")
-    ax.axhline(1.0 / k, color="tab:blue", lw=1.0, label=f"chance: 1/k = {1 / k:.4g}")
+    ax.plot(x, excess(out), color="black", lw=2.2, label="outsider (sees the published counts)")
     if max_excess is not None:
-        ax.axhline(
-            1.0 / k + max_excess, color="tab:blue", lw=0.8, ls="--", label=f"1/k + {max_excess:g}"
-        )
+        ax.axhline(max_excess, color="tab:blue", lw=0.8, ls="--", label=f"1/k + {max_excess:g}")
     if n is not None:
-        ax.axvline(n, color="tab:green", lw=0.9, ls="-.", label=f"n = {n:,}")
+        at = sizes.index(n)
+        ax.axvline(
+            n,
+            color="tab:green",
+            lw=0.9,
+            ls="-.",
+            label=f"n = {n:,}: outsider {out[at]:.4g}, insider {ins[at]:.4g}",
+        )
     ax.set_xscale("log")
-    ax.set_ylim(bottom=max(0.0, 1.0 / k - 0.05 * (1 - 1.0 / k)), top=1.01)
+    ax.set_yscale("log")
     ax.set_xlabel("participants n (log scale)")
-    ax.set_ylabel("probability of guessing one participant's value")
-    ax.set_title(f"Bayes vulnerability of one participant: k = {k}, eps0 = {eps0:g}")
+    ax.set_ylabel(f"chance of guessing one value, minus chance 1/k = {chance:.4g}")
+    ax.set_title(f"Bayes vulnerability of one participant above chance: k = {k}, eps0 = {eps0:g}")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
+    fig.savefig(path, dpi=120, format="png", bbox_inches="tight")
     plt.close(fig)
     return len(sizes)
