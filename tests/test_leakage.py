@@ -368,3 +368,20 @@ def test_large_eps0_insider_tends_to_the_truth_probability() -> None:
         assert 0 < r.outsider_vulnerability < 1
     with pytest.raises(InvalidParameters):
         lk.leakage_report(10, 2, 701.0)
+
+
+def test_the_plotted_insider_never_rises_with_n_and_stays_above_the_exact_values() -> None:
+    """k = 3, eps0 = 4: exact 0.84 at n = 10, then the bound 0.965 from n = 13: the plot said
+    a larger cohort raised the risk. What it draws is the least value so far, which is at
+    least every exact value at that n (a sound bound)."""
+    from shufflekit.accountant.leakage_insider import insider_vulnerability
+    from shufflekit.app.plot_leakage import PLOT_INSIDER_WORK, least_so_far, plot_sizes
+
+    sizes = [m for m in plot_sizes(None, 3) if m <= 35]  # all exact with more work
+    raw = [insider_vulnerability(m, 3, 4.0, max_work=PLOT_INSIDER_WORK) for m in sizes]
+    assert any(b[0] > a[0] for a, b in itertools.pairwise(raw))  # the bound's jump
+    drawn = least_so_far([v for v, _ in raw])
+    assert all(b <= a for a, b in itertools.pairwise(drawn))
+    for m, d in zip(sizes, drawn, strict=True):
+        exact, is_exact = insider_vulnerability(m, 3, 4.0, max_work=1e9)
+        assert is_exact and d >= exact - 1e-12

@@ -20,6 +20,15 @@ def plot_sizes(n: int | None, k: int) -> list[int]:
     return sorted({int(x) for x in np.geomspace(1, top, 40).round()} | ({n} if n else set()))
 
 
+def least_so_far(insider: list[float]) -> np.ndarray:
+    """The insider's risk at increasing n as drawn: the least value so far. One more
+    participant whose answer the insider knows is a post-processing of the smaller round (the
+    insider can add that report itself), so the risk never grows with n, and the least value
+    so far, exact or bound, is a sound bound too (the bound alone jumped above the exact
+    values where it took over)."""
+    return np.minimum.accumulate(np.asarray(insider, dtype=float))
+
+
 def plot_leakage(
     path: str,
     k: int,
@@ -48,11 +57,7 @@ def plot_leakage(
             progress(i + 1)
     x = np.array(sizes, dtype=float)
     exact_mask = np.array(ins_exact)
-    # one more participant whose answer the insider knows is a post-processing of the smaller
-    # round (the insider can add that report itself), so the insider's risk never grows with
-    # n: the smallest value so far, exact or bound, is a sound bound too (the bound alone
-    # jumped above the exact values where it took over)
-    ins = np.minimum.accumulate(np.array(ins_v))
+    ins = least_so_far(ins_v)
     chance = 1.0 / k
     tiny = 1e-12  # excesses below it are drawn at it (the log axis has no zero)
 
