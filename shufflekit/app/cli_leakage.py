@@ -17,7 +17,7 @@ from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.leakage_insider import MAX_EPS0
 from shufflekit.accountant.tight import tight_epsilon
 from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
-from shufflekit.app.render import console, err_console, print_json, progress_bar
+from shufflekit.app.render import console, print_json, progress_bar
 
 JSON_KEYS = (
     "prior_vulnerability",
@@ -29,7 +29,8 @@ JSON_KEYS = (
     "additive_leakage",
     "statement",
 )
-"""What `--json` prints for `--n` (with `--max-excess` also `n` and `max_excess`)."""
+"""What `--json` prints for `--n` (with `--max-excess` also `n` and `max_excess`, with
+`--plot` also `plot`, the figure's path)."""
 
 
 def leakage_json(r: lk.Leakage, statement: str) -> dict[str, Any]:
@@ -89,11 +90,11 @@ def leakage(
         out = leakage_json(r, statement)
         if max_excess is not None:
             out |= {"n": n, "max_excess": max_excess}
-        print_json(out)
+        print_json(out | ({"plot": plot} if plot else {}))  # as `privacy compare` names it
         return
     _print(r, statement, max_excess)
     if plot:
-        err_console.print(f"plot: {plot}")
+        console.print(f"plot: {plot}", highlight=False, markup=False)  # stdout, as compare
 
 
 def _print(r: lk.Leakage, statement: str, max_excess: float | None) -> None:
