@@ -544,7 +544,7 @@ def _compare_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[
 
 def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
     """The human table of `compare`: every method with epsilon, lower bound, label and time."""
-    t = Table(title=title)
+    t = Table(title=title, pad_edge=False)  # 80 columns: method names are typed back
     for col in ("method", "epsilon", "lower bound", "label", "seconds"):
         t.add_column(col, no_wrap=True)
     for r in rows:
@@ -554,6 +554,6 @@ def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
             eps,
             _fmt(r["lower_bound"]),
             _label(r["soundness"]),
-            f"{r['seconds']:.3g}",
+            f"{r['seconds']:.3f}",
         )
     return t
