@@ -57,7 +57,7 @@ def _label(r: dict[str, Any]) -> str:
     if r["model"] == "central":
         how = "projected onto the simplex" if r["estimator"] == "project" else "raw counts"
         return f"central model: Gaussian noise, {how}"
-    return "local model: k-RR alone, no shuffle (INV)"
+    return "local model: k-RR alone, no shuffle (INV: off the simplex, may pass 1)"
 
 
 def _style(r: dict[str, Any]) -> tuple[str, Any, str, bool]:
@@ -72,6 +72,15 @@ def _series(rows: Sequence[dict[str, Any]], metric: str) -> tuple[Any, Any, Any,
     y = np.array([r[f"{metric}_mean"] for r in pts], dtype=float)
     s = np.array([r[f"{metric}_std"] for r in pts], dtype=float)
     return x, y, s, pts
+
+
+def _epsilon_ticks(ax: Any, epsilons: list[float]) -> None:
+    """Ticks at the epsilons of the sweep, written plainly (the log axis wrote 0.3 and 0.4 as
+    "3x10^-1" and "4x10^-1", run together); a long sweep keeps the log axis's own ticks."""
+    if len(epsilons) > 12:
+        return
+    ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+    ax.minorticks_off()
 
 
 def _error_panel(ax: Any, sel: list[dict[str, Any]], metric: str, reps: str) -> None:
@@ -104,10 +113,12 @@ def _error_panel(ax: Any, sel: list[dict[str, Any]], metric: str, reps: str) -> 
                     f"{r['eps0']:.1f}",
                     (xi, yi),
                     textcoords="offset points",
-                    xytext=(0, 8),
+                    xytext=(0, 9),
                     ha="center",
                     fontsize=7,
                     color=colour,
+                    zorder=20,  # over the error bars' caps and the other models' markers
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
                 )
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -204,6 +215,7 @@ def utility_figure(rows: Sequence[dict[str, Any]], metric: str = "tv", title: st
         for ax in row_axes:
             ax.set_xlabel(f"epsilon of one round (at delta = {delta:g})")
             ax.grid(True, which="both", alpha=0.3)
+            _epsilon_ticks(ax, sorted({r["epsilon"] for r in sel}))
         if len(panels) > 1:
             row_axes[0].annotate(
                 f"n = {n:,} users, k = {k} categories",
