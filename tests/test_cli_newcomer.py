@@ -321,7 +321,7 @@ def test_utility_plot_separates_models_and_shows_estimators_relative_to_inv() ->
         "shuffle model, INV (unbiased inversion)",
         "central model: Gaussian noise, raw counts",
         "central model: Gaussian noise, projected onto the simplex",
-        "local model: k-RR alone, no shuffle (INV)",
+        "local model: k-RR alone, no shuffle (INV: off the simplex, may pass 1)",
     ]
     lines = relative.get_lines()[:5]
     assert len({(ln.get_marker(), str(ln.get_linestyle()), ln.get_color()) for ln in lines}) == 5
