@@ -184,7 +184,11 @@ def privacy_figure(
         upper = uppers[name]
         label = f"{METHOD_NAMES.get(name, name)} [{name}]: "
         label += SOUNDNESS_WORDS.get(m.soundness.name, m.soundness.name.lower())
-        twin = _same_as(upper, {n: uppers[n] for n in order[:j]})
+        # tight is drawn last, on top: a curve equal to it would hide under it unsaid
+        others = {n: uppers[n] for n in order[:j]} | (
+            {"tight": uppers["tight"]} if "tight" in uppers and name != "tight" else {}
+        )
+        twin = _same_as(upper, others)
         if twin is not None:
             label += f"; same curve as [{twin}] here"
         if failed[name] == len(eps):
@@ -200,11 +204,12 @@ def privacy_figure(
             ax.plot(
                 eps,
                 lowers[name],
-                color="black",
-                lw=1.3,
+                color="magenta",  # no other curve's colour
+                lw=1.1,
                 ls=(0, (3, 2)),
                 zorder=11,
-                label="tight: its explicit attack (lower bound; the truth lies between)",
+                label="tight: its explicit attack (lower bound; the truth lies between; where "
+                "it meets the bound it runs along it)",
             )
         else:
             colour, dashes, marker = _STYLES[j % len(_STYLES)]
