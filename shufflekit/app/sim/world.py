@@ -69,6 +69,7 @@ FAULT_KINDS = (
     "hostile_clients",
 )
 HOSTILE_CEILING = 0.1  # the largest share of a round's clients that misbehave
+SMALL_ROUNDS = 1 / 6  # rounds of n_min to n_min + 4 users, where n_min is a close call
 DEPLOYMENT = "sim"
 N_MIN = 10
 CLIENTS = "sim-clients"
@@ -357,6 +358,9 @@ class World:
         crng = self.rng.fork(f"clients-{ann.round_id}")
         lo = max(N_MIN, self.spec.users // 4)
         n = lo + crng.randbelow(max(1, self.spec.users - lo + 1))
+        size = self.rng.fork(f"size-{ann.round_id}")  # (the other draws stay the seed's)
+        if size.random() < SMALL_ROUNDS:  # at the edge of n_min: one report lost aborts it
+            n = N_MIN + size.randbelow(N_MIN // 2)
         facts = self.checker.round(ann.round_id)
         facts.users = n
         self.event(CLIENTS, "users", round=ann.round_id, n=n)
