@@ -163,20 +163,22 @@ def test_bit_vector_load_tests_configure_a_bits_deployment(
     from shufflekit.app.services.config import load_config
 
     monkeypatch.setattr(stack, "start_broker", lambda *a, **kw: SimpleNamespace(port=1883))
-    built = stack.build_stack(
-        tmp_path,
-        mixes=2,
-        k=10,
-        eps0=2.0,
-        close_at=100,
-        n_min=10,
-        deadline=60.0,
-        tls=False,
-        peel_workers=1,
-        bits=4,
-    )
-    c = load_config(built.config).coordinator_settings()
-    assert (c.mechanism, c.bits, c.k) == ("bits", 4, 16)
+    for bits in (4, 16):  # L = 16: k = 65536 was written as k, which k-RR caps at 65535
+        built = stack.build_stack(
+            tmp_path / str(bits),
+            mixes=2,
+            k=10,
+            eps0=2.0,
+            close_at=100,
+            n_min=10,
+            deadline=60.0,
+            tls=False,
+            peel_workers=1,
+            bits=bits,
+        )
+        c = load_config(built.config).coordinator_settings()
+        params = c.round_params(10)
+        assert (c.mechanism, params.bits, params.k) == ("bits", bits, 1 << bits)
     for args, msg in [
         (["--mechanism", "bits"], "--mechanism bits needs --bits L"),
         (["--bits", "3"], "--bits goes with --mechanism bits"),
