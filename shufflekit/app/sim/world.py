@@ -90,6 +90,7 @@ class SimSpec:
     eps0: float = 1.0
     deadline: float = 20.0
     batch_timeout: float = 10.0
+    small_rounds: float = SMALL_ROUNDS  # share of rounds at the edge of n_min (0: none)
 
 
 @dataclass
@@ -359,7 +360,7 @@ class World:
         lo = max(N_MIN, self.spec.users // 4)
         n = lo + crng.randbelow(max(1, self.spec.users - lo + 1))
         size = self.rng.fork(f"size-{ann.round_id}")  # (the other draws stay the seed's)
-        if size.random() < SMALL_ROUNDS:  # at the edge of n_min: one report lost aborts it
+        if size.random() < self.spec.small_rounds:  # at n_min's edge: a lost report aborts
             n = N_MIN + size.randbelow(N_MIN // 2)
         facts = self.checker.round(ann.round_id)
         facts.users = n
