@@ -7,34 +7,19 @@ nothing, when the ledger or the deployment is missing.
 from __future__ import annotations
 
 import datetime as dt
-import shlex
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
-from shufflekit.accountant.ledger_schema import redact
+from shufflekit.accountant.ledger import Budget, BudgetStatus, check_budget
 from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
-from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url
-from shufflekit.base.errors import InvalidInput, LedgerNotFound
-from shufflekit.base.names import check_name
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
+from shufflekit.base.errors import InvalidInput
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
-
-
-def _open(url: str | None, deployment: str, create: bool = False) -> Ledger:
-    """The ledger at `url` (default: the state folder's); LedgerNotFound says how to create one.
-
-    Only `init` passes create=True: reading a missing ledger must not leave an empty one behind.
-    """
-    check_name("--deployment", deployment)
-    try:
-        return Ledger(ledger_url(url), create=create)
-    except LedgerNotFound as exc:
-        raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None
 
 
 def _say(text: str) -> None:
@@ -97,7 +82,7 @@ def init(
         schedule=schedule,
     )
     check_budget(b)  # before the ledger is opened: bad arguments create no file
-    led = _open(ledger, deployment, create=True)
+    led = open_ledger(ledger, deployment, create=True)
     led.init_budget(b)
     if json_out:
         print_json(b.as_dict())
@@ -152,7 +137,7 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """The budget's policy and guarantee, committed and reserved epsilon, and every round."""
-    led = _open(ledger, deployment)
+    led = open_ledger(ledger, deployment)
     st = led.status(deployment)
     if json_out:
         print_json(st.as_dict())
@@ -185,7 +170,7 @@ def history(
     json_out: JsonOpt = False,
 ) -> None:
     """The append-only audit log: every decision, who made it (role user@host:pid) and why."""
-    led = _open(ledger, deployment)
+    led = open_ledger(ledger, deployment)
     rows = led.history(deployment)
     if json_out:  # one object, as every --json gives
         print_json({"deployment": deployment, "history": rows})
@@ -212,7 +197,7 @@ def refund(
     json_out: JsonOpt = False,
 ) -> None:
     """Refund a reserved round that released nothing (a committed round is never refunded)."""
-    led = _open(ledger, deployment)
+    led = open_ledger(ledger, deployment)
     rec = led.refund(deployment, round_id, actor="operator", reason=reason)
     if json_out:
         print_json(rec.as_dict())
@@ -235,7 +220,7 @@ def delete(
 
     Asks first (unless --yes); refused for a budget with committed rounds unless --force.
     """
-    led = _open(ledger, deployment)
+    led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError for an unknown deployment, before asking
     committed = sum(1 for r in led.rounds_of(deployment) if r.status == "committed")
     if committed and not force:  # (the ledger refuses it too) before asking, not after

@@ -16,10 +16,9 @@ import typer
 from rich.table import Table
 
 from shufflekit.accountant.ledger import Ledger, RoundRecord
-from shufflekit.app.cli_budget import _open
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
-from shufflekit.app.state import DEFAULT_DEPLOYMENT
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
 from shufflekit.client.agent import current_announcement
 from shufflekit.core.messages import Announcement
 from shufflekit.core.transport.base import Transport
@@ -97,7 +96,7 @@ def rounds(
     json_out: JsonOpt = False,
 ) -> None:
     """List the running and recent rounds of a deployment (ledger, and broker if given)."""
-    led = _open(ledger, deployment)
+    led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError naming an unknown deployment
     ann = asyncio.run(_from_broker(broker, deployment, wait)) if broker else None
     data = listing(led, deployment, limit, ann)

@@ -12,7 +12,6 @@ round, order x0|x1 throughout), so the printed gap is what is known.
 from __future__ import annotations
 
 import math
-import shlex
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,14 +22,11 @@ import typer
 from shufflekit.accountant import bits, composition, tight
 from shufflekit.accountant.core import Mechanism, Soundness, check_delta
 from shufflekit.accountant.curves import CurveCache
-from shufflekit.accountant.ledger import Ledger
-from shufflekit.accountant.ledger_schema import redact
 from shufflekit.accountant.policy import charges_epsilon
 from shufflekit.accountant.round_types import RoundType
 from shufflekit.app.cli_common import count as count_of_people
-from shufflekit.app.state import ledger_url
-from shufflekit.base.errors import AccountantError, InvalidParameters, LedgerNotFound
-from shufflekit.base.names import check_name
+from shufflekit.app.state import open_ledger
+from shufflekit.base.errors import AccountantError, InvalidParameters
 
 RoundMech = Mechanism | bits.BitsMechanism
 Charge = tuple[RoundType, int]
@@ -75,11 +71,7 @@ LOWER_MAX_KINDS = 20  # distinct rounds the composed attack is computed for
 def ledger_rounds(url: str | None, deployment: str) -> LedgerRounds:
     """The committed rounds of a deployment (`LedgerRounds`); LedgerNotFound / LedgerError if
     none."""
-    check_name("--deployment", deployment)
-    try:
-        led = Ledger(ledger_url(url), create=False)
-    except LedgerNotFound as exc:
-        raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None
+    led = open_ledger(url, deployment)
     st = led.status(deployment)
     charges = [r.charge for r in st.rounds if r.status == "committed"]
     b = st.budget

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
-from shufflekit.accountant.ledger_schema import in_memory
-from shufflekit.base.errors import InvalidInput
+from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger_schema import in_memory, redact
+from shufflekit.base.errors import InvalidInput, LedgerNotFound
+from shufflekit.base.names import check_name
 
 DEFAULT_DEPLOYMENT = "default"
 
@@ -50,3 +53,14 @@ def writable(folder: Path, error: type[InvalidInput] = InvalidInput) -> None:
             pass
     except OSError as exc:
         raise error(f"cannot write to {folder}: {exc.strerror}") from None
+
+
+def open_ledger(url: str | None, deployment: str, create: bool = False) -> Ledger:
+    """The ledger a command names for `deployment` (its name checked first); a missing one is a
+    LedgerNotFound whose hint names both, to be pasted. Only `budget init` passes create=True:
+    reading a missing ledger must not leave an empty one behind."""
+    check_name("--deployment", deployment)
+    try:
+        return Ledger(ledger_url(url), create=create)
+    except LedgerNotFound as exc:
+        raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None

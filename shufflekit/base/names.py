@@ -7,8 +7,9 @@ import re
 
 from shufflekit.base.errors import ConfigError, InvalidInput
 
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # with fullmatch: "$" also matched before "\n"
+_BODY = r"[A-Za-z0-9_.-]{1,64}"
+NAME_PATTERN = f"^{_BODY}$"  # for pydantic, whose "$" is the end of the text
+_NAME = re.compile(_BODY)  # with fullmatch: re's "$" also matches before a final "\n"
 
 
 def check_name(kind: str, value: object, error: type[InvalidInput] = ConfigError) -> str:
