@@ -367,5 +367,6 @@ def test_a_close_at_below_n_min_is_refused_when_the_coordinator_starts(tmp_path:
     early = cfg.model_copy(
         update={"coordinator": cfg.coordinator.model_copy(update={"close_at": 5})}
     )
-    with pytest.raises(ConfigError, match="close_at 5 is below the rounds' n_min 10"):
+    says = r"\[coordinator\] close_at 5 is below the round's n_min 10"
+    with pytest.raises(ConfigError, match=says):
         asyncio.run(asyncio.wait_for(serve_coordinator(early, asyncio.Event()), 10))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,7 +48,6 @@ from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     AccountantError,
     ConfigError,
-    InvalidParameters,
     InvalidReport,
     RoundAborted,
     TransportError,
@@ -165,13 +163,7 @@ class Coordinator:
         """
         rid = check_name("round id", round_id or new_round_id(self.clock, self.rng))
         budget = await self.offload(self.ledger.budget, self.deployment)
-        # the cost is reserved for the budget's n_min: never release a smaller batch
-        params = dataclasses.replace(params, n_min=max(params.n_min, budget.n_min))
-        if params.close_at is not None and params.close_at < params.n_min:
-            raise InvalidParameters(
-                f"close_at {params.close_at} is below the round's n_min {params.n_min} (the "
-                "budget's or its own): mix 0 would close before the round could be released"
-            )
+        params = params.at_least(budget.n_min)  # never release below the reserved-for n_min
         self.announcement(rid, params)  # refused here, before any reservation, if no hop takes it
         if params.bits is None:
             await self.offload(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
@@ -98,6 +98,18 @@ class RoundParams:
         """A bit-vector round: records of `bits` = L bits, eps0 per record."""
         bits = whole("L (bits per record)", bits, 1, MAX_RECORD_BITS, InvalidParameters)
         return cls(1 << bits, eps0, n_min, deadline_seconds, bits=bits, close_at=close_at)
+
+    def at_least(self, n_min: int) -> RoundParams:
+        """These parameters released at no fewer than `n_min` (the budget's: the cost is
+        reserved for it); InvalidParameters if `close_at` is then below it (mix 0 would close
+        before the round could be released)."""
+        params = replace(self, n_min=max(self.n_min, n_min))
+        if params.close_at is not None and params.close_at < params.n_min:
+            raise InvalidParameters(
+                f"close_at {params.close_at} is below the round's n_min {params.n_min} (the "
+                "budget's or its own): mix 0 would close before the round could be released"
+            )
+        return params
 
     @property
     def mechanism(self) -> Literal["krr", "bits"]:

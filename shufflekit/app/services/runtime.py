@@ -40,6 +40,7 @@ from shufflekit.base.errors import (
     BrokerAuthError,
     BrokerTLSError,
     ConfigError,
+    InvalidParameters,
     RoundAborted,
     TransportError,
 )
@@ -345,13 +346,10 @@ async def serve_coordinator(
     ledger = open_ledger(cfg)
     budget = ledger.budget(cfg.deployment)
     params = c.round_params(budget.n_min)
-    floor = max(params.n_min, budget.n_min)  # what every round is released at, at least
-    if params.close_at is not None and params.close_at < floor:  # else: refused each round
-        raise ConfigError(
-            f"[coordinator] close_at {params.close_at} is below the rounds' n_min {floor} "
-            "(the budget's or [coordinator] n_min): mix 0 would close before a round could be "
-            "released"
-        )
+    try:  # at start, as every round would refuse it (a supervisor's crash loop)
+        params.at_least(budget.n_min)
+    except InvalidParameters as exc:
+        raise ConfigError(f"[coordinator] {exc}") from None
     pause = c.interval if interval is None else interval
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
