@@ -237,7 +237,7 @@ class World:
         await asyncio.sleep(0)
         name = getattr(fn, "__name__", "call")
         if "ledger_busy" in self.spec.faults and self.ledger_rng.random() < 0.03:
-            self.broker.injected["ledger_busy"] = self.broker.injected.get("ledger_busy", 0) + 1
+            self.broker.count("ledger_busy")
             self.event("ledger", "fault", fault="ledger_busy", call=name)
             raise LedgerBusy("database is locked (simulated)")
         out = fn(*args, **kwargs)
@@ -327,7 +327,7 @@ class World:
         task, stop = self.tasks.get(role), self.stops.get(role)
         if task is None or task.done() or stop is None or stop.is_set():
             return
-        self.broker.injected["restart"] = self.broker.injected.get("restart", 0) + 1
+        self.broker.count("restart")
         self.event(role, "sigterm", restart_after=round(restart_after, 6))
         self.restarting[role] = restart_after
         stop.set()
@@ -338,9 +338,8 @@ class World:
         if task is None or task.done():
             return
         self.restarting.pop(role, None)  # (killed while stopping: this restart wins)
-        if not self.broker.cut(self.cfg.client_id(role), reason="crash"):  # (no connection
-            injected = self.broker.injected  # to cut: still a crash, not a quiet seed)
-            injected["crash"] = injected.get("crash", 0) + 1
+        if not self.broker.cut(self.cfg.client_id(role), reason="crash"):
+            self.broker.count("crash")  # no connection to cut: still a crash, not a quiet seed
         self.event(role, "crash", restart_after=round(restart_after, 6))
         del self.tasks[role]
         task.cancel()
@@ -426,8 +425,7 @@ class World:
             onion = onions[rng.randbelow(len(onions))]
         else:
             return  # nobody answered before it: nothing to replay
-        injected = self.broker.injected
-        injected["hostile_clients"] = injected.get("hostile_clients", 0) + 1
+        self.broker.count("hostile_clients")
         self.event(CLIENTS, "hostile", round=ann.round_id, client=agent.client_id, kind=kind)
         envelope = wrap_envelope(agent.client_id, onion, ann, agent.credential, None)
         with contextlib.suppress(TransportError):

@@ -121,8 +121,12 @@ class FaultyBroker:
     def _chance(self, p: float) -> bool:
         return p > 0 and self.rng.random() < p
 
-    def _fault(self, kind: str, **fields: Any) -> None:
+    def count(self, kind: str) -> None:
+        """Count one fault of `kind` in `injected` (a simulation's own faults count here too)."""
         self.injected[kind] = self.injected.get(kind, 0) + 1
+
+    def _fault(self, kind: str, **fields: Any) -> None:
+        self.count(kind)
         self._emit("fault", fault=kind, **fields)
 
     def cut(self, client_id: str, reason: str = "disconnect") -> bool:
