@@ -9,7 +9,6 @@ out of any command and turns it into one line on stderr and an exit code: 2 for 
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import sys
 import traceback
@@ -22,6 +21,7 @@ from typer.core import TyperGroup, TyperOption
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.app.render import err_console
+from shufflekit.base.checks import real
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
 
 LedgerOpt = Annotated[
@@ -72,9 +72,7 @@ def refuse(message: str) -> NoReturn:
 def check_eps0(eps0: float, flag: str = "--eps0") -> float:
     """Refuse an eps0 no round can have: k-RR needs e^eps0 in a float, and not 1 (1e-6 <=
     eps0 <= 700)."""
-    if not (math.isfinite(eps0) and EPS0_MIN <= eps0 <= EPS0_MAX):
-        refuse(f"{flag} must be a finite number in [{EPS0_MIN:g}, {EPS0_MAX:g}], got {eps0:g}")
-    return eps0
+    return real(flag, eps0, EPS0_MIN, EPS0_MAX)
 
 
 def check_plot_path(path: str) -> None:
