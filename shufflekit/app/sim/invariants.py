@@ -104,18 +104,7 @@ class Checker:
             self._fail(
                 "nothing_below_n_min", f"round {rid} released {batch_size} < {self.n_min}", t
             )
-        if facts.users and batch_size > facts.users:  # (a client counted twice)
-            self._fail(
-                "receipted_counted",
-                f"round {rid} counted {batch_size} reports from {facts.users} clients",
-                t,
-            )
-        if batch_size < len(facts.receipted):  # judged again at the end, with late receipts
-            self._fail(
-                "receipted_counted",
-                f"round {rid} counted {batch_size} of {len(facts.receipted)} receipted reports",
-                t,
-            )
+        self._counts(t, rid, facts, batch_size)  # again at the end, with late receipts
         what = "released_is_what_was_sent"
         if facts.histogram is not None and list(histogram) != facts.histogram:
             self._fail(
@@ -145,6 +134,22 @@ class Checker:
             self._fail(
                 "budget_never_exceeded",
                 f"spent+reserved {reserved_total:.9g} > budget {self.epsilon_total:.9g}",
+                t,
+            )
+
+    def _counts(self, t: float, rid: str, facts: RoundFacts, counted: int) -> None:
+        """`receipted_counted` of a released round: every receipted report counted, and no
+        more reports than the round had clients (one counted twice)."""
+        if counted < len(facts.receipted):
+            self._fail(
+                "receipted_counted",
+                f"round {rid} counted {counted} of {len(facts.receipted)} receipted reports",
+                t,
+            )
+        if facts.users and counted > facts.users:
+            self._fail(
+                "receipted_counted",
+                f"round {rid} counted {counted} reports from {facts.users} clients",
                 t,
             )
 
@@ -191,17 +196,4 @@ class Checker:
                     )
                     break
             if facts.results and facts.status == "committed":
-                counted = facts.results[0]
-                receipted = len(facts.receipted)
-                if counted < receipted:
-                    self._fail(
-                        "receipted_counted",
-                        f"round {rid} counted {counted} of {receipted} receipted reports",
-                        t,
-                    )
-                if counted > facts.users:
-                    self._fail(
-                        "receipted_counted",
-                        f"round {rid} counted {counted} reports from {facts.users} clients",
-                        t,
-                    )
+                self._counts(t, rid, facts, facts.results[0])
