@@ -65,6 +65,22 @@ def test_refusal_names_budget_and_what_is_left(ledger: Ledger) -> None:
         ledger.reserve("test", "r1", k=4, eps0=0.1)
 
 
+def test_a_reserve_retried_after_its_reply_was_lost_changes_nothing(ledger: Ledger) -> None:
+    """A service retries a ledger call whose connection broke; the first reserve may have
+    landed. The same round and type again returns its record (the coordinator used to exit);
+    another type, or a round already settled, is still refused."""
+    first = ledger.reserve("test", "r1", k=4, eps0=2.0)
+    again = ledger.reserve("test", "r1", k=4, eps0=2.0)
+    assert again == first
+    assert ledger.status("test").epsilon_spent_or_reserved == pytest.approx(2.0)
+    assert [h["action"] for h in ledger.history("test")].count("reserve") == 1
+    with pytest.raises(LedgerError, match="already recorded"):
+        ledger.reserve("test", "r1", k=5, eps0=2.0)
+    ledger.refund("test", "r1")
+    with pytest.raises(LedgerError, match="already recorded"):
+        ledger.reserve("test", "r1", k=4, eps0=2.0)
+
+
 def test_per_round_cap(tmp_path: Path) -> None:
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, max_round_epsilon=1.0, cost_model="ldp"))

@@ -1,4 +1,5 @@
-"""A busy ledger is transient: typed as such, and retried with backoff by the services."""
+"""A busy or unreachable ledger is transient: typed as such, and retried with backoff by the
+services."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sqlalchemy as sa
 from shufflekit.accountant.ledger_schema import transaction
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import LedgerBusy, LedgerError
+from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerUnavailable
 from shufflekit.base.offload import inline, retrying
 
 
@@ -29,7 +30,9 @@ class _Engine:
     [
         ("database is locked", LedgerBusy),
         ("could not serialize access due to concurrent update", LedgerBusy),
-        ("unable to open database file", LedgerError),
+        ("unable to open database file", LedgerUnavailable),
+        ("connection failed: Connection refused", LedgerUnavailable),
+        ("server closed the connection unexpectedly", LedgerUnavailable),
     ],
 )
 def test_a_locked_database_is_busy_not_broken(message: str, kind: type[Exception]) -> None:
@@ -38,14 +41,17 @@ def test_a_locked_database_is_busy_not_broken(message: str, kind: type[Exception
     assert type(err.value) is kind
 
 
-def test_busy_calls_are_retried_until_they_pass() -> None:
+@pytest.mark.parametrize("error", [LedgerBusy, LedgerUnavailable])
+def test_busy_or_unreachable_calls_are_retried_until_they_pass(error: type[LedgerError]) -> None:
+    """A database restarting (PostgreSQL's connection refused for a few seconds) is ridden out
+    like a lock: before, an unreachable ledger failed the round at once."""
     calls: list[float] = []
     clock = VirtualClock()
 
     def flaky() -> str:
         calls.append(clock.monotonic())
         if len(calls) < 4:
-            raise LedgerBusy("database is locked")
+            raise error("database is locked, or its server restarting")
         return "done"
 
     async def main() -> str:

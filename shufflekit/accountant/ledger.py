@@ -132,7 +132,8 @@ class Ledger(LedgerStore):
     ) -> RoundRecord:
         """Record the round as reserved at its pessimistic population size, or BudgetExceeded
         (ScheduleViolation when a planned budget's schedule fixes another type for its slot).
-        `k` is the mechanism's size (k of k-RR, L of `bits:L`)."""
+        `k` is the mechanism's size (k of k-RR, L of `bits:L`). Idempotent: the same round
+        reserved again with the same type (a retry whose reply was lost) returns its record."""
         bad = InvalidParameters
         rt = RoundType(mechanism, whole("k", k, 0, error=bad), real("eps0", eps0, error=bad))
         mechanism_cost(mechanism)  # InvalidParameters for a tag nobody can charge
@@ -147,7 +148,10 @@ class Ledger(LedgerStore):
                 b2 = self._require_budget(conn, deployment, lock=True)
                 self._expire(conn, deployment)
                 existing = self._rounds(conn, deployment)
-                if any(r.round_id == round_id for r in existing):
+                mine = next((r for r in existing if r.round_id == round_id), None)
+                if mine is not None:
+                    if mine.status == "reserved" and mine.round_type == rt:
+                        return mine  # a retry whose first reply was lost: nothing changes
                     raise LedgerError(f"round {round_id!r} is already recorded in {deployment!r}")
                 counted2 = [r for r in existing if r.status in COUNTED]
                 if last:

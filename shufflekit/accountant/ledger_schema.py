@@ -25,7 +25,7 @@ from shufflekit.accountant.round_types import (
     schedule_from_types,
     schedule_to_json,
 )
-from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound
+from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound, LedgerUnavailable
 
 SCHEMA_VERSION = 4
 _META = sa.MetaData()
@@ -184,7 +184,7 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
     except sa.exc.OperationalError as exc:
         if _busy(exc):
             raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
-        raise LedgerError(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
+        raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
     except sa.exc.DBAPIError as exc:
         raise LedgerError(f"ledger {redact(url)} refused the write: {_said(exc)}") from exc
 

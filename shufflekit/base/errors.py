@@ -134,6 +134,11 @@ class LedgerBusy(LedgerError):
     """The ledger's database is busy (locked by another writer): transient, worth retrying."""
 
 
+class LedgerUnavailable(LedgerError):
+    """The ledger's database cannot be reached (connection refused, or lost mid-call): a
+    service retries it like a busy one; a write whose reply was lost may have landed."""
+
+
 class StaleQuote(LedgerBusy):
     """A round's result was priced before another round was committed: price it again."""
 
@@ -176,6 +181,7 @@ __all__ = [
     "LedgerBusy",
     "LedgerError",
     "LedgerNotFound",
+    "LedgerUnavailable",
     "MetricInputError",
     "NotApplicable",
     "RoundAborted",

@@ -13,7 +13,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import LedgerBusy
+from shufflekit.base.errors import LedgerBusy, LedgerUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -39,13 +39,16 @@ async def inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def retrying(offload: Offload, clock: Clock = system_clock, patience: float = 30.0) -> Offload:
-    """`offload`, retrying a busy ledger (`LedgerBusy`) with backoff (50 ms doubling to 2 s)
-    for up to `patience` seconds of `clock`: a lock held by another writer is never fatal."""
+    """`offload`, retrying a busy or unreachable ledger (`LedgerBusy`, `LedgerUnavailable`)
+    with backoff (50 ms doubling to 2 s) for up to `patience` seconds of `clock`: a lock held
+    by another writer, or a database restarting, is never fatal. Every ledger call a service
+    makes may run twice: a write whose reply was lost is found done (reserve, commit and
+    refund are idempotent)."""
 
     async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await with_backoff(
             lambda: offload(fn, *args, **kwargs),
-            LedgerBusy,
+            (LedgerBusy, LedgerUnavailable),
             clock=clock,
             patience=patience,
             first=0.05,

@@ -278,9 +278,10 @@ async def serve_mix(
         spool.close()
 
 
-def open_ledger(cfg: ServiceConfig) -> Ledger:
-    """The deployment's existing ledger with its budget; ConfigError says how to create it."""
-    ledger = Ledger(cfg.ledger_url(), create=False)
+def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
+    """The deployment's existing ledger with its budget; ConfigError says how to create it.
+    `clock` stamps its records and expires reservations (a simulation's virtual clock)."""
+    ledger = Ledger(cfg.ledger_url(), create=False, clock=clock)
     if not ledger.has_budget(cfg.deployment):
         raise ConfigError(
             f"the ledger has no budget for deployment {cfg.deployment!r}: create it with "
@@ -297,7 +298,7 @@ async def serve_analyzer(
     env = env or DEFAULT_ENV
     wiring = env.wiring(
         cfg,
-        open_ledger(cfg),
+        open_ledger(cfg, env.clock),
         estimator=cfg.analyzer.estimator,
         batch_timeout=cfg.analyzer.batch_timeout,
     )
@@ -343,7 +344,8 @@ async def serve_coordinator(
     analyzer_key = load_public_key(analyzer_file, "analyzer")
     receipt_key = load_derived_key(RECEIPT_KEY, mix_files[0])
     result_key = load_derived_key(RESULT_KEY, analyzer_file)
-    ledger = open_ledger(cfg)
+    env = env or DEFAULT_ENV
+    ledger = open_ledger(cfg, env.clock)
     budget = ledger.budget(cfg.deployment)
     params = c.round_params(budget.n_min)
     try:  # at start, as every round would refuse it (a supervisor's crash loop)
@@ -354,7 +356,6 @@ async def serve_coordinator(
     done = 0
     metrics = start_metrics(cfg.metrics, "coordinator", cfg.mixes + 1)
 
-    env = env or DEFAULT_ENV
     wiring = env.wiring(cfg, ledger, batch_timeout=c.batch_timeout, ready_timeout=c.ready_timeout)
     coord: Coordinator | None = None
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.accountant.round_types import KRR, RoundType, ScheduleEntry
+from shufflekit.accountant.ledger import Ledger
 from shufflekit.app.services.config import (
     AnalyzerSettings,
     CoordinatorSettings,
@@ -34,6 +33,7 @@ from shufflekit.app.services.config import (
 from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
 from shufflekit.app.sim.invariants import Checker, RoundFacts, Violation
+from shufflekit.app.sim.ledger_faults import LedgerFaults, LedgerPlan
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.base.clock import VirtualClock
@@ -41,7 +41,6 @@ from shufflekit.base.errors import (
     BudgetExceeded,
     ConfigError,
     InvalidReport,
-    LedgerBusy,
     TransportError,
 )
 from shufflekit.base.random import SeededRandomness
@@ -67,6 +66,10 @@ FAULT_KINDS = (
     "restart",
     "ledger_busy",
     "hostile_clients",
+    "ledger_outage",
+    "ledger_lost_reply",
+    "small_budget",
+    "reservation_ttl",
 )
 HOSTILE_CEILING = 0.1  # the largest share of a round's clients that misbehave
 SMALL_ROUNDS = 1 / 6  # rounds of n_min to n_min + 4 users, where n_min is a close call
@@ -125,7 +128,15 @@ class World:
         self.clock = VirtualClock()
         self.rng = SeededRandomness(spec.seed)
         self.trace = Trace(keep=spec.keep_trace)
-        self.checker = Checker(N_MIN, spec.eps0 * spec.rounds)
+        self.ledger_plan = LedgerPlan.draw(
+            self.rng.fork("ledger-plan"),
+            spec.faults,
+            eps0=spec.eps0,
+            rounds=spec.rounds,
+            span=self._span(),
+            round_seconds=spec.deadline + (spec.mixes + 1) * spec.batch_timeout,
+        )
+        self.checker = Checker(N_MIN, self.ledger_plan.epsilon_total)
         persistence = "broker_restart" not in spec.faults or self.rng.random() < 0.5
         self.broker = FaultyBroker(
             self.rng.fork("broker"),
@@ -135,18 +146,13 @@ class World:
             persistence=persistence,
         )
         self.cfg = self._config(folder)
-        self.ledger = Ledger(self.cfg.ledger_url())
-        self.ledger.init_budget(
-            Budget(
-                DEPLOYMENT,
-                spec.eps0 * spec.rounds,
-                1e-6,
-                n_min=N_MIN,
-                cost_model="ldp",
-                schedule=(ScheduleEntry(RoundType(KRR, spec.k, spec.eps0), None),),
-            )
-        )
-        self.ledger_rng = self.rng.fork("ledger")
+        self.ledger = Ledger(self.cfg.ledger_url(), clock=self.clock)
+        self.ledger.init_budget(self.ledger_plan.budget(DEPLOYMENT, N_MIN, spec.k, spec.eps0))
+        self.ledger_faults = LedgerFaults(self.ledger_plan, self.rng.fork("ledger"), spec.faults)
+        if self.ledger_plan.epsilon_total < spec.eps0 * spec.rounds:  # the budget is the fault
+            self.broker.count("small_budget")
+        if self.ledger_plan.reservation_ttl is not None:
+            self.broker.count("reservation_ttl")
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.stops: dict[str, asyncio.Event] = {}
         self.incarnation: dict[str, int] = {}
@@ -187,6 +193,10 @@ class World:
                 batch_timeout=spec.batch_timeout,
             ),
         )
+
+    def _span(self) -> float:
+        """The virtual seconds over which faults are scheduled: about the rounds' run."""
+        return self.spec.rounds * (self.spec.deadline + 5.0)
 
     def roles(self) -> list[str]:
         return [*(f"mix{i}" for i in range(self.spec.mixes)), "analyzer", "coordinator"]
@@ -233,13 +243,15 @@ class World:
         self.coordinator_finished.set()
 
     async def _offload(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Ledger calls, inline; sometimes the database is busy (a transient LedgerError)."""
+        """Ledger calls, inline; the database may be busy or down, or a write's reply lost."""
         await asyncio.sleep(0)
         name = getattr(fn, "__name__", "call")
-        if "ledger_busy" in self.spec.faults and self.ledger_rng.random() < 0.03:
-            self.broker.count("ledger_busy")
-            self.event("ledger", "fault", fault="ledger_busy", call=name)
-            raise LedgerBusy("database is locked (simulated)")
+        refused = self.ledger_faults.before(self.clock.monotonic(), self.cfg.ledger_url())
+        if refused is not None:
+            kind, exc = refused
+            self.broker.count(kind)
+            self.event("ledger", "fault", fault=kind, call=name)
+            raise exc
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
@@ -251,6 +263,11 @@ class World:
                 self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
             )
             self._check()
+        lost = self.ledger_faults.after(name, self.cfg.ledger_url())
+        if lost is not None:
+            self.broker.count("ledger_lost_reply")
+            self.event("ledger", "fault", fault="ledger_lost_reply", call=name)
+            raise lost
         return out
 
     # ------------------------------------------------------------------ services
@@ -435,7 +452,7 @@ class World:
     # ------------------------------------------------------------------ the run
     def _schedule_faults(self) -> None:
         srng = self.rng.fork("schedule")
-        span = self.spec.rounds * (self.spec.deadline + 5.0)
+        span = self._span()
         loop = asyncio.get_running_loop()
         roles = self.roles()
         if "crash" in self.spec.faults:
