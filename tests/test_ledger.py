@@ -179,6 +179,18 @@ def test_foreign_corrupt_and_wrong_urls(tmp_path: Path) -> None:
             Ledger(url)
 
 
+@pytest.mark.parametrize("odd", ["{d}/l.db/", "{d}/l.db/.", "{d}/gone/../l.db"])
+def test_every_command_opens_the_file_sqlite_opens(tmp_path: Path, odd: str) -> None:
+    """SQLite opened `l.db/` (or `gone/../l.db`) as the file `l.db`, but the check that a
+    ledger exists did not: `budget init` made a ledger that `status` then called missing, and
+    on an existing one `init` said "see it with `status`", which said "create it with init"."""
+    url = "sqlite:///" + odd.format(d=tmp_path)
+    Ledger(url).init_budget(Budget("d", 1.0, 1e-6, 10))
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("l.db-")] == ["l.db"]
+    assert Ledger(url, create=False).budget("d").epsilon_total == 1.0
+    assert Ledger(f"sqlite:///{tmp_path / 'l.db'}", create=False).has_budget("d")
+
+
 def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
     db = tmp_path / "v1.db"
     with sqlite3.connect(db) as c:  # the schema-1 layout, as shipped

@@ -288,14 +288,19 @@ def make_engine(url: str, create: bool) -> Engine:
         raise LedgerError(f"not a database URL: {url!r} (try sqlite:///path/ledger.db)") from exc
     if u.get_backend_name() == "sqlite":
         if u.database and not in_memory(url):
-            if os.path.isdir(u.database):
+            # the file SQLite opens: it drops a trailing "/" and resolves "." and ".." by name,
+            # where the kernel does not (with `l.db/` or `gone/../l.db`, init made a ledger that
+            # every other command, checking os.path.isfile, then called missing)
+            path = os.path.normpath(u.database)
+            u = u.set(database=path)
+            if os.path.isdir(path):
                 raise LedgerError(
-                    f"{u.database} is a folder; a SQLite ledger is a file: "
-                    f"sqlite:///{os.path.join(u.database, 'ledger.db')}"
+                    f"{path} is a folder; a SQLite ledger is a file: "
+                    f"sqlite:///{os.path.join(path, 'ledger.db')}"
                 )
-            if not create and not os.path.isfile(u.database):
-                raise LedgerNotFound(u.database)
-            parent = os.path.dirname(os.path.abspath(u.database))
+            if not create and not os.path.isfile(path):
+                raise LedgerNotFound(path)
+            parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):  # private, as the services' spools want their folder
                 os.makedirs(parent, mode=0o700, exist_ok=True)
         engine = sa.create_engine(u, connect_args={"timeout": 30})
