@@ -93,6 +93,9 @@ def test_read_commands_on_a_missing_ledger_create_nothing(
         ),
         (["--cost-model", "nope"], "unknown cost model 'nope'"),
         (["--max-corrupt", "10"], "must exceed max_corrupt"),
+        # typer's own range checks printed a 5-line usage box, not one line
+        (["--n-min", "0"], "n_min must be a whole number in [1, 2147483647], got 0"),
+        (["--max-corrupt", "-1"], "max_corrupt must be a whole number >= 0, got -1"),
         (["--deployment", "a b"], "deployment must be 1-64 characters"),
     ],
 )

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from shufflekit.accountant.ledger import Budget, BudgetStatus, check_budget
 from shufflekit.accountant.round_types import parse_round_type
-from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
+from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
 from shufflekit.base.errors import InvalidInput
@@ -31,8 +31,13 @@ def _say(text: str) -> None:
 def init(
     epsilon: Annotated[float, typer.Option(help="Total epsilon promised to participants.")],
     delta: Annotated[float, typer.Option(help="Total delta promised to participants.")],
-    n_min: Annotated[int, typer.Option(min=1, help="Smallest batch any round may release.")] = 1000,
-    max_corrupt: Annotated[int, typer.Option(min=0, help="Assumed corrupt clients per round.")] = 0,
+    # counts as people write them (1e3 too); their ranges are check_budget's, in one line
+    n_min: Annotated[
+        int, typer.Option(parser=count, help="Smallest batch any round may release (>= 1).")
+    ] = 1000,
+    max_corrupt: Annotated[
+        int, typer.Option(parser=count, help="Assumed corrupt clients per round (>= 0).")
+    ] = 0,
     max_round_epsilon: Annotated[float | None, typer.Option(help="Per-round epsilon cap.")] = None,
     reservation_ttl: Annotated[
         float | None,
