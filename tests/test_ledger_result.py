@@ -106,6 +106,28 @@ async def test_a_coordinator_that_missed_the_publish_takes_the_stored_result(
     assert [r.status for r in led.rounds_of("test")] == ["committed"]
 
 
+async def test_a_result_the_coordinator_publishes_from_the_ledger_is_marked_published(
+    ledger_url: str,
+) -> None:
+    """The analyzer committed and died before publishing; the coordinator published the stored
+    result, but `budget status` kept saying it was not published (published_at stayed NULL)."""
+    led = Ledger(ledger_url)
+    led.init_budget(_budget())
+    led.reserve("test", "r1", 2, 1.0)
+    await ledger_release_hook(led, "test")(_result("r1", 9.0), _unsigned)
+    assert led.rounds_of("test")[0].published_at is None  # the analyzer never published it
+    broker = MemoryBroker()
+    async with broker.connect() as t, broker.connect() as spy:
+        coord = Coordinator(
+            t, "test", led, [KeyPair.generate().public_b64()], "a", batch_timeout=0.1
+        )
+        async with spy.subscribe("shufflekit/test/round/r1/result") as s:
+            await within(coord._settle("r1", None, None), 10)
+            await within(s.get(), 5)  # it went out
+    assert led.rounds_of("test")[0].published_at is not None
+    assert led.unpublished("test") == []
+
+
 def test_a_commit_priced_before_another_round_committed_is_refused(ledger_url: str) -> None:
     """Two rounds released together: B is priced, A commits, then B's commit would publish a
     total that leaves A out (0.0553 where 0.0803 was spent, in the audit's case). The ledger

@@ -352,8 +352,13 @@ class Coordinator:
             return None
         if not isinstance(result, Result):
             return None
-        with contextlib.suppress(TransportError):
+        try:
             await self.transport.publish(self.topics.result(rid), result.to_bytes())
+        except TransportError:
+            return result
+        # it went out: `budget status` says so (it said "-" when the analyzer had not)
+        with contextlib.suppress(AccountantError):  # only a record of the fact
+            await self.offload(self.ledger.mark_published, self.deployment, rid)
         return result
 
     async def _drive(
