@@ -115,6 +115,16 @@ def test_init_accepts_a_positive_reservation_ttl(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["reservation_ttl"] == 30.0
 
 
+def test_init_json_states_the_guarantee_the_text_states(tmp_path: Path) -> None:
+    """`budget init` printed the guarantee it enforces, `budget init --json` left it out."""
+    led = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}"]
+    made = budget([*INIT, *led, "--json"], tmp_path)
+    assert made.exit_code == 0, made.output
+    status = json.loads(budget(["status", *led, "--json"], tmp_path).stdout)
+    assert json.loads(made.stdout)["guarantee"] == status["guarantee"]
+    assert status["guarantee"].startswith("(5, 1e-06)-DP by summing eps0")
+
+
 @pytest.mark.parametrize("command", [["status"], ["history"], ["refund", "r1"]])
 def test_unknown_deployment_is_named(tmp_path: Path, command: list[str]) -> None:
     led = ["--ledger", f"sqlite:///{tmp_path / 'l.db'}"]

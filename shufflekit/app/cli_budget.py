@@ -89,8 +89,8 @@ def init(
     check_budget(b)  # before the ledger is opened: bad arguments create no file
     led = open_ledger(ledger, deployment, create=True)
     led.init_budget(b)
-    if json_out:
-        print_json(b.as_dict())
+    if json_out:  # the guarantee too, as the text says it (and `budget status --json`)
+        print_json(b.as_dict() | {"guarantee": b.guarantee()})
     else:
         _say(
             f"budget of {deployment!r}: epsilon={epsilon:g}, delta={delta:g}, "
