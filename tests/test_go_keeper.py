@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.go_keeper import GoKeeper
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
+from shufflekit.base.errors import LedgerBusy
 from shufflekit.base.offload import inline
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.go import GO_MARGIN, return_go
 from shufflekit.core.messages import GoRequest
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
+from tests.cli_run import run_cli
 
 LEASE = 60.0
 
@@ -31,6 +37,9 @@ class _Ledger:
 
     def round_of(self, deployment: str, round_id: str) -> _Record:
         return _Record()
+
+    def grant_go(self, deployment: str, round_id: str, until: float) -> bool:
+        return True
 
 
 def _keeper(clock: VirtualClock) -> GoKeeper:
@@ -116,3 +125,50 @@ def test_a_done_request_round_trips() -> None:
     assert isinstance(back, GoRequest) and back.done and back.hop == 2
     plain = GoRequest.from_bytes(GoRequest(round_id="r1", hop=0).to_bytes())
     assert isinstance(plain, GoRequest) and not plain.done
+
+
+def test_a_refund_from_outside_waits_for_the_go_a_mix_holds(ledger_url: str) -> None:
+    """Found by an outside audit: `budget refund` of a round a mix held a go for went through
+    at once, and the mix could forward the batch to the analyzer for 58 s more: the analyzer
+    saw a round whose cost was given back. The go is now recorded in the ledger, and a refund
+    by anyone but the coordinator that granted it (which waits on its own) waits it out."""
+    clock = VirtualClock()
+    led = Ledger(ledger_url, clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    led.reserve("d", "r1", k=4, eps0=1.0)
+    keeper = GoKeeper(led, "d", LEASE, clock, inline, RejectionCounter())
+    go = run_virtual(keeper.verdict("r1", 0), clock)
+    assert go.verdict == "go" and go.until is not None
+    assert led.round_of("d", "r1").go_until == go.until  # type: ignore[union-attr]
+    with pytest.raises(LedgerBusy, match="cannot be refunded for 61 s more: a mix holds a go"):
+        led.refund("d", "r1", actor="operator")
+    assert led.round_of("d", "r1").status == "reserved"  # type: ignore[union-attr]
+    clock.advance(LEASE - 1.0)
+    with pytest.raises(LedgerBusy, match="for 2 s more"):
+        led.refund("d", "r1", actor="operator")
+    clock.advance(2.0)
+    assert led.refund("d", "r1", actor="operator").status == "refunded"
+    # once refunded, no go is granted (the ledger's check and the grant are one statement)
+    assert led.grant_go("d", "r1", clock.time() + LEASE) is False
+    assert run_virtual(keeper.verdict("r1", 1), clock).verdict == "refused"
+    # the coordinator that granted the goes waited them out itself (GoKeeper.quiesce)
+    led.reserve("d", "r2", k=4, eps0=1.0)
+    assert run_virtual(keeper.verdict("r2", 0), clock).verdict == "go"
+    assert led.refund("d", "r2", goes_settled=True).status == "refunded"
+    led.close()
+
+
+def test_budget_refund_of_a_round_under_a_go_is_one_line_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger(url) as led:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+        led.reserve("d", "r1", k=4, eps0=1.0)
+        assert led.grant_go("d", "r1", led.clock.time() + 300)
+    r = run_cli(["budget", "refund", "r1", "--ledger", url, "--deployment", "d"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: round 'r1' cannot be refunded for 30") and "go" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    with Ledger(url, create=False) as led:
+        assert led.round_of("d", "r1").status == "reserved"  # type: ignore[union-attr]

@@ -221,7 +221,7 @@ def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
         led.reserve("old", "r2", 4, 1.0)
     led.reserve("old", "r2", 4, 1.5)  # the new columns work
     with sqlite3.connect(db) as c:
-        assert c.execute("select version from sk_schema_version").fetchall() == [(4,)]
+        assert c.execute("select version from sk_schema_version").fetchall() == [(5,)]
     with sqlite3.connect(db) as c:
         c.execute("update sk_schema_version set version = 99")
     with pytest.raises(LedgerError, match="newer than this shufflekit"):
@@ -325,7 +325,7 @@ def test_schema_2_ledger_is_migrated_forward_and_keeps_its_rows(ledger_url: str)
     engine.dispose()
     led = Ledger(ledger_url)
     with led.engine.connect() as c:
-        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(4,)]
+        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(5,)]
     assert led.status("old").epsilon_spent == 1.5
     old = [(h["at"], h["who"], h["action"], h["principal"]) for h in led.history("old")]
     assert old == [

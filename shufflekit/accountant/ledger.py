@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +48,7 @@ from shufflekit.accountant.round_types import (
     slot_type,
 )
 from shufflekit.base.checks import real, whole
+from shufflekit.base.clock import CLOCK_SKEW
 from shufflekit.base.errors import (
     BudgetExceeded,
     InvalidParameters,
@@ -408,16 +410,36 @@ class Ledger(LedgerStore):
         }
 
     def refund(
-        self, deployment: str, round_id: str, actor: str = "coordinator", reason: str = ""
+        self,
+        deployment: str,
+        round_id: str,
+        actor: str = "coordinator",
+        reason: str = "",
+        *,
+        goes_settled: bool = False,
     ) -> RoundRecord:
-        """Release a reservation of a round that released nothing; committed rounds stay."""
+        """Release a reservation of a round that released nothing; committed rounds stay.
+
+        A go lease recorded for the round (`grant_go`) that has not run out (plus CLOCK_SKEW)
+        refuses the refund with LedgerBusy: a mix may still forward the batch, and the analyzer
+        would see a round whose cost was given back. `goes_settled`: the caller (the
+        coordinator that granted them) made sure none can still be running."""
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)
             self._expire(conn, deployment)
             rec = self._round(conn, deployment, round_id)
             if rec.status in ("refunded", "expired"):
                 return rec  # already not counted
-            if rec.status != "reserved":
+            left = (rec.go_until or 0.0) + CLOCK_SKEW - self.clock.time()
+            if rec.status == "reserved" and not goes_settled and left > 0:
+                detail = {"go_until": rec.go_until, "reason": reason}
+                self._audit(conn, deployment, round_id, actor, "refund", "refused", detail)
+                refused: LedgerError = LedgerBusy(
+                    f"round {round_id!r} cannot be refunded for {math.ceil(left)} s more: a mix "
+                    "holds a go to forward it until then; refund it after that, or let the "
+                    "coordinator settle it"
+                )
+            elif rec.status != "reserved":
                 self._audit(
                     conn,
                     deployment,

@@ -94,6 +94,7 @@ class RoundRecord:
     updated_at: float = 0.0
     expires_at: float | None = None
     published_at: float | None = None
+    go_until: float | None = None  # the last go lease granted for it ends then
 
     @property
     def round_type(self) -> RoundType:
@@ -128,6 +129,7 @@ class RoundRecord:
             "updated_at": self.updated_at,
             "expires_at": self.expires_at,
             "published_at": self.published_at,
+            "go_until": self.go_until,
         }
 
 

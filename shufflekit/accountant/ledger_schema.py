@@ -27,7 +27,7 @@ from shufflekit.accountant.round_types import (
 )
 from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound, LedgerUnavailable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -70,6 +70,9 @@ rounds = sa.Table(
     sa.Column("slot", sa.Integer, nullable=True),
     sa.Column("result", sa.Text, nullable=True),
     sa.Column("published_at", sa.Float, nullable=True),
+    # since schema 5: the end of the last go a mix was granted for the reserved round (a refund
+    # by anyone but the coordinator that granted it waits until then)
+    sa.Column("go_until", sa.Float, nullable=True),
 )
 curves = sa.Table(  # since schema 4: the persisted curve cache (accountant.curves)
     "sk_curves",
@@ -144,11 +147,18 @@ def _migrate_3_to_4(conn: Connection) -> None:
         )
 
 
+def _migrate_4_to_5(conn: Connection) -> None:
+    """Schema 5: the go leases granted for a reserved round are recorded (sk_rounds.go_until),
+    so that a refund from outside the coordinator cannot overtake a mix still forwarding."""
+    conn.execute(sa.text("ALTER TABLE sk_rounds ADD COLUMN go_until FLOAT"))
+
+
 # MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _migrate_1_to_2,
     2: _migrate_2_to_3,
     3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
 }
 
 

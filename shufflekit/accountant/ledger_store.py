@@ -125,6 +125,25 @@ class LedgerStore:
                 .values(published_at=self.clock.time())
             )
 
+    def grant_go(self, deployment: str, round_id: str, until: float) -> bool:
+        """Record a go lease for the round until `until` (a mix may forward its batch until
+        then), if the round is still reserved; False, and nothing recorded, otherwise. In one
+        statement with the status check, so no lease is ever granted after a refund."""
+        with self._tx() as conn:
+            self._require_budget(conn, deployment, lock=True)
+            self._expire(conn, deployment)
+            later = sa.or_(rounds.c.go_until.is_(None), rounds.c.go_until < until)
+            done = conn.execute(
+                rounds.update()
+                .where(
+                    rounds.c.deployment == deployment,
+                    rounds.c.round_id == round_id,
+                    rounds.c.status == "reserved",
+                )
+                .values(go_until=sa.case((later, until), else_=rounds.c.go_until))
+            )
+            return bool(done.rowcount)
+
     def unpublished(self, deployment: str) -> list[tuple[str, str]]:
         """(round id, stored result) of committed rounds whose result is not marked published."""
         with self._tx(write=False) as conn:
@@ -253,6 +272,7 @@ class LedgerStore:
                 r.updated_at,
                 r.expires_at,
                 r.published_at,
+                r.go_until,
             )
             for r in rows
         ]

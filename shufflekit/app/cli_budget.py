@@ -201,7 +201,11 @@ def refund(
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
     json_out: JsonOpt = False,
 ) -> None:
-    """Refund a reserved round that released nothing (a committed round is never refunded)."""
+    """Refund a reserved round that released nothing (a committed round is never refunded).
+
+    Refused while a mix holds the coordinator's go to forward the round (at most a batch
+    timeout): the analyzer would see a round whose cost was given back. The error says how long.
+    """
     led = open_ledger(ledger, deployment)
     rec = led.refund(deployment, round_id, actor="operator", reason=reason)
     if json_out:

@@ -331,7 +331,9 @@ class Coordinator:
         go is granted for it from here on, and it waits for the last one granted to run out."""
         await self.goes.quiesce(rid)
         try:
-            await self.offload(self.ledger.refund, self.deployment, rid, self.actor, reason)
+            await self.offload(
+                self.ledger.refund, self.deployment, rid, self.actor, reason, goes_settled=True
+            )
         except AccountantError:
             rounds = await self.offload(self.ledger.rounds_of, self.deployment)
             if not any(r.round_id == rid and r.status == "committed" for r in rounds):

@@ -98,7 +98,8 @@ class GoKeeper:
         return req
 
     async def verdict(self, round_id: str, hop: int) -> Go:
-        """The answer for mix `hop` of `round_id`, from the ledger; a go is recorded as a lease."""
+        """The answer for mix `hop` of `round_id`, from the ledger; a go is recorded as a lease,
+        here and in the ledger (where a refund from outside waits for it to run out)."""
         rec = await self.offload(self.ledger.round_of, self.deployment, round_id)
         now = self.clock.time()
         if rec is not None and rec.status == "committed":
@@ -113,11 +114,14 @@ class GoKeeper:
             until = now + self.lease
             if rec.expires_at is not None:
                 until = min(until, rec.expires_at - GO_MARGIN)
-            if until > now:
+            if until <= now:
+                why = "its reservation expired"
+            elif await self.offload(self.ledger.grant_go, self.deployment, round_id, until):
                 held = self.leases.setdefault(round_id, {})
                 held[hop] = max(held.get(hop, 0.0), until)
                 return Go(round_id=round_id, hop=hop, verdict="go", until=until)
-            why = "its reservation expired"
+            else:  # refunded (by the operator) or expired since it was read
+                why = "the round is no longer reserved in the ledger"
         return Go(round_id=round_id, hop=hop, verdict="refused", reason=why)
 
     def give_back(self, round_id: str, hop: int) -> None:

@@ -10,6 +10,10 @@ import asyncio
 import time
 from typing import Protocol
 
+# How far apart the hosts' clocks may be: a go lease is waited out this much longer before a
+# refund (announced deadlines assume the same).
+CLOCK_SKEW = 1.0
+
 
 class Clock(Protocol):
     """Wall time for stamps and announced deadlines, monotonic time for intervals, sleeping."""

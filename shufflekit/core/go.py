@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
-from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.clock import CLOCK_SKEW, Clock, system_clock
 from shufflekit.base.errors import InvalidReport, RoundAborted, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Go, GoRequest
@@ -22,7 +22,7 @@ from shufflekit.core.transport.base import Transport
 from shufflekit.core.waiting import within
 
 GO_REPEAT = 1.0  # seconds between repeats of an unanswered go request
-GO_MARGIN = 1.0  # seconds the coordinator waits past a lease before refunding (clock skew)
+GO_MARGIN = CLOCK_SKEW  # seconds a lease is waited out past its end before a refund
 
 
 async def await_go(
