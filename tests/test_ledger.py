@@ -191,8 +191,8 @@ def test_every_command_opens_the_file_sqlite_opens(tmp_path: Path, odd: str) -> 
     assert Ledger(f"sqlite:///{tmp_path / 'l.db'}", create=False).has_budget("d")
 
 
-def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
-    db = tmp_path / "v1.db"
+def write_schema_1_ledger(db: Path) -> None:
+    """A ledger as shufflekit's first schema wrote it: budget `old`, one committed 4,1.5 round."""
     with sqlite3.connect(db) as c:  # the schema-1 layout, as shipped
         c.executescript(
             """
@@ -212,7 +212,13 @@ def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
               action varchar(32), decision varchar(16), detail text);
             """
         )
+
+
+def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
+    db = tmp_path / "v1.db"
+    write_schema_1_ledger(db)
     led = Ledger(f"sqlite:///{db}")
+    assert led.schema_found == 1
     assert led.status("old").epsilon_spent == 1.5
     # migrated to a planned budget with the types of the rounds it holds, the last one open
     b = led.budget("old")

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from shufflekit.accountant.ledger_schema import SCHEMA_VERSION
 from shufflekit.app.cli import app
+from tests.cli_run import run_cli
+from tests.test_ledger import write_schema_1_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 INIT = ["init", "--epsilon", "5", "--delta", "1e-6", "--n-min", "10", "--cost-model", "ldp"]
@@ -165,3 +168,48 @@ def test_history_names_role_user_host_and_pid(tmp_path: Path) -> None:
     assert [h["who"] for h in json.loads(r.stdout)["history"]] == [f"operator {me}"]
     r = budget(["history", *led], tmp_path)
     assert r.exit_code == 0 and "who" in r.stdout and "operator" in r.stdout
+
+
+def test_an_older_ledger_is_refused_by_reading_commands_until_budget_upgrade(
+    tmp_path: Path,
+) -> None:
+    """Found by an outside audit: `budget status` of a mistyped deployment (refused) upgraded
+    a schema-1 ledger for good, and services of the older version then refused it. Only
+    `budget upgrade` and `budget init` (and services starting) bring a ledger forward."""
+    db = tmp_path / "v1.db"
+    write_schema_1_ledger(db)
+    url = f"sqlite:///{db}"
+    before = db.read_bytes()
+    for args in (
+        ["budget", "status", "--deployment", "typo"],
+        ["budget", "status", "--deployment", "old"],
+        ["budget", "history", "--deployment", "old"],
+        ["budget", "refund", "r1", "--deployment", "old"],
+        ["rounds", "--deployment", "old"],
+    ):
+        r = run_cli([*args, "--ledger", url], cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith(f"error: ledger {url} has schema version 1, this shufflekit")
+        assert "shufflekit budget upgrade --ledger" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run_cli(["privacy", "epsilon", "--from-ledger", url, "--deployment", "old"], cwd=tmp_path)
+    assert r.returncode == 2 and "budget upgrade" in r.stderr, r.stderr
+    assert db.read_bytes() == before  # not even WAL mode switched on
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("v1")) == ["v1.db"]
+
+    r = run_cli(["budget", "upgrade", "--ledger", url], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"ledger {url}: schema 1 brought forward to {SCHEMA_VERSION}"
+    r = run_cli(["budget", "upgrade", "--ledger", url, "--json"], cwd=tmp_path)
+    assert json.loads(r.stdout) == {
+        "ledger": url,
+        "schema_before": SCHEMA_VERSION,
+        "schema": SCHEMA_VERSION,
+    }
+    r = run_cli(["budget", "status", "--ledger", url, "--deployment", "old"], cwd=tmp_path)
+    assert r.returncode == 0 and "created under ledger schema 3" in r.stdout, r.stdout
+    r = run_cli(
+        ["budget", "upgrade", "--ledger", f"sqlite:///{tmp_path / 'none.db'}"], cwd=tmp_path
+    )
+    assert r.returncode == 2 and r.stderr.startswith("error: no ledger at"), r.stderr
+    assert not (tmp_path / "none.db").exists()

@@ -71,6 +71,9 @@ class Ledger(LedgerStore):
     a LedgerError and nothing is created, so read commands never leave an empty ledger behind.
     `clock` stamps the records and decides when reservations expire (default: the system clock;
     a simulation passes its virtual clock). `curves` caches privacy curves in this database.
+    A ledger of an older schema is brought forward (`schema_found` says from which version, 0
+    when it was created) unless `upgrade=False`, which refuses it and changes nothing: the
+    read commands open it so, as services of the older version would refuse it afterwards.
     """
 
     # ---------------------------------------------------------------- budgets

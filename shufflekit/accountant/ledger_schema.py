@@ -199,16 +199,27 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
         raise LedgerError(f"ledger {redact(url)} refused the write: {_said(exc)}") from exc
 
 
-def open_schema(engine: Engine, url: str, create: bool) -> None:
-    """Create the schema, or bring an older one forward; refuse foreign or newer ones.
+def outdated(url: str, version: int) -> LedgerError:
+    """The refusal of a ledger of an older schema by a command that does not bring it forward."""
+    return LedgerError(
+        f"ledger {redact(url)} has schema version {version}, this shufflekit uses "
+        f"{SCHEMA_VERSION}: bring it forward with `shufflekit budget upgrade --ledger "
+        f"{shlex.quote(redact(url))}` (services of an older shufflekit then refuse it)"
+    )
+
+
+def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) -> int:
+    """Create the schema, or bring an older one forward (`upgrade`; else refuse it, changing
+    nothing); refuse foreign or newer ones. Returns the version found (0: created).
 
     On SQLite the file is inspected read-only first: WAL mode is switched on (which
     rewrites the file header and creates -wal/-shm files) only once it is known to be a
-    shufflekit ledger or empty, so a foreign or corrupt file is never touched.
+    shufflekit ledger of a schema this call may open, or empty, so a foreign, corrupt or
+    refused file is never touched.
     """
     try:
         if engine.dialect.name == "sqlite":
-            _sqlite_precheck(engine, url, create)
+            _sqlite_precheck(engine, url, create, upgrade)
         with transaction(engine, url) as conn:
             if conn.dialect.name == "postgresql":  # one migrator at a time
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
@@ -217,23 +228,27 @@ def open_schema(engine: Engine, url: str, create: bool) -> None:
             if schema_version.name not in tables:
                 _META.create_all(conn)
                 conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-                return
-            version = conn.execute(sa.select(schema_version.c.version)).scalar_one()
+                return 0
+            version = int(conn.execute(sa.select(schema_version.c.version)).scalar_one())
             if version > SCHEMA_VERSION:
                 raise LedgerError(
                     f"ledger schema version {version} is newer than this shufflekit "
                     f"({SCHEMA_VERSION}): upgrade shufflekit"
                 )
+            if version < SCHEMA_VERSION and not upgrade:
+                raise outdated(url, version)
             for v in range(version, SCHEMA_VERSION):
                 MIGRATIONS[v](conn)
             conn.execute(schema_version.update().values(version=SCHEMA_VERSION))
             _META.create_all(conn)
+            return version
     except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
         raise LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}") from exc
 
 
-def _sqlite_precheck(engine: Engine, url: str, create: bool) -> None:
-    """Read the table names without a write transaction, then (ours or empty) enable WAL."""
+def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> None:
+    """Read the table names (and the schema version) without a write transaction, then (ours
+    and openable, or empty) enable WAL."""
     try:
         raw = engine.raw_connection()
     except (sqlite3.Error, sa.exc.DBAPIError) as exc:  # no such folder, no permission, ...
@@ -246,6 +261,10 @@ def _sqlite_precheck(engine: Engine, url: str, create: bool) -> None:
         except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
             raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
         _check_tables(tables, url, create)
+        if not upgrade and schema_version.name in tables:
+            row = cur.execute(f"SELECT version FROM {schema_version.name}").fetchone()
+            if row is not None and int(row[0]) < SCHEMA_VERSION:
+                raise outdated(url, int(row[0]))
         cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
         cur.close()
     finally:

@@ -37,12 +37,14 @@ from shufflekit.base.errors import LedgerError
 class LedgerStore:
     """A ledger database at a SQLAlchemy URL, read and stamped (see `accountant.ledger.Ledger`)."""
 
-    def __init__(self, url: str, *, create: bool = True, clock: Clock | None = None) -> None:
+    def __init__(
+        self, url: str, *, create: bool = True, clock: Clock | None = None, upgrade: bool = True
+    ) -> None:
         self.url = url
         self.clock = clock if clock is not None else system_clock
         self.engine = make_engine(url, create)
         try:
-            open_schema(self.engine, url, create)
+            self.schema_found = open_schema(self.engine, url, create, upgrade)
         except BaseException:
             self.engine.dispose()  # release the file before the caller sees the error
             raise

@@ -1,7 +1,8 @@
 """`shufflekit budget ...`: create, inspect, correct and delete a deployment's privacy budget.
 
 Only `init` creates a ledger; the other commands open an existing one and fail, creating
-nothing, when the ledger or the deployment is missing.
+nothing, when the ledger or the deployment is missing. Only `init` and `upgrade` bring a
+ledger of an older shufflekit forward; the others refuse it, changing nothing.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from shufflekit.accountant.ledger import Budget, BudgetStatus, check_budget
+from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
+from shufflekit.accountant.ledger_schema import SCHEMA_VERSION, redact
 from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
-from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
+from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
 from shufflekit.base.errors import InvalidInput
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
@@ -212,6 +214,24 @@ def refund(
         print_json(rec.as_dict())
     else:
         _say(f"round {round_id} is {rec.status}")
+
+
+@app.command()
+def upgrade(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
+    """Bring a ledger made by an older shufflekit forward to this one's schema.
+
+    The other commands refuse an older ledger rather than change it; the services bring it
+    forward when they start. Stop services of the older version first: they refuse it after.
+    """
+    url = ledger_url(ledger)
+    with Ledger(url, create=False) as led:
+        before = led.schema_found
+    if json_out:
+        print_json({"ledger": redact(url), "schema_before": before, "schema": SCHEMA_VERSION})
+    elif before < SCHEMA_VERSION:
+        _say(f"ledger {redact(url)}: schema {before} brought forward to {SCHEMA_VERSION}")
+    else:
+        _say(f"ledger {redact(url)}: already at schema {SCHEMA_VERSION}, nothing to do")
 
 
 @app.command()

@@ -57,10 +57,11 @@ def writable(folder: Path, error: type[InvalidInput] = InvalidInput) -> None:
 
 def open_ledger(url: str | None, deployment: str, create: bool = False) -> Ledger:
     """The ledger a command names for `deployment` (its name checked first); a missing one is a
-    LedgerNotFound whose hint names both, to be pasted. Only `budget init` passes create=True:
-    reading a missing ledger must not leave an empty one behind."""
+    LedgerNotFound whose hint names both, to be pasted. Only `budget init` passes create=True,
+    and only it brings an older schema forward (with `budget upgrade`): reading a missing
+    ledger must not leave an empty one behind, nor reading an old one change it."""
     check_name("--deployment", deployment)
     try:
-        return Ledger(ledger_url(url), create=create)
+        return Ledger(ledger_url(url), create=create, upgrade=create)
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None
