@@ -85,6 +85,7 @@ def test_round_errors_are_one_line(tmp_path: Path) -> None:
         (["--round", "10000,2,2", "--n", "5", "--delta", "1e-6"], "no --n"),
         (["--delta", "1e-6"], "--round"),
         (["--from-ledger", f"sqlite:///{tmp_path}/none.db", "--deployment", "x"], "no ledger"),
+        (["--from-ledger", " "], "--from-ledger is empty"),  # it named --ledger
     ]
     for args, words in cases:
         code, out = run(*args)

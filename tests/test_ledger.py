@@ -106,6 +106,11 @@ def test_missing_budget_and_bad_budgets(ledger: Ledger) -> None:
         Budget("x y", 1.0, 1e-6, 10, cost_model="ldp"),
         Budget("x" * 65, 1.0, 1e-6, 10, cost_model="ldp"),
         Budget("x", 1.0, 1e-6, 10, cost_model="nope"),
+        # a delta of 1/n or more allows publishing one person's data (an outside audit:
+        # 0.999999 made every 10,1 round cost epsilon 0, so the budget never ran out)
+        Budget("x", 1.0, 0.999999, 10, cost_model="tight"),
+        Budget("x", 1.0, 0.1, 10, cost_model="ldp"),
+        Budget("x", 1.0, 0.2, 10, max_corrupt=5, cost_model="ldp"),
     ):
         with pytest.raises(InvalidParameters):
             ledger.init_budget(b)

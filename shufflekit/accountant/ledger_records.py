@@ -216,12 +216,17 @@ def check_budget(b: Budget) -> Budget:
     if n_min - max_corrupt < 1:
         raise bad(f"n_min ({n_min}) must exceed max_corrupt ({max_corrupt}) by at least 1")
     cap, ttl = b.max_round_epsilon, b.reservation_ttl
+    delta = real("budget delta", b.delta_total, 0, 1, low_open=True, high_open=True, error=bad)
+    if delta * (n_min - max_corrupt) >= 1:  # (0.999999 let every 10,1 round cost epsilon 0)
+        raise bad(
+            f"budget delta {delta:g} is not below 1/(n_min - max_corrupt) = "
+            f"1/{n_min - max_corrupt}: with such a delta one participant's data may be published "
+            "in full; choose a delta well below it (1e-6, say)"
+        )
     return replace(
         b,
         epsilon_total=real("budget epsilon", b.epsilon_total, 0, low_open=True, error=bad),
-        delta_total=real(
-            "budget delta", b.delta_total, 0, 1, low_open=True, high_open=True, error=bad
-        ),
+        delta_total=delta,
         n_min=n_min,
         max_corrupt=max_corrupt,
         max_round_epsilon=None

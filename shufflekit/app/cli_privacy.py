@@ -323,6 +323,8 @@ def _epsilon_of_rounds(
     ledger_spent = None
     cache = None
     if ledger_url is not None:
+        if not ledger_url.strip():  # (state.ledger_url would name --ledger)
+            refuse("--from-ledger is empty: give the ledger's URL (sqlite:///path/ledger.db)")
         held = cli_rounds.ledger_rounds(ledger_url, deployment)
         model, mode, ledger_spent, cache = (
             held.cost_model,
