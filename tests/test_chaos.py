@@ -116,6 +116,7 @@ def test_cli_json_has_exactly_the_documented_keys(tmp_path: Path) -> None:
         "rounds_run",
         "rounds_released",
         "rounds_refunded",
+        "rounds_expired",
         "reports_receipted",
         "reports_counted",
         "faults_injected",

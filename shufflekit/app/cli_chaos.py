@@ -97,7 +97,8 @@ def _replay(cfg: ChaosConfig, seed: int, json_out: bool) -> None:
 def _summary(out: SeedOutcome) -> str:
     return (
         f"seed {out.seed}: {out.rounds_run} round(s), {out.rounds_released} released, "
-        f"{out.rounds_refunded} refunded; {out.reports_receipted} reports receipted, "
+        f"{out.rounds_refunded} refunded, {out.rounds_expired} expired; "
+        f"{out.reports_receipted} reports receipted, "
         f"{out.reports_counted} counted; trace sha256 {out.trace_sha256[:16]}"
     )
 
@@ -106,7 +107,8 @@ def _print(report: ChaosReport, out: dict[str, object]) -> None:
     _line(
         f"{out['seeds_run']} seeds from {out['first_seed']} in {out['seconds']} s: "
         f"{out['rounds_run']} rounds, {out['rounds_released']} released, "
-        f"{out['rounds_refunded']} refunded; {out['reports_receipted']} reports "
+        f"{out['rounds_refunded']} refunded, {out['rounds_expired']} expired; "
+        f"{out['reports_receipted']} reports "
         f"receipted, {out['reports_counted']} counted"
     )
     _line(f"faults injected: {out['faults_injected']}")

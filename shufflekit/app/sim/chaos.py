@@ -95,6 +95,7 @@ class ChaosReport:
             "rounds_run": sum(x.rounds_run for x in o),
             "rounds_released": sum(x.rounds_released for x in o),
             "rounds_refunded": sum(x.rounds_refunded for x in o),
+            "rounds_expired": sum(x.rounds_expired for x in o),
             "reports_receipted": sum(x.reports_receipted for x in o),
             "reports_counted": sum(x.reports_counted for x in o),
             "faults_injected": faults,

@@ -104,6 +104,7 @@ class SeedOutcome:
     rounds_run: int = 0
     rounds_released: int = 0
     rounds_refunded: int = 0
+    rounds_expired: int = 0  # reservations that ran out (`reservation_ttl`): neither
     reports_receipted: int = 0
     reports_counted: int = 0
     faults: dict[str, int] = field(default_factory=dict)
@@ -500,6 +501,7 @@ class World:
             rounds_run=len(status.rounds),
             rounds_released=len(released),
             rounds_refunded=sum(1 for r in status.rounds if r.status == "refunded"),
+            rounds_expired=sum(1 for r in status.rounds if r.status == "expired"),
             reports_receipted=sum(len(f.receipted) for f in facts.values()),
             reports_counted=sum(f.results[0] for f in facts.values() if f.results),
             faults=dict(sorted(self.broker.injected.items())),
