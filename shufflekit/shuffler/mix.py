@@ -196,10 +196,11 @@ class MixNode(Hop[MixOutcome]):
             self.ingests.pop(ann.round_id, None)
             return self._with_dropped(outcome)
         self.rng.shuffle(items)
-        outcome.released = True
-        outcome.forwarded = len(items)
+        # released (and forwarded) once the batch went out: a round aborted elsewhere while
+        # this mix waits for its go reports nothing forwarded; a restart resumes as stored
+        stored = outcome.to_dict() | {"released": True, "forwarded": len(items)}
         try:  # nothing is forwarded unless the permuted output is stored first
-            self.spool.save_output(ann.round_id, items, outcome.to_dict())
+            self.spool.save_output(ann.round_id, items, stored)
         except SpoolError as exc:
             return await self._unreleased(ann, outcome, exc)
         return await self._forward(ann, items, outcome, stop)
@@ -265,6 +266,7 @@ class MixNode(Hop[MixOutcome]):
                     self.name,
                 )
                 if answer.verdict == "committed":  # the analyzer has it: nothing to send
+                    out.released, out.forwarded = True, len(items)
                     return self._done(ann, out)
                 until, granted = answer.until, True
             await send_batch(
@@ -282,6 +284,7 @@ class MixNode(Hop[MixOutcome]):
             if granted:  # done with the round: the coordinator need not wait for the lease
                 await return_go(self.transport, self.topics, ann.round_id, self.index)
             return await self._unreleased(ann, out, exc)
+        out.released, out.forwarded = True, len(items)
         if granted:
             await return_go(self.transport, self.topics, ann.round_id, self.index)
         out.stages["forward"] = self.clock.monotonic() - started
