@@ -59,9 +59,15 @@ MAX_BACKOFF = 30.0
 
 
 def emit_json(obj: dict[str, Any]) -> None:
-    """One JSON object per line on stdout, flushed (a service's round log for scripts)."""
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
-    sys.stdout.flush()
+    """One JSON object per line on stdout, flushed (a service's round log for scripts). If
+    stdout cannot take it (disk full, closed pipe), one error line says so and the service
+    goes on: the round is settled already, and the ledger keeps its outcome."""
+    try:
+        sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    except OSError as exc:
+        rid = obj.get("round_id")
+        log.error("round %s: its JSON line was not written to stdout: %s", rid, exc)
 
 
 def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
