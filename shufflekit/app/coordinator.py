@@ -49,6 +49,7 @@ from shufflekit.base.errors import (
     AccountantError,
     ConfigError,
     InvalidReport,
+    LedgerError,
     RoundAborted,
     TransportError,
 )
@@ -197,6 +198,8 @@ class Coordinator:
             ann = self.announcement(rid, params)
             try:
                 outcome = await self._drive(ann, params.deadline_seconds, report, answer, stop)
+                if isinstance(outcome, Result):
+                    await self._published(rid)
             except RoundAborted as exc:  # no result nor abort in time: a hop hung, or lost it
                 stored = await self._committed_result(rid)  # or the analyzer committed it
                 if stored is not None:
@@ -240,8 +243,10 @@ class Coordinator:
         that yields no outcome in time, is aborted (published, so hops stop) and refunded; a
         refund the ledger refuses because the analyzer committed meanwhile means the round was
         released.
-        One coordinator per deployment is assumed: it settles every reserved round.
+        One coordinator per deployment is assumed: it settles every reserved round. First,
+        a committed round whose result the ledger does not hold as published goes out again.
         """
+        await self._publish_unpublished()
         rounds = await self.offload(self.ledger.rounds_of, self.deployment)
         reserved = [r.round_id for r in rounds if r.status == "reserved"]
         driving = self.driving
@@ -297,6 +302,8 @@ class Coordinator:
                             close = Close(round_id=rid, reason="coordinator shutting down")
                             await coord.publish(t.close(rid), close.to_bytes())
                     outcome = await waiting
+                    if isinstance(outcome, Result):
+                        await self._published(rid)
                 except RoundAborted:
                     outcome = None
                 finally:
@@ -358,10 +365,26 @@ class Coordinator:
             await self.transport.publish(self.topics.result(rid), result.to_bytes())
         except TransportError:
             return result
-        # it went out: `budget status` says so (it said "-" when the analyzer had not)
-        with contextlib.suppress(AccountantError):  # only a record of the fact
-            await self.offload(self.ledger.mark_published, self.deployment, rid)
+        await self._published(rid)  # it went out: `budget status` says so
         return result
+
+    async def _publish_unpublished(self) -> None:
+        """Publish again the stored result of every committed round the ledger does not hold
+        as published: the analyzer committed it, then died (or lost its spool) before its
+        result went out, while no coordinator was waiting for it (the same bytes: harmless if
+        it did go out)."""
+        for rid, _ in await self.offload(self.ledger.unpublished, self.deployment):
+            if await self._committed_result(rid) is not None:
+                log.info("round %s: its committed result is published again", rid)
+
+    async def _published(self, rid: str) -> None:
+        """Record in the ledger that the round's result went out (this coordinator received
+        it from the broker, or published the ledger's copy): `budget status` and `rounds` then
+        say so also when the analyzer died, or lost its spool, before it recorded it."""
+        try:
+            await self.offload(self.ledger.mark_published, self.deployment, rid)
+        except LedgerError as exc:  # only a record of the fact: the result is out
+            log.warning("round %s: could not record its publication: %s", rid, exc)
 
     async def _drive(
         self,
