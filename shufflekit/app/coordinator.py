@@ -363,9 +363,10 @@ class Coordinator:
             return None
         try:
             await self.transport.publish(self.topics.result(rid), result.to_bytes())
-        except TransportError:
-            return result
-        await self._published(rid)  # it went out: `budget status` says so
+        except TransportError as exc:  # lost, or refused by the broker's ACL: not recorded
+            log.warning("round %s: its stored result was not published again: %s", rid, exc)
+        else:
+            await self._published(rid)
         return result
 
     async def _publish_unpublished(self) -> None:
@@ -374,8 +375,8 @@ class Coordinator:
         result went out, while no coordinator was waiting for it (the same bytes: harmless if
         it did go out)."""
         for rid, _ in await self.offload(self.ledger.unpublished, self.deployment):
-            if await self._committed_result(rid) is not None:
-                log.info("round %s: its committed result is published again", rid)
+            log.info("round %s: committed, its result not recorded as published", rid)
+            await self._committed_result(rid)
 
     async def _published(self, rid: str) -> None:
         """Record in the ledger that the round's result went out (this coordinator received
