@@ -71,3 +71,30 @@ def test_a_round_committed_by_a_lost_analyzer_is_published_by_the_next_coordinat
         assert time.monotonic() < end, procs.stderr("coordinatorb")
         time.sleep(0.2)
     assert procs.stop("coordinatorb") == 0, procs.stderr("coordinatorb")
+
+
+def test_a_round_committed_by_a_lost_analyzer_is_published_by_the_analyzer_restarted(
+    mosquitto: str, procs: Procs, tmp_path: Path
+) -> None:
+    """On the shipped broker's ACL only the analyzer may publish results (the coordinator's
+    republish is refused there), so the analyzer publishes, when it starts, every committed
+    result the ledger holds as not published, also with its spool lost."""
+    cfg, ledger_url = write_deployment(tmp_path, mosquitto, 1, n_min=20, deadline=3)
+    start_hops(procs, cfg, 1)
+    procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1")
+    killer = kill_at_commit(procs, tmp_path / "state" / "ledger.db", ["analyzer", "coordinator"])
+    run_clients(mosquitto, USERS, bad_fraction=0.0, receipts=True)
+    killer.join(70)
+    for n in ("analyzer", "coordinator"):
+        procs.procs[n].wait(10)
+    for f in (tmp_path / "state").glob("spool-analyzer.db*"):
+        f.unlink()
+    assert Ledger(ledger_url).status(DEPLOYMENT).rounds[0].published_at is None
+
+    procs.start("analyzerb", "serve", "analyzer", "--config", str(cfg))
+    end = time.monotonic() + 30
+    while Ledger(ledger_url).status(DEPLOYMENT).rounds[0].published_at is None:
+        assert time.monotonic() < end, procs.stderr("analyzerb")
+        time.sleep(0.2)
+    assert "its committed result is published again" in procs.stderr("analyzerb")
+    assert procs.stop("analyzerb") == 0, procs.stderr("analyzerb")

@@ -55,6 +55,8 @@ log = logging.getLogger("shufflekit.analyzer")
 ReleaseHook = Callable[[Result, Callable[[Result], Result]], Awaitable[Result]]
 # Called with a round id once its result went out (best effort: marks it published).
 PublishedHook = Callable[[str], Awaitable[None]]
+# (round id, stored result) of every committed round not recorded as published
+UnpublishedSource = Callable[[], Awaitable[list[tuple[str, str]]]]
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         *,
         on_release: ReleaseHook,
         on_published: PublishedHook | None = None,
+        unpublished: UnpublishedSource | None = None,
         estimator: str = "inv",
         batch_timeout: float = 60.0,
         spool: Spool | None = None,
@@ -93,7 +96,8 @@ class Analyzer(Hop[AnalyzerOutcome]):
         clock: Clock = system_clock,
     ) -> None:
         """`hops` (the cascade length, this analyzer's hop) names its input topics for a
-        service's inbox; `spool` (default: in memory) keeps what it received."""
+        service's inbox; `spool` (default: in memory) keeps what it received; `unpublished`
+        lists the committed results the ledger holds as not yet out (`publish_committed`)."""
         if not callable(on_release):
             raise InternalError("the analyzer needs an on_release hook (it commits the cost)")
         super().__init__(
@@ -102,6 +106,7 @@ class Analyzer(Hop[AnalyzerOutcome]):
         self.estimator = estimator
         self.on_release = on_release
         self.on_published = on_published
+        self.unpublished = unpublished
         self.hops = hops
         self.signer = ResultSigner(key.private_b64(), deployment)  # signs every result
 
@@ -236,6 +241,28 @@ class Analyzer(Hop[AnalyzerOutcome]):
             "converged": est.details.get("converged"),
             "iterations": est.details.get("iterations"),
         }
+
+    async def publish_committed(self) -> int:
+        """Publish the stored result of every committed round the ledger does not hold as
+        published and this spool does not resume (the analyzer died after the commit and lost
+        its spool, or its publish never went out): the analyzer is the one account the broker
+        lets publish results. How many went out; TransportError if the connection is gone."""
+        if self.unpublished is None:
+            return 0
+        sent = 0
+        for rid, text in await self.unpublished():
+            if self.spool.state(rid) is not None:
+                continue  # resumed from the spool, which publishes it
+            try:
+                result = Result.from_bytes(text.encode())
+            except InvalidReport:
+                log.error("round %s: the ledger's stored result is invalid", rid)
+                continue
+            if isinstance(result, Result):
+                log.info("round %s: its committed result is published again", rid)
+                await self._publish(result)
+                sent += 1
+        return sent
 
     async def _publish(self, result: Result) -> Result:
         """Publish a committed round's result, resending a lost publish with backoff for up to

@@ -124,6 +124,16 @@ class HopRunner:
                 await _cancelled(work)
                 self.node.abandoned(ann.round_id)  # forget a cancelled round's counts
 
+    async def _publish_committed(self, analyzer: Analyzer) -> None:
+        """The analyzer's catch-up at each (re)start: results the ledger holds as committed
+        and not published go out (a lost connection: again at the next reconnect)."""
+        try:
+            await analyzer.publish_committed()
+        except TransportError as exc:
+            log.warning("analyzer: committed results not published yet: %s", exc)
+        except Exception:
+            log.exception("analyzer: publishing committed results failed")
+
     def _abandoned(self, round_id: str, abort: Abort) -> HopOutcome | None:
         """The outcome of a round another hop (or the coordinator) aborted: what this node
         counted before it stopped, with the abort's reason, logged in one line."""
@@ -214,6 +224,10 @@ class HopRunner:
                         if self.refusal(ann) is None:
                             log.info("%s: resuming round %s", self.name, ann.round_id)
                             start(ann)
+                    if isinstance(self.node, Analyzer):  # committed results never sent
+                        t = asyncio.create_task(self._publish_committed(self.node))
+                        running.add(t)
+                        t.add_done_callback(running.discard)
                     if subscribed is not None:
                         subscribed.set()
                     await self._serve_prepares(sub, stop, seen, start)

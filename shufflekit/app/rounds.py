@@ -216,6 +216,18 @@ def ledger_published_hook(
     return hook
 
 
+def ledger_unpublished_source(
+    ledger: Ledger, deployment: str, offload: Offload = in_thread
+) -> Callable[[], Awaitable[list[tuple[str, str]]]]:
+    """The analyzer's `unpublished`: committed rounds whose stored result the ledger does not
+    hold as published (the analyzer publishes them when it starts or reconnects)."""
+
+    async def source() -> list[tuple[str, str]]:
+        return await offload(ledger.unpublished, deployment)
+
+    return source
+
+
 async def participant_facts(
     rec: RoundRecord, delta: float | None, offload: Offload = in_thread
 ) -> dict[str, Any]:

@@ -15,7 +15,11 @@ from shufflekit.accountant.ledger import Ledger
 from shufflekit.analyzer.estimators import ESTIMATORS
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import ledger_published_hook, ledger_release_hook
+from shufflekit.app.rounds import (
+    ledger_published_hook,
+    ledger_release_hook,
+    ledger_unpublished_source,
+)
 from shufflekit.base.checks import whole
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import ConfigError
@@ -105,6 +109,9 @@ class Wiring:
                 offload=retrying(self.offload, self.clock),
             ),
             on_published=ledger_published_hook(
+                self._ledger("analyzer"), self.deployment, retrying(self.offload, self.clock)
+            ),
+            unpublished=ledger_unpublished_source(
                 self._ledger("analyzer"), self.deployment, retrying(self.offload, self.clock)
             ),
             estimator=self.estimator,
