@@ -4,6 +4,7 @@ or be returned by its mix (core/go.py `return_go`), in virtual time."""
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,10 @@ def test_budget_refund_of_a_round_under_a_go_is_one_line_and_changes_nothing(
         assert led.grant_go("d", "r1", led.clock.time() + 300)
     r = run_cli(["budget", "refund", "r1", "--ledger", url, "--deployment", "d"], cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("error: round 'r1' cannot be refunded for 30") and "go" in r.stderr
+    said = re.match(
+        r"error: round 'r1' cannot be refunded for (\d+) s more: a mix holds a go", r.stderr
+    )
+    assert said is not None and 200 < int(said[1]) <= 301, r.stderr  # (however slow the CLI)
     assert len(r.stderr.strip().splitlines()) == 1
     with Ledger(url, create=False) as led:
         assert led.round_of("d", "r1").status == "reserved"  # type: ignore[union-attr]
