@@ -199,3 +199,14 @@ def test_the_search_starts_near_the_answer() -> None:
     # and the n search starts from the same law solved for n
     cal_n = calibrate_n_detailed(3.0, 2, 3, 1.0, delta, pld_fn=shuffled_rr_pld)
     assert min(x for x, _ in cal_n.trials) > cal_n.value / 4
+
+
+def test_the_ldp_answer_stays_feasible_below_the_pairs_infinite_mass() -> None:
+    """At a delta below the dominating pair's infinite-loss mass (~1e-26 for k = 2) its PLD
+    answers epsilon = inf; pure DP still gives eps0 per round at delta 0, so eps0 = epsilon /
+    rounds is feasible (as the ledger and `privacy epsilon` charge it: capped by the LDP sum).
+    Uncapped, calibration claimed "even eps0 = 0.001 does not meet epsilon=1"."""
+    got = calibrate_eps0_detailed(1000, 2, 1, 1.0, 1e-30)
+    assert 1.0 * (1 - 2e-3) <= got.value <= 1.0
+    assert got.achieved_epsilon <= 1.0
+    assert calibrate_n(1.0, 10, 1, 2.0, 1e-40) == 1  # eps0 <= epsilon: one user is enough
