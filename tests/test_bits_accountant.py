@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from shufflekit.accountant.bits import (
 )
 from shufflekit.accountant.core import check_query
 from shufflekit.base.errors import InvalidParameters
+from tests.cli_run import run_cli
 
 
 def _record_law(x: tuple[int, ...], q: float) -> np.ndarray:
@@ -170,3 +172,15 @@ def test_heterogeneous_composition() -> None:
     both = rounds_epsilon([b, k, b], 1e-6)
     singles = [round_epsilon(m, 1e-6).epsilon for m in (b, k)]
     assert max(singles) < both <= 4.5
+
+
+@pytest.mark.parametrize("eps0", [800.0, 2000.0, 1e-12])
+def test_eps0_outside_a_rounds_range_is_refused_in_one_line(eps0: float, tmp_path: Path) -> None:
+    """A bit round takes eps0 in the range every round type has ([EPS0_MIN, EPS0_MAX]): its
+    generic bound runs binary RR at eps0, whose e^eps0 overflows above ~709.78. Before,
+    `privacy epsilon --round 100,bits:2,2000` ended in "internal error ... OverflowError"."""
+    with pytest.raises(InvalidParameters, match="eps0"):
+        BitsMechanism(100, 2, eps0)
+    argv = ["privacy", "epsilon", "--round", f"100,bits:2,{eps0!r}", "--delta", "1e-6"]
+    r = run_cli(argv, tmp_path)
+    assert r.returncode != 0 and "internal error" not in r.stderr and "eps0" in r.stderr

@@ -36,6 +36,8 @@ from shufflekit.accountant.clones import METHOD as CLONES_METHOD
 from shufflekit.accountant.clones import clones_log_delta, clones_pld
 from shufflekit.accountant.composition import compose
 from shufflekit.accountant.core import (
+    EPS0_MAX,
+    EPS0_MIN,
     Mechanism,
     PrivacyLossDistribution,
     PrivacyResult,
@@ -93,7 +95,9 @@ class BitsMechanism:
     def __post_init__(self) -> None:
         whole("n (number of users)", self.n, 1, error=InvalidParameters)
         check_bits(self.bits)
-        real("eps0", self.eps0, 0, low_open=True, error=InvalidParameters)
+        # the range of every round type (`round_types.check_entry`): the generic bound runs
+        # binary RR at eps0 (`generic`), whose e^eps0 overflows above ~709.78
+        real("eps0", self.eps0, EPS0_MIN, EPS0_MAX, error=InvalidParameters)
 
     @property
     def q(self) -> float:
