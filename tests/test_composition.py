@@ -651,3 +651,19 @@ def test_self_composition_equals_dp_accountings_own(count: int) -> None:
         assert got._lower_loss == want._lower_loss
         assert np.allclose(got._probs, want._probs, rtol=0, atol=1e-15)
         assert got._infinity_mass == want._infinity_mass
+
+
+def test_composed_rounds_never_answer_above_the_sum_of_eps0() -> None:
+    """An outside audit: the composed bound of 3 rounds of eps0 = 6 at delta 1e-10 was
+    18.000099 (each report is 6-LDP, so 18 holds at delta 0), 20 of eps0 = 4 at 1e-200 was
+    80.0043, and one round at delta 1e-30 (below the pair's mass at infinite loss) was inf.
+    The composition is capped by the sum of eps0, and its delta is 0 from there on."""
+    three = compose_rounds([Mechanism(n=5, k=5, eps0=6.0)] * 3)
+    assert three.ldp_cap == 18.0
+    assert three.epsilon(1e-10) <= 18.0
+    assert three.delta(18.0) == 0.0 and three.delta(17.0) > 0.0
+    one = compose_rounds([Mechanism(n=1000, k=2, eps0=1.0)])
+    assert one.epsilon(1e-30) == 1.0  # was inf
+    assert math.isfinite(one.epsilon(1e-6)) and one.epsilon(1e-6) < 1.0  # the shuffle's gain
+    counted = compose_rounds([Mechanism(n=50, k=2, eps0=4.0)], counts=[20])
+    assert counted.ldp_cap == 80.0

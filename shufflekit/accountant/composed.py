@@ -53,6 +53,9 @@ class ComposedPLD(GridMasses):
     details: dict[str, Any] = field(default_factory=dict)
     max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION
     bracket_lower: ComposedPLD | None = None
+    # a pure-DP epsilon the composed mechanism is known to meet (k-RR rounds: the sum of eps0):
+    # an upper side never answers an epsilon above it, and delta is 0 from it on
+    ldp_cap: float | None = None
 
     @property
     def side(self) -> str:
@@ -110,6 +113,8 @@ class ComposedPLD(GridMasses):
     def log_delta(self, epsilon: float) -> float:
         """Natural log of the bound on delta at `epsilon` (upper: >= true, lower: <= true)."""
         epsilon = check_epsilon(epsilon, real_line=True)
+        if self.upper and self.ldp_cap is not None and epsilon >= self.ldp_cap:
+            return -math.inf
         if epsilon == math.inf:
             return self.log_inf_mass if self.upper else log_of(self.inf_mass)
         if self.upper:
@@ -135,7 +140,8 @@ class ComposedPLD(GridMasses):
         log_delta = float(log_delta)
         self._check_accuracy(log_delta)
         if self.upper:
-            return self._eps_upper(log_delta)
+            eps = self._eps_upper(log_delta)
+            return eps if self.ldp_cap is None else min(eps, self.ldp_cap)
         return self._eps_lower(log_delta)
 
     def epsilon_bracket(self, delta: float) -> tuple[float, float]:

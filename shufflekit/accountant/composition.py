@@ -27,7 +27,7 @@ import numpy as np
 from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, mechanisms
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, ldp_epsilon, mechanisms
 from shufflekit.accountant.curve_cells import MAX_CELLS, steps_that_fit
 from shufflekit.accountant.curve_pld import (
     CurvePLD,
@@ -454,10 +454,11 @@ def compose_rounds(
 
     Identical mechanisms are grouped; per-round PLDs come from `pld_fn` (default
     `curve_pld.composition_pld`)
-    and are cached by (pld_fn, n, k, eps0).
+    and are cached by (pld_fn, n, k, eps0). Capped by the sum of eps0 (`ldp_epsilon`).
     """
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
-    return compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
+    composed = compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
+    return dataclasses.replace(composed, ldp_cap=ldp_epsilon(rounds, counts))
 
 
 def rounds_epsilon(

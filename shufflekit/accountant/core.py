@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -146,6 +146,13 @@ def mechanisms(rounds: object, what: str = "rounds") -> list[Mechanism]:
         if not isinstance(m, Mechanism):
             raise InvalidParameters(f"{what} must be Mechanism, got {type(m).__name__}")
     return out
+
+
+def ldp_epsilon(rounds: Sequence[Mechanism], counts: Sequence[int] | None = None) -> float:
+    """The sum of the rounds' eps0 (each `counts` times): the pure-DP epsilon (delta 0) their
+    composition always meets (each report is eps0-LDP; the shuffle post-processes it)."""
+    weights = counts if counts is not None else [1] * len(rounds)
+    return float(sum(m.eps0 * c for m, c in zip(rounds, weights, strict=True)))
 
 
 def check_query(
