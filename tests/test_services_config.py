@@ -370,3 +370,26 @@ def test_a_close_at_below_n_min_is_refused_when_the_coordinator_starts(tmp_path:
     says = r"\[coordinator\] close_at 5 is below the round's n_min 10"
     with pytest.raises(ConfigError, match=says):
         asyncio.run(asyncio.wait_for(serve_coordinator(early, asyncio.Event()), 10))
+
+
+def test_a_logged_exception_is_one_line_unless_debugging() -> None:
+    """An outside audit saw aiomqtt log a KeyError traceback on a second SIGTERM; a service's
+    log shows any logged exception on its line, type and message, unless asked for more."""
+    import logging
+
+    from shufflekit.app.services.cli import OneLineFormatter
+
+    try:
+        raise KeyError("40")
+    except KeyError:
+        import sys
+
+        record = logging.LogRecord(
+            "aiomqtt", logging.ERROR, __file__, 1, "on_subscribe failed", None, sys.exc_info()
+        )
+    fmt = "%(name)s %(levelname)s %(message)s"
+    line = OneLineFormatter(fmt, tracebacks=False).format(record)
+    assert line == "aiomqtt ERROR on_subscribe failed (KeyError: '40')"
+    full = OneLineFormatter(fmt, tracebacks=True).format(record)
+    assert "Traceback (most recent call last)" in full and full.count("\n") > 2
+    assert OneLineFormatter(fmt, tracebacks=False).format(record) == line  # record untouched

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
@@ -152,13 +153,39 @@ def _write_derived(kind: DerivedKey, key: Path, json_out: bool) -> None:
         console.print(f"{kind.what} {text} written to {path}", highlight=False)
 
 
+class OneLineFormatter(logging.Formatter):
+    """A service's log lines: an exception logged with its traceback (ours, or a library's,
+    such as aiomqtt's on a second SIGTERM) shows on the same line as its type and message,
+    unless `--log-level debug` or SHUFFLEKIT_DEBUG=1 asks for the traceback."""
+
+    def __init__(self, fmt: str, tracebacks: bool) -> None:
+        super().__init__(fmt)
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self.tracebacks or not record.exc_info:
+            return super().format(record)
+        exc = record.exc_info[1]
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            line = super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        said = " ".join(str(exc).split())
+        return f"{line} ({type(exc).__name__}{': ' + said if said else ''})"
+
+
 def _setup(config: Path, log_level: str) -> ServiceConfig:
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         refuse(f"unknown --log-level {log_level!r}")
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+    handler = logging.StreamHandler()
+    tracebacks = level <= logging.DEBUG or bool(os.environ.get("SHUFFLEKIT_DEBUG"))
+    handler.setFormatter(
+        OneLineFormatter("%(asctime)s %(name)s %(levelname)s %(message)s", tracebacks)
     )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     return load_config(config)
 
 
