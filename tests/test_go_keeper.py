@@ -31,6 +31,7 @@ LEASE = 60.0
 class _Record:
     status: str = "reserved"
     expires_at: float | None = None
+    go_until: float | None = None
 
 
 class _Ledger:
@@ -176,3 +177,28 @@ def test_budget_refund_of_a_round_under_a_go_is_one_line_and_changes_nothing(
     assert len(r.stderr.strip().splitlines()) == 1
     with Ledger(url, create=False) as led:
         assert led.round_of("d", "r1").status == "reserved"  # type: ignore[union-attr]
+
+
+def test_a_restarted_coordinator_waits_for_the_go_its_earlier_life_recorded(
+    ledger_url: str,
+) -> None:
+    """An outside audit, reading the code: a coordinator restarted with a shorter batch
+    timeout refunded a round one of its own (shorter) leases after its start, while a go its
+    earlier life granted could still run. It now waits for the go the ledger recorded."""
+    clock = VirtualClock()
+    led = Ledger(ledger_url, clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    led.reserve("d", "r1", k=4, eps0=1.0)
+    earlier = GoKeeper(led, "d", 300.0, clock, inline, RejectionCounter())  # 5-minute leases
+    assert run_virtual(earlier.verdict("r1", 0), clock).verdict == "go"
+    clock.advance(10.0)
+    restarted = GoKeeper(led, "d", LEASE, clock, inline, RejectionCounter())  # 1-minute leases
+
+    async def main() -> float:
+        start = clock.monotonic()
+        await restarted.quiesce("r1")
+        return clock.monotonic() - start
+
+    assert run_virtual(main(), clock) == pytest.approx(300.0 - 10.0 + GO_MARGIN, abs=0.01)
+    assert led.refund("d", "r1", goes_settled=True).status == "refunded"
+    led.close()

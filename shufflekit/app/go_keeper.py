@@ -4,8 +4,9 @@ the ledger, and refunds a round only once no go it granted can still be running.
 A go is a lease until a named time. Before a refund the round stops getting goes, and the
 refund waits until every lease granted for it has run out (plus GO_MARGIN) or been returned by
 its mix (a mix returns its go when it is done with the round: `core.go.return_go`). A
-restarted coordinator does not know the leases its previous life granted, so it refunds a round
-reserved before it started no earlier than one lease after its start.
+restarted coordinator does not remember the leases its previous life granted: it refunds a
+round reserved before it started no earlier than the last lease the ledger recorded for it
+(`go_until`, however long the earlier batch timeout was), nor one lease after its start.
 """
 
 from __future__ import annotations
@@ -134,10 +135,14 @@ class GoKeeper:
         """Stop granting goes for `round_id` and wait until none granted can still be running:
         each has run out or was returned (call before refunding it)."""
         self.refusing.add(round_id)
+        earlier = 0.0  # the leases an earlier coordinator granted: the ledger recorded them
+        if round_id not in self.own:
+            rec = await self.offload(self.ledger.round_of, self.deployment, round_id)
+            earlier = max(self.started + self.lease, (rec and rec.go_until) or 0.0)
         while True:
             end = max(self.leases.get(round_id, {}).values(), default=0.0)
-            if round_id not in self.own:  # reserved before this process: leases unknown
-                end = max(end, self.started + self.lease)
+            if round_id not in self.own:  # reserved before this process: as recorded, or
+                end = max(end, earlier)  # as long as a lease of ours (an older ledger)
             wait = end + GO_MARGIN - self.clock.time()
             if end <= 0 or wait <= 0:
                 return
