@@ -129,12 +129,11 @@ class _Evaluator:
         mech = self.make(param)
         mechs = [*self.spent, mech]
         counts = [1] * len(self.spent) + [self.rounds]
+        # capped by the LDP sum (pure DP composes by summation), as the ledger charges: a pair's
+        # PLD answers inf below its infinite-loss mass, where eps0 = epsilon / rounds still fits
         eps = rounds_epsilon(
             mechs, self.delta, pld_fn=self.pld_fn, counts=counts, engine=self.engine, grid=self.grid
         )
-        # capped by the LDP sum (pure DP composes by summation), as the ledger charges: a pair's
-        # PLD answers inf below its infinite-loss mass, where eps0 = epsilon / rounds still fits
-        eps = min(eps, sum(m.eps0 for m in self.spent) + self.rounds * mech.eps0)
         self.memo[param] = eps
         return eps
 

@@ -471,13 +471,15 @@ def rounds_epsilon(
     grid: float | None = None,
 ) -> float:
     """`compose_rounds(...).epsilon(delta)`, or where the PLD composition's numerics cannot
-    certify `delta` (many rounds, tiny delta) the `fallback_epsilon` of the same rounds."""
+    certify `delta` (many rounds, tiny delta) the `fallback_epsilon` of the same rounds; both
+    capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is."""
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     try:
-        return compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
+        eps = compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
     except AccuracyError as exc:
         mechs = [Mechanism(n, k, e) for (n, k, e) in _grouped(rounds, counts)]  # as `plds`
-        return fallback_epsilon(plds, cs, delta, exc, mechs, grid=grid)[0]
+        eps = fallback_epsilon(plds, cs, delta, exc, mechs, grid=grid)[0]
+    return min(eps, ldp_epsilon(rounds, counts))
 
 
 #: How `fallback_epsilon` answered, for notes.
