@@ -253,15 +253,13 @@ class Analyzer(Hop[AnalyzerOutcome]):
         for rid, text in await self.unpublished():
             if self.spool.state(rid) is not None:
                 continue  # resumed from the spool, which publishes it
-            try:
-                result = Result.from_bytes(text.encode())
-            except InvalidReport:
+            result = Result.stored(text)
+            if result is None:
                 log.error("round %s: the ledger's stored result is invalid", rid)
                 continue
-            if isinstance(result, Result):
-                log.info("round %s: its committed result is published again", rid)
-                await self._publish(result)
-                sent += 1
+            log.info("round %s: its committed result is published again", rid)
+            await self._publish(result)
+            sent += 1
         return sent
 
     async def _publish(self, result: Result) -> Result:

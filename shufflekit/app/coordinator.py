@@ -354,12 +354,9 @@ class Coordinator:
         text = await self.offload(self.ledger.stored_result, self.deployment, rid)
         if text is None:
             return None
-        try:
-            result = Result.from_bytes(text.encode())
-        except InvalidReport:
+        result = Result.stored(text)
+        if result is None:
             log.error("round %s: the ledger's stored result is invalid", rid)
-            return None
-        if not isinstance(result, Result):
             return None
         try:
             await self.transport.publish(self.topics.result(rid), result.to_bytes())

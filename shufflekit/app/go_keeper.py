@@ -135,14 +135,14 @@ class GoKeeper:
         """Stop granting goes for `round_id` and wait until none granted can still be running:
         each has run out or was returned (call before refunding it)."""
         self.refusing.add(round_id)
-        earlier = 0.0  # the leases an earlier coordinator granted: the ledger recorded them
+        # a round reserved before this process: its leases as the ledger recorded them, and at
+        # least one of ours after this start (what a ledger from before `go_until` allows)
+        earlier = 0.0
         if round_id not in self.own:
             rec = await self.offload(self.ledger.round_of, self.deployment, round_id)
             earlier = max(self.started + self.lease, (rec and rec.go_until) or 0.0)
         while True:
-            end = max(self.leases.get(round_id, {}).values(), default=0.0)
-            if round_id not in self.own:  # reserved before this process: as recorded, or
-                end = max(end, earlier)  # as long as a lease of ours (an older ledger)
+            end = max([earlier, *self.leases.get(round_id, {}).values()])
             wait = end + GO_MARGIN - self.clock.time()
             if end <= 0 or wait <= 0:
                 return

@@ -185,6 +185,16 @@ class Result(_Control):
     # the analyzer's Ed25519 signature over everything above (core/results.py)
     signature: str | None = Field(default=None, max_length=100)
 
+    @classmethod
+    def stored(cls, text: str) -> Result | None:
+        """The result a ledger stored with its round's commit (published from there, also
+        after a restart), or None if the text is not a valid one."""
+        try:
+            msg = cls.from_bytes(text.encode())
+        except InvalidReport:
+            return None
+        return msg if isinstance(msg, Result) else None
+
 
 class Ready(_Control):
     """Hop `hop` is subscribed to its input for this round and holds the announced key.
