@@ -96,11 +96,11 @@ class LedgerFaults:
             return "ledger_busy", LedgerBusy("database is locked (simulated)")
         return None
 
-    def after(self, name: str, url: str) -> LedgerUnavailable | None:
-        """The error that replaces a write's reply: it landed, its caller is not told."""
+    def after(self, name: str, url: str) -> tuple[str, LedgerError] | None:
+        """The fault that replaces a write's reply, if any: it landed, its caller is not told."""
         lossy = "ledger_lost_reply" in self.faults and name in WRITES
         if lossy and self.lost_rng.random() < LOST_REPLY:
-            return LedgerUnavailable(
+            return "ledger_lost_reply", LedgerUnavailable(
                 f"ledger {url} is unavailable: server closed the connection unexpectedly "
                 "(simulated: the write landed)"
             )

@@ -41,6 +41,7 @@ from shufflekit.base.errors import (
     BudgetExceeded,
     ConfigError,
     InvalidReport,
+    LedgerError,
     TransportError,
 )
 from shufflekit.base.random import SeededRandomness
@@ -247,12 +248,9 @@ class World:
         """Ledger calls, inline; the database may be busy or down, or a write's reply lost."""
         await asyncio.sleep(0)
         name = getattr(fn, "__name__", "call")
-        refused = self.ledger_faults.before(self.clock.monotonic(), self.cfg.ledger_url())
-        if refused is not None:
-            kind, exc = refused
-            self.broker.count(kind)
-            self.event("ledger", "fault", fault=kind, call=name)
-            raise exc
+        self._ledger_fault(
+            self.ledger_faults.before(self.clock.monotonic(), self.cfg.ledger_url()), name
+        )
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):
             status = self.ledger.status(DEPLOYMENT)
@@ -264,12 +262,16 @@ class World:
                 self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
             )
             self._check()
-        lost = self.ledger_faults.after(name, self.cfg.ledger_url())
-        if lost is not None:
-            self.broker.count("ledger_lost_reply")
-            self.event("ledger", "fault", fault="ledger_lost_reply", call=name)
-            raise lost
+        self._ledger_fault(self.ledger_faults.after(name, self.cfg.ledger_url()), name)
         return out
+
+    def _ledger_fault(self, fault: tuple[str, LedgerError] | None, call: str) -> None:
+        """Count and trace a fault of the ledger's (`LedgerFaults`), and raise it; None: none."""
+        if fault is not None:
+            kind, exc = fault
+            self.broker.count(kind)
+            self.event("ledger", "fault", fault=kind, call=call)
+            raise exc
 
     # ------------------------------------------------------------------ services
     def _connector(
