@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
@@ -209,13 +210,16 @@ class HopRunner:
 
         seen: dict[str, None] = {}  # rounds already started (prepares are repeated)
 
+        def spawn(work: Coroutine[Any, Any, None]) -> None:  # awaited before serve returns
+            t = asyncio.create_task(work)
+            running.add(t)
+            t.add_done_callback(running.discard)
+
         def start(ann: Announcement) -> None:
             seen[ann.round_id] = None
             if len(seen) > 1000:
                 del seen[next(iter(seen))]
-            t = asyncio.create_task(one(ann))
-            running.add(t)
-            t.add_done_callback(running.discard)
+            spawn(one(ann))
 
         async with self._inbox_running():
             try:
@@ -225,9 +229,7 @@ class HopRunner:
                             log.info("%s: resuming round %s", self.name, ann.round_id)
                             start(ann)
                     if isinstance(self.node, Analyzer):  # committed results never sent
-                        t = asyncio.create_task(self._publish_committed(self.node))
-                        running.add(t)
-                        t.add_done_callback(running.discard)
+                        spawn(self._publish_committed(self.node))
                     if subscribed is not None:
                         subscribed.set()
                     await self._serve_prepares(sub, stop, seen, start)
