@@ -231,8 +231,9 @@ def test_schema_1_ledger_is_migrated_forward(tmp_path: Path) -> None:
     with pytest.raises(ScheduleViolation, match=r"slot 2 of its schedule is 4,1\.5, not 4,1:"):
         led.reserve("old", "r2", 4, 1.0)
     led.reserve("old", "r2", 4, 1.5)  # the new columns work
+    assert led.hold_role("old", "coordinator", "me", 15.0).holder == "me"  # and the new table
     with sqlite3.connect(db) as c:
-        assert c.execute("select version from sk_schema_version").fetchall() == [(5,)]
+        assert c.execute("select version from sk_schema_version").fetchall() == [(6,)]
     with sqlite3.connect(db) as c:
         c.execute("update sk_schema_version set version = 99")
     with pytest.raises(LedgerError, match="newer than this shufflekit"):
@@ -336,8 +337,9 @@ def test_schema_2_ledger_is_migrated_forward_and_keeps_its_rows(ledger_url: str)
     engine.dispose()
     led = Ledger(ledger_url)
     with led.engine.connect() as c:
-        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(5,)]
+        assert c.execute(sa.text("select version from sk_schema_version")).all() == [(6,)]
     assert led.status("old").epsilon_spent == 1.5
+    assert led.lease_of("old", "coordinator") is None
     old = [(h["at"], h["who"], h["action"], h["principal"]) for h in led.history("old")]
     assert old == [
         (1.0, "operator", "init", None),

@@ -33,6 +33,7 @@ from shufflekit.accountant.ledger_records import (
 from shufflekit.accountant.ledger_schema import (
     budget_command,
     budgets,
+    leases,
     redact,
     rounds,
 )
@@ -112,6 +113,7 @@ class Ledger(LedgerStore):
                     "records a promise made to participants; delete it anyway with --force"
                 )
             conn.execute(rounds.delete().where(rounds.c.deployment == deployment))
+            conn.execute(leases.delete().where(leases.c.deployment == deployment))
             conn.execute(budgets.delete().where(budgets.c.deployment == deployment))
             self._audit(
                 conn,

@@ -134,6 +134,16 @@ class RoundRecord:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """Who holds a role of a deployment (`holder`, since `since`) until `until` unless renewed."""
+
+    role: str
+    holder: str
+    since: float
+    until: float
+
+
+@dataclass(frozen=True)
 class BudgetStatus:
     """Committed and committed-plus-reserved epsilon at the budget's delta, and the rounds."""
 

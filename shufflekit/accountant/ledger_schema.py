@@ -27,7 +27,7 @@ from shufflekit.accountant.round_types import (
 )
 from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound, LedgerUnavailable
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -80,6 +80,15 @@ curves = sa.Table(  # since schema 4: the persisted curve cache (accountant.curv
     sa.Column("key", sa.String(255), primary_key=True),  # kind|engine|version|parameters
     sa.Column("data", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+)
+leases = sa.Table(  # since schema 6: one live process per (deployment, role)
+    "sk_leases",
+    _META,
+    sa.Column("deployment", sa.String(64), primary_key=True),
+    sa.Column("role", sa.String(32), primary_key=True),
+    sa.Column("holder", sa.String(255), nullable=False),  # user@host:pid/token
+    sa.Column("since", sa.Float, nullable=False),  # when this holder took it
+    sa.Column("until", sa.Float, nullable=False),  # renewed before then, or free after it
 )
 audit = sa.Table(
     "sk_audit",
@@ -153,12 +162,19 @@ def _migrate_4_to_5(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE sk_rounds ADD COLUMN go_until FLOAT"))
 
 
+def _migrate_5_to_6(conn: Connection) -> None:
+    """Schema 6: a role's lease (sk_leases), so that a second coordinator of a deployment does
+    not start beside the running one (the two took each other's broker session in turns)."""
+    leases.create(conn, checkfirst=True)
+
+
 # MIGRATIONS[v] takes a ledger from schema v to v + 1; never edit one that has shipped.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _migrate_1_to_2,
     2: _migrate_2_to_3,
     3: _migrate_3_to_4,
     4: _migrate_4_to_5,
+    5: _migrate_5_to_6,
 }
 
 

@@ -17,12 +17,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from shufflekit.accountant.curves import CurveCache
-from shufflekit.accountant.ledger_records import Budget, RoundRecord, principal
+from shufflekit.accountant.ledger_records import Budget, Lease, RoundRecord, principal
 from shufflekit.accountant.ledger_schema import (
     audit,
     budget_command,
     budgets,
     curves,
+    leases,
     make_engine,
     open_schema,
     redact,
@@ -30,7 +31,7 @@ from shufflekit.accountant.ledger_schema import (
     transaction,
 )
 from shufflekit.accountant.round_types import schedule_from_json
-from shufflekit.base.clock import Clock, system_clock
+from shufflekit.base.clock import CLOCK_SKEW, Clock, system_clock
 from shufflekit.base.errors import LedgerError
 
 
@@ -145,6 +146,50 @@ class LedgerStore:
                 .values(go_until=sa.case((later, until), else_=rounds.c.go_until))
             )
             return bool(done.rowcount)
+
+    def hold_role(self, deployment: str, role: str, holder: str, seconds: float) -> Lease:
+        """Take or renew `holder`'s lease of `role` for `seconds`: granted if the role is free,
+        already `holder`'s, or its lease ran out (plus CLOCK_SKEW) unrenewed. Returns the lease
+        as it now stands: another holder's, unchanged, when refused. Taking it is audited."""
+        with self._tx() as conn:
+            self._require_budget(conn, deployment, lock=True)  # one writer per deployment
+            key = (leases.c.deployment == deployment, leases.c.role == role)
+            row = conn.execute(sa.select(leases).where(*key)).first()
+            now = self.clock.time()
+            if row is not None and row.holder != holder and now <= row.until + CLOCK_SKEW:
+                return Lease(role, row.holder, row.since, row.until)
+            if row is not None and row.holder == holder:
+                conn.execute(leases.update().where(*key).values(until=now + seconds))
+                return Lease(role, holder, row.since, now + seconds)
+            values = {"holder": holder, "since": now, "until": now + seconds}
+            if row is None:
+                conn.execute(leases.insert().values(deployment=deployment, role=role, **values))
+            else:
+                conn.execute(leases.update().where(*key).values(**values))
+            detail: dict[str, Any] = {"holder": holder}
+            if row is not None:  # the previous holder stopped renewing it (it died)
+                detail |= {"lapsed": row.holder, "lapsed_until": row.until}
+            self._audit(conn, deployment, None, role, "lease", "granted", detail)
+            return Lease(role, holder, now, now + seconds)
+
+    def release_role(self, deployment: str, role: str, holder: str) -> None:
+        """Give up `holder`'s lease of `role` (nothing if another holds it now)."""
+        with self._tx() as conn:
+            conn.execute(
+                leases.delete().where(
+                    leases.c.deployment == deployment,
+                    leases.c.role == role,
+                    leases.c.holder == holder,
+                )
+            )
+
+    def lease_of(self, deployment: str, role: str) -> Lease | None:
+        """The lease of `role` as recorded (it may have run out), or None."""
+        with self._tx(write=False) as conn:
+            row = conn.execute(
+                sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
+            ).first()
+        return None if row is None else Lease(role, row.holder, row.since, row.until)
 
     def unpublished(self, deployment: str) -> list[tuple[str, str]]:
         """(round id, stored result) of committed rounds whose result is not marked published."""

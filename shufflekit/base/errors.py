@@ -139,6 +139,11 @@ class LedgerUnavailable(LedgerError):
     service retries it like a busy one; a write whose reply was lost may have landed."""
 
 
+class RoleHeld(LedgerError):
+    """Another live process holds the role's lease for the deployment (a second coordinator
+    started while the first runs): this one does not start, or stops."""
+
+
 class StaleQuote(LedgerBusy):
     """A round's result was priced before another round was committed: price it again."""
 
@@ -184,6 +189,7 @@ __all__ = [
     "LedgerUnavailable",
     "MetricInputError",
     "NotApplicable",
+    "RoleHeld",
     "RoundAborted",
     "RoundSuspended",
     "ScheduleViolation",

@@ -8,6 +8,7 @@ told to stop, leaving the round to the next start (`RoundSuspended`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,6 +24,12 @@ async def within(aw: Awaitable[T], timeout: float | None, clock: Clock = system_
     if timeout is None:
         return await aw
     return await _unless(aw, clock.sleep(max(0.0, timeout)), TimeoutError)
+
+
+async def sleep_unless(stop: asyncio.Event, seconds: float, clock: Clock = system_clock) -> None:
+    """Sleep `seconds` of `clock`, waking early when `stop` is set."""
+    with contextlib.suppress(TimeoutError):
+        await within(stop.wait(), seconds, clock)
 
 
 async def unless_stopped(aw: Awaitable[T], stop: asyncio.Event | None, who: str) -> T:

@@ -113,6 +113,13 @@ class CoordinatorSettings(_Section):
         default=30.0, gt=0, description="seconds for every hop to be ready"
     )
     batch_timeout: float = Field(default=60.0, gt=0)
+    lease: float = Field(
+        default=15.0,
+        ge=1,
+        le=600,
+        description="seconds its lease in the ledger lasts unrenewed (one coordinator per "
+        "deployment; a restart after a crash waits up to this long)",
+    )
     mix_public_keys: list[Path] | None = Field(
         default=None, description="default: {keys_dir}/mix{i}.pub"
     )

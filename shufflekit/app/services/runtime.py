@@ -11,7 +11,6 @@ a second signal stops at once (exit 1). A lost broker connection is retried with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -33,6 +32,7 @@ from shufflekit.app.services.keys import (
     load_private_key,
     load_public_key,
 )
+from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
 from shufflekit.base.clock import Clock, system_clock
@@ -44,12 +44,13 @@ from shufflekit.base.errors import (
     RoundAborted,
     TransportError,
 )
-from shufflekit.base.offload import Offload, in_thread
+from shufflekit.base.offload import Offload, in_thread, retrying
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+from shufflekit.core.waiting import sleep_unless
 from shufflekit.core.wire import MAX_PACKET_BYTES
 from shufflekit.shuffler.mix import MixNode, MixOutcome
 
@@ -94,12 +95,6 @@ def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> in
             return 1
 
     return asyncio.run(runner())
-
-
-async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep `seconds`, waking early when `stop` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def with_reconnect(
@@ -411,12 +406,31 @@ async def serve_coordinator(
             if rounds is None or done < rounds:
                 await sleep_unless(stop, pause)
 
+    lease = RoleLease(
+        ledger,
+        cfg.deployment,
+        "coordinator",
+        c.lease,
+        env.clock,
+        retrying(env.offload, env.clock),
+        env.rng,
+    )
     try:
-        connect = env.connector(cfg, "coordinator", ())
-        await with_reconnect("coordinator", connect, body, stop)
+        if not await lease.acquire(stop):  # before the broker: never take the running one's
+            return 0
+        keeper = asyncio.create_task(lease.keep(stop))
+        try:
+            connect = env.connector(cfg, "coordinator", ())
+            await with_reconnect("coordinator", connect, body, stop)
+        finally:
+            keeper.cancel()
+        if lease.lost is None:
+            await lease.release()
     finally:
         if metrics is not None:
             metrics.close()
+    if lease.lost is not None:
+        raise lease.lost_error()
     log.info("coordinator: stopped after %d round(s)", done)
     return 0
 
