@@ -10,6 +10,7 @@ on a fake clock, and two real coordinators over Mosquitto.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
+from tests.cli_run import run_cli
 from tests.service_procs import Procs
 from tests.test_services import DEPLOYMENT, run_clients, start_hops, write_deployment
 
@@ -133,7 +135,10 @@ def test_a_second_coordinator_does_not_stop_the_running_one(
     second = procs.start("second", "serve", "coordinator", "--config", str(cfg))
     assert second.wait(30) == 2, procs.stderr("second")
     [line] = [x for x in procs.stderr("second").splitlines() if "already has a running" in x]
-    assert f":{procs.procs['coordinator'].pid}/" in line  # it names the running one
+    pid = procs.procs["coordinator"].pid
+    assert f":{pid}/" in line  # it names the running one, as `budget status` does
+    st = run_cli(["budget", "status", "--ledger", ledger_url, "--deployment", DEPLOYMENT, "--json"])
+    assert f":{pid}/" in json.loads(st.stdout)["coordinator"]["holder"]
     sent = run_clients(mosquitto, 40, bad_fraction=0.0, receipts=True)
     end = time.monotonic() + 30
     while not (released := [x for x in procs.lines("coordinator") if x.get("released")]):

@@ -7,7 +7,9 @@ ledger of an older shufflekit forward; the others refuse it, changing nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import time
 from typing import Annotated
 
 import typer
@@ -146,11 +148,18 @@ def status(
     """The budget's policy and guarantee, committed and reserved epsilon, and every round."""
     led = open_ledger(ledger, deployment)
     st = led.status(deployment)
+    lease = led.lease_of(deployment, "coordinator")
+    live = lease is not None and lease.until >= time.time()
     if json_out:
-        print_json(st.as_dict())
+        print_json(st.as_dict() | {"coordinator": dataclasses.asdict(lease) if live else None})
         return
     for line in _policy_lines(st):
         _say(line)
+    if lease is not None and live:
+        since = dt.datetime.fromtimestamp(lease.since, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        _say(f"coordinator: {lease.holder}, running since {since}")
+    else:
+        _say("coordinator: none running")
     t = Table()
     widest = max((len(r.round_id) for r in st.rounds), default=5)
     t.add_column("round", no_wrap=True, min_width=widest)  # whole: `budget refund` takes it
