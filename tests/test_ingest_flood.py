@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from shufflekit.app.hops import HopRunner
 from shufflekit.app.rounds import COORDINATOR_HOP, RoundTopics
-from shufflekit.client.agent import build_envelope
+from shufflekit.client.agent import build_envelope, build_onion, wrap_envelope
 from shufflekit.core.credentials import CredentialVerifier, EnrollmentKey
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement
@@ -20,7 +20,13 @@ from shufflekit.core.receipts import ReceiptBatch, receipt_topic
 from shufflekit.core.spool import Arrival, Spool, digest_key
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
-from shufflekit.shuffler.mix import MAX_ONIONS_PER_CLIENT, MixNode, MixOutcome
+from shufflekit.core.wire import Envelope
+from shufflekit.shuffler.mix import (
+    MAX_ENVELOPES_PER_CLIENT,
+    MAX_ONIONS_PER_CLIENT,
+    MixNode,
+    MixOutcome,
+)
 from tests.pipeline_helpers import hostile_traffic, mix0_announcement
 
 HONEST = 5
@@ -146,3 +152,61 @@ async def test_a_round_aborted_elsewhere_still_reports_what_mix0_counted() -> No
     assert outcome.counters.accepted == 1
     assert outcome.counters.as_dict() == expected
     assert outcome.dropped == {"unknown_round": 1}
+
+
+async def test_one_report_in_many_wrappings_is_refused_before_the_spool() -> None:
+    """An enrolled client re-wraps its one onion endlessly: a new reply id each time, or a
+    new signature (its own key can make any number; forged ones pass the certificate check
+    too). Every copy is new bytes to the spool, but only a few are stored: the rest is
+    refused unstored as `client_flood`, so the flood neither fills the round's spool nor
+    reaches the peeler, and the honest reports are still stored and receipted."""
+    broker = MemoryBroker()
+    mix_key, ana, enrol = KeyPair.generate(), KeyPair.generate(), EnrollmentKey.generate()
+    ann = _announcement(mix_key, ana)
+    peeler = CountingPeeler()
+    one = len(build_envelope("x", 0, ann, enrol.issue("t", "x"), reply="honest"))
+    spool = Spool(round_bytes=40 * one)  # room for the honest reports, not for the flood
+    node = MixNode(
+        broker.connect(),
+        "t",
+        0,
+        mix_key,
+        spool=spool,
+        peeler=peeler,
+        credentials=CredentialVerifier(enrol.public_b64(), "t"),
+    )
+    topic = Topics("t").data("r1", 0)
+    mallory = enrol.issue("t", "mallory")
+    onion = build_onion(0, ann)
+    proof = Envelope.decode(wrap_envelope("mallory", onion, ann, mallory), len(onion)).credential
+    assert proof is not None
+    ready = asyncio.Event()
+    async with node.transport, broker.connect() as client:
+        serving = asyncio.create_task(node.run_round(ann, ready=ready))
+        await ready.wait()
+        for i in range(FLOOD):  # the same report, asking for its receipt elsewhere each time
+            await client.publish(topic, wrap_envelope("mallory", onion, ann, mallory, f"sk-{i}"))
+        for i in range(FLOOD):  # the same report under signatures of its own making
+            signature = secrets.token_bytes(64) if i % 2 else i.to_bytes(64, "big")
+            env = Envelope("mallory", onion, proof[:-64] + signature, "r1")
+            await client.publish(topic, env.encode())
+        async with client.subscribe(receipt_topic("t", "honest")) as receipts:
+            for i in range(HONEST):
+                env = build_envelope(f"c{i}", i % 4, ann, enrol.issue("t", f"c{i}"), reply="honest")
+                await client.publish(topic, env)
+            got: set[str] = set()
+            while len(got) < HONEST:
+                msg = await asyncio.wait_for(receipts.get(), 10)
+                batch = ReceiptBatch.from_bytes(msg.payload)
+                assert isinstance(batch, ReceiptBatch)
+                got |= {r.digest for r in batch.receipts}
+        outcome = await asyncio.wait_for(serving, 10)
+    assert outcome.released and outcome.forwarded == HONEST + 1
+    rejected = outcome.counters.as_dict()
+    assert "spool_round_full" not in rejected
+    stored = HONEST + MAX_ENVELOPES_PER_CLIENT
+    assert peeler.envelopes_seen == stored
+    assert rejected == {
+        "client_flood": 2 * FLOOD - MAX_ENVELOPES_PER_CLIENT,
+        "replayed": MAX_ENVELOPES_PER_CLIENT - 1,
+    }

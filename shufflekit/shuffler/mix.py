@@ -62,6 +62,9 @@ INGEST_STEP = 4096  # envelopes mix 0 checks in one go
 # distinct reports mix 0 stores per client and round: the first valid one counts, and one more
 # lets a client whose first was garbled be counted; the rest of a flood is refused unstored
 MAX_ONIONS_PER_CLIENT = 2
+# distinct envelopes mix 0 stores per client and round, whatever they wrap: the same report
+# re-wrapped (another reply id after a reconnect, another signature) is new bytes to the spool
+MAX_ENVELOPES_PER_CLIENT = 4
 DRAIN_REPEAT = 1.0  # seconds between repeats of mix 0's own close while it drains its session
 
 
@@ -389,9 +392,11 @@ class MixNode(Hop[MixOutcome]):
         """Why mix 0 refuses an envelope before storing it (None: store it): what the round
         could never count, so that a flood from one account neither fills the round's spool
         nor queues in front of honest reports to be peeled and receipted - a malformed
-        envelope, another round's, a missing or forged certificate, or a client's report past
-        its first `MAX_ONIONS_PER_CLIENT`. The round's verdict is still taken from the spool
-        alone (the same checks run again there)."""
+        envelope, another round's, a missing or forged certificate, a client's report past
+        its first `MAX_ONIONS_PER_CLIENT`, or its envelope past its first
+        `MAX_ENVELOPES_PER_CLIENT` (one report re-wrapped: another reply id or signature).
+        The round's verdict is still taken from the spool alone (the same checks run again
+        there)."""
         try:
             env = Envelope.decode(payload, ingest.size)
             admit(env, ingest.job.round_id, None)
@@ -399,12 +404,18 @@ class MixNode(Hop[MixOutcome]):
                 self.credentials.verify_certificate(env.client_id, env.credential)
         except InvalidReport as exc:
             return exc.reason
+        stored = ingest.envelopes.setdefault(env.client_id, set())
+        key = hashlib.sha256(payload).digest()
+        if key in stored:  # the same bytes again are a resend (or a replay): stored once
+            return None
         onions = ingest.onions.setdefault(env.client_id, set())
         digest = hashlib.sha256(env.onion).digest()
-        if digest not in onions:  # the same report again is a resend (or a replay): stored
-            if len(onions) >= MAX_ONIONS_PER_CLIENT:
-                return "client_flood"
-            onions.add(digest)
+        if digest not in onions and len(onions) >= MAX_ONIONS_PER_CLIENT:
+            return "client_flood"
+        if len(stored) >= MAX_ENVELOPES_PER_CLIENT:  # one report in ever new wrappings
+            return "client_flood"
+        onions.add(digest)
+        stored.add(key)
         return None
 
     async def after_spooled(self, arrivals: list[Arrival]) -> None:
@@ -530,7 +541,8 @@ class _Ingest:
         self.counters = RejectionCounter()
         self.peel_seconds = 0.0
         self.receipts: dict[str, Receipt] = {}  # client id -> its signed receipt, once made
-        self.onions: dict[str, set[bytes]] = {}  # client id -> digests stored (`_screen`)
+        self.onions: dict[str, set[bytes]] = {}  # client id -> onion digests stored (`_screen`)
+        self.envelopes: dict[str, set[bytes]] = {}  # client id -> envelope digests stored
         self._lock = asyncio.Lock()  # the round's task and the receipts both advance it
 
     async def step(self, spool: Spool) -> bool:
