@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import time
@@ -200,3 +201,55 @@ def test_keys_write_the_receipt_key_that_mix0_signs_with(tmp_path: Path) -> None
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "mix0.receipt.pub").read_text() == text
     assert json.loads(again.stdout)["receipt_key"] == written
+
+
+async def test_a_report_resent_after_its_round_was_released_gets_its_receipt() -> None:
+    """A client whose receipt was lost resends until the deadline. Mix 0 closed the round
+    meanwhile (the coordinator's close, or close_at) and released its batch: the report is
+    counted, so the resend is answered with its receipt (and stored nowhere), while a report
+    the round did not count still gets none."""
+    broker = MemoryBroker()
+    key = KeyPair.generate()
+    ann = announcement(key, time.time() + 30)
+    spool = Spool()
+    mix = MixNode(broker.connect(), DEP, 0, key, spool=spool)
+    agents = [ClientAgent(f"u{i}", i % 4) for i in range(3)]
+    envelopes = [a.envelope(ann, reply="conn-lost") for a in agents]
+    async with mix.transport, broker.connect() as conn:
+        inbox = mix.inbox()  # a service's inbox runs as long as its connection
+        subscribed = asyncio.Event()
+        running = asyncio.create_task(inbox.run(subscribed))
+        await asyncio.wait_for(subscribed.wait(), 10)
+        ready = asyncio.Event()
+        task = asyncio.create_task(mix.run_round(ann, ready, inbox=inbox))
+        await asyncio.wait_for(ready.wait(), 10)
+        for env in envelopes:  # nobody listens on conn-lost: these receipts are lost
+            await conn.publish(Topics(DEP).data("r1", 0), env)
+        for _ in range(1000):
+            if mix.ingests["r1"].counters.accepted == 3:
+                break
+            await asyncio.sleep(0.01)
+        await conn.publish(Topics(DEP).close("r1"), Close(round_id="r1").to_bytes())
+        out = await asyncio.wait_for(task, 10)
+        assert out.released and out.forwarded == 3
+        assert spool.state("r1") == "done"
+
+        async def connect() -> Transport:
+            return conn
+
+        async with ReceiptBox(connect, ann, "conn-lost") as box:
+            got = await asyncio.wait_for(
+                asyncio.gather(*(box.deliver(e, resend=0.2) for e in envelopes)), 5
+            )
+        size = onion_size(REPORT_SIZE, ann.hops + 1)
+        assert [r.digest if r else None for r in got] == [
+            hashlib.sha256(Envelope.decode(e, size).onion).hexdigest() for e in envelopes
+        ]
+        soon = ann.model_copy(update={"deadline": time.time() + 0.6})
+        async with ReceiptBox(connect, soon, "conn-other") as other:
+            uncounted = ClientAgent("u9", 1).envelope(soon, reply=other.reply)
+            assert await other.deliver(uncounted, resend=0.2) is None
+        assert spool.count("r1", "data") == 0  # answered, never stored
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

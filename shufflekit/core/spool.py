@@ -432,9 +432,9 @@ class Inbox:
     """Spools every message of `filters` and acks it after the commit; wakes up readers.
 
     `classify` turns a message into an Arrival (None: junk, acked and dropped). `after` is
-    awaited with each batch of arrivals once it is committed and acked (mix 0 sends receipts
-    there). Run it with `run()` for the lifetime of a connection; readers wait for news with
-    `changed()`, for at most a timeout measured on `clock`.
+    awaited with each batch of arrivals (maybe none) once it is committed and acked (mix 0
+    sends receipts there). Run it with `run()` for the lifetime of a connection; readers wait
+    for news with `changed()`, for at most a timeout measured on `clock`.
     """
 
     def __init__(
@@ -489,7 +489,7 @@ class Inbox:
             if ack is not None:
                 for m in msgs:
                     ack(m)
-            if arrivals and self.after is not None:
+            if self.after is not None:  # also without arrivals: mix 0 may owe receipts
                 await self.after(arrivals)
             await self._notify(None)
 

@@ -55,6 +55,7 @@ from shufflekit.core.spool import Arrival, Inbox, Spool, classify_hop_input
 from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
 from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
+from shufflekit.shuffler.answers import ClosedRounds
 
 log = logging.getLogger("shufflekit.mix")
 
@@ -149,6 +150,7 @@ class MixNode(Hop[MixOutcome]):
         self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
         self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
+        self.closed = ClosedRounds(self.signer, clock) if self.signer is not None else None
 
     def inbox(self) -> Inbox:
         """The durable inbox of this mix's input (every round) on its transport."""
@@ -186,6 +188,8 @@ class MixNode(Hop[MixOutcome]):
                 finally:  # counted also when the round is aborted
                     self._tally(ann, ingest, outcome)
                 items = list(ingest.items)
+                if self.closed is not None:  # a resend after the close still gets its receipt
+                    self.closed.keep(ann, ingest.clients, ingest.receipts)
             else:
                 size = onion_size(REPORT_SIZE, ann.hops + 1 - self.index)
                 batch = await self.receive_batch(ann, size, inbox, stop, outcome.counters)
@@ -385,6 +389,8 @@ class MixNode(Hop[MixOutcome]):
         if state == "open":  # after the close too: a resend may still want its receipt
             resend = arrival.payload[:1] == bytes([ENVELOPE_VERSION_REPLY])
             return dataclasses.replace(arrival, resend=resend)
+        if state is not None and self.closed is not None:  # dropped, but owed its receipt
+            self.closed.answer(arrival.round_id, arrival.payload)
         self.dropped.reject("unknown_round" if state is None else "round_closed")
         return None
 
@@ -428,6 +434,8 @@ class MixNode(Hop[MixOutcome]):
         except (SpoolError, sqlite3.Error) as exc:  # no receipt: the client resends
             log.warning("mix 0: no receipts for this input: %s", exc)
             return
+        for reply, receipts in (self.closed.owed() if self.closed else {}).items():
+            due.setdefault(reply, []).extend(receipts)  # resends of closed rounds
         await self._send_receipts(due)
 
     async def _receipts_due(self, arrivals: list[Arrival]) -> dict[str, list[Receipt]]:
