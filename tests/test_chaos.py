@@ -4,6 +4,7 @@ determinism, and the scenarios each fix came with."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -385,3 +386,30 @@ def test_mix0_back_after_the_deadline_drains_its_session_before_it_closes() -> N
         (users,) = Mix0BackAfterTheDeadline.users.values()
         assert out.rounds_released == 1, seed
         assert out.reports_counted == users, (seed, out.reports_counted, users)
+
+
+class TwinCoordinator(World):
+    """An operator starts a second coordinator of the deployment while the first runs (at a
+    time drawn per seed, from before the first round to the middle of the second)."""
+
+    def _schedule_faults(self) -> None:
+        at = 0.5 + self.rng.fork("twin").random() * 1.5 * self.spec.deadline
+        asyncio.get_running_loop().call_later(at, self.start_twin)
+
+
+def test_a_second_coordinator_exits_and_the_first_runs_every_round() -> None:
+    """Two coordinators of one deployment take each other's broker session (the same client
+    id) in turns, and each settles the other's round as its own leftover: in seed 1 the
+    second refunded the first's second round, then its own. The second now finds the first's
+    lease in the ledger and exits; the first runs the rounds asked for, and releases them."""
+    spec = SimSpec(seed=0, rounds=2, faults=frozenset(), keep_trace=True)
+    outs = [run_seed(dataclasses.replace(spec, seed=seed), TwinCoordinator) for seed in range(4)]
+    for seed, out in enumerate(outs):
+        assert out.violations == [], (seed, out.violations)
+        assert (out.rounds_run, out.rounds_released) == (2, 2), seed
+    for seed, out in enumerate(outs):
+        twin = [e for e in out.events if e["actor"] == "coordinator-twin"]
+        assert [(e["event"], e.get("error")) for e in twin] == [
+            ("start", None),
+            ("exited", "RoleHeld"),
+        ], seed

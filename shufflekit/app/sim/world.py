@@ -71,7 +71,9 @@ FAULT_KINDS = (
     "ledger_lost_reply",
     "small_budget",
     "reservation_ttl",
+    "twin_coordinator",
 )
+TWIN = "coordinator-twin"  # a second coordinator of the deployment, started by mistake
 HOSTILE_CEILING = 0.1  # the largest share of a round's clients that misbehave
 SMALL_ROUNDS = 1 / 6  # rounds of n_min to n_min + 4 users, where n_min is a close call
 DEPLOYMENT = "sim"
@@ -293,7 +295,7 @@ class World:
     def _emit(self, role: str) -> Callable[[dict[str, Any]], None]:
         def emit(obj: dict[str, Any]) -> None:
             rid = obj.get("round_id")
-            if role == "coordinator":
+            if role in ("coordinator", TWIN):
                 self.rounds_done += 1
                 self.event(role, "round", round=rid, released=obj.get("released"))
             else:
@@ -326,6 +328,11 @@ class World:
         if after is not None and exc is None:  # stopped by its SIGTERM: its supervisor starts it
             self.event(role, "stopped")
             asyncio.get_running_loop().call_later(after, self.start, role)
+        elif role == TWIN and exc is None:  # it ran the rounds left after the first died
+            self.event(role, "stopped")
+            self.coordinator_finished.set()
+        elif role == TWIN:  # started by mistake: it exits, and nobody starts it again
+            self.event(role, "exited", error=type(exc).__name__)
         elif role == "coordinator" and isinstance(exc, BudgetExceeded):
             self.event(role, "budget_exhausted")  # the operator's rounds end here
             self.coordinator_finished.set()
@@ -474,6 +481,14 @@ class World:
             loop.call_later(at, self.restart, role, after)
         if "broker_restart" in self.spec.faults and srng.random() < 0.5:
             loop.call_later(span * srng.random(), self.broker.restart)
+        if "twin_coordinator" in self.spec.faults and srng.random() < 0.3:
+            loop.call_later(span * srng.random(), self.start_twin)
+
+    def start_twin(self) -> None:
+        """An operator starts a second coordinator of the deployment (the first still runs,
+        or was just killed)."""
+        self.broker.count("twin_coordinator")
+        self.start(TWIN)
 
     async def run(self) -> None:
         for role in self.roles():
