@@ -63,3 +63,20 @@ async def hostile_traffic(conn: Transport, ann: Announcement) -> dict[str, int]:
         "duplicate_client": 1,
         "bad_version": 1,
     }
+
+
+class ManualClock:
+    """A clock that moves only when told, or by what is slept on it (the ledger reads
+    `time()`)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)

@@ -24,30 +24,13 @@ from shufflekit.base.errors import RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from tests.cli_run import run_cli
+from tests.pipeline_helpers import ManualClock
 from tests.service_procs import Procs
 from tests.test_services import DEPLOYMENT, run_clients, start_hops, write_deployment
 
 
-class FakeClock:
-    """Wall time set by the test; sleeping moves it (and yields once)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-        await asyncio.sleep(0)
-
-
 def test_the_ledger_grants_a_role_to_one_holder_until_its_lease_runs_out(ledger: Ledger) -> None:
-    clock = FakeClock()
-    ledger.clock = clock
+    ledger.clock = clock = ManualClock(1_000.0)
     a = ledger.hold_role("test", "coordinator", "a", 15.0)
     assert (a.holder, a.since, a.until) == ("a", 1_000.0, 1_015.0)
     clock.now = 1_010.0

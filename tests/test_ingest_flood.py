@@ -20,6 +20,7 @@ from shufflekit.core.receipts import ReceiptBatch, receipt_topic
 from shufflekit.core.spool import Arrival, Spool, digest_key
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
+from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import Envelope
 from shufflekit.shuffler.mix import (
     MAX_ENVELOPES_PER_CLIENT,
@@ -44,27 +45,54 @@ class CountingPeeler(InlinePeeler):
         return await super().envelopes(job, payloads)
 
 
+def _setup() -> tuple[MemoryBroker, KeyPair, EnrollmentKey, Announcement]:
+    """A broker, mix 0's key, the enrollment authority and the round's announcement."""
+    mix_key, enrol = KeyPair.generate(), EnrollmentKey.generate()
+    return MemoryBroker(), mix_key, enrol, _announcement(mix_key, KeyPair.generate())
+
+
+def _mix0(
+    broker: MemoryBroker, key: KeyPair, enrol: EnrollmentKey, envelope: bytes
+) -> tuple[MixNode, CountingPeeler]:
+    """Mix 0 of deployment `t` checking credentials, its spool room for 40 such envelopes."""
+    peeler = CountingPeeler()
+    node = MixNode(
+        broker.connect(),
+        "t",
+        0,
+        key,
+        spool=Spool(round_bytes=40 * len(envelope)),
+        peeler=peeler,
+        credentials=CredentialVerifier(enrol.public_b64(), "t"),
+    )
+    return node, peeler
+
+
+async def _honest_receipted(client: Transport, ann: Announcement, enrol: EnrollmentKey) -> set[str]:
+    """HONEST enrolled clients report to mix 0; the digests receipted, once all are."""
+    topic = Topics("t").data(ann.round_id, 0)
+    async with client.subscribe(receipt_topic("t", "honest")) as receipts:
+        for i in range(HONEST):
+            env = build_envelope(f"c{i}", i % 4, ann, enrol.issue("t", f"c{i}"), reply="honest")
+            await client.publish(topic, env)
+        got: set[str] = set()
+        while len(got) < HONEST:
+            msg = await asyncio.wait_for(receipts.get(), 10)
+            batch = ReceiptBatch.from_bytes(msg.payload)
+            assert isinstance(batch, ReceiptBatch)
+            got |= {r.digest for r in batch.receipts}
+    return got
+
+
 def _announcement(mix: KeyPair, analyzer: KeyPair) -> Announcement:
     # the flooder's first report counts, as any client's does
     return mix0_announcement(mix, analyzer, close_at=HONEST + 1)
 
 
 async def test_a_flood_from_one_account_is_refused_before_the_spool() -> None:
-    broker = MemoryBroker()
-    mix_key, ana, enrol = KeyPair.generate(), KeyPair.generate(), EnrollmentKey.generate()
-    ann = _announcement(mix_key, ana)
-    peeler = CountingPeeler()
+    broker, mix_key, enrol, ann = _setup()
     # room for the honest reports and a few more, far from room for the flood
-    spool = Spool(round_bytes=40 * len(build_envelope("x", 0, ann, enrol.issue("t", "x"))))
-    node = MixNode(
-        broker.connect(),
-        "t",
-        0,
-        mix_key,
-        spool=spool,
-        peeler=peeler,
-        credentials=CredentialVerifier(enrol.public_b64(), "t"),
-    )
+    node, peeler = _mix0(broker, mix_key, enrol, build_envelope("x", 0, ann, enrol.issue("t", "x")))
     topic = Topics("t").data("r1", 0)
     mallory = enrol.issue("t", "mallory")
     ready = asyncio.Event()
@@ -79,16 +107,7 @@ async def test_a_flood_from_one_account_is_refused_before_the_spool() -> None:
             await client.publish(topic, build_envelope(fake, 0, ann, forger.issue("t", fake)))
         for i in range(10):  # no credential at all
             await client.publish(topic, build_envelope(f"anon{i}", 0, ann))
-        async with client.subscribe(receipt_topic("t", "honest")) as receipts:
-            for i in range(HONEST):
-                env = build_envelope(f"c{i}", i % 4, ann, enrol.issue("t", f"c{i}"), reply="honest")
-                await client.publish(topic, env)
-            got: set[str] = set()  # the digests receipted
-            while len(got) < HONEST:
-                msg = await asyncio.wait_for(receipts.get(), 10)
-                batch = ReceiptBatch.from_bytes(msg.payload)
-                assert isinstance(batch, ReceiptBatch)
-                got |= {r.digest for r in batch.receipts}
+        got = await _honest_receipted(client, ann, enrol)
         outcome = await asyncio.wait_for(serving, 10)
     assert len(got) == HONEST
     assert outcome.released and outcome.forwarded == HONEST + 1
@@ -160,21 +179,9 @@ async def test_one_report_in_many_wrappings_is_refused_before_the_spool() -> Non
     too). Every copy is new bytes to the spool, but only a few are stored: the rest is
     refused unstored as `client_flood`, so the flood neither fills the round's spool nor
     reaches the peeler, and the honest reports are still stored and receipted."""
-    broker = MemoryBroker()
-    mix_key, ana, enrol = KeyPair.generate(), KeyPair.generate(), EnrollmentKey.generate()
-    ann = _announcement(mix_key, ana)
-    peeler = CountingPeeler()
-    one = len(build_envelope("x", 0, ann, enrol.issue("t", "x"), reply="honest"))
-    spool = Spool(round_bytes=40 * one)  # room for the honest reports, not for the flood
-    node = MixNode(
-        broker.connect(),
-        "t",
-        0,
-        mix_key,
-        spool=spool,
-        peeler=peeler,
-        credentials=CredentialVerifier(enrol.public_b64(), "t"),
-    )
+    broker, mix_key, enrol, ann = _setup()
+    one = build_envelope("x", 0, ann, enrol.issue("t", "x"), reply="honest")
+    node, peeler = _mix0(broker, mix_key, enrol, one)  # room for the honest, not the flood
     topic = Topics("t").data("r1", 0)
     mallory = enrol.issue("t", "mallory")
     onion = build_onion(0, ann)
@@ -190,16 +197,7 @@ async def test_one_report_in_many_wrappings_is_refused_before_the_spool() -> Non
             signature = secrets.token_bytes(64) if i % 2 else i.to_bytes(64, "big")
             env = Envelope("mallory", onion, proof[:-64] + signature, "r1")
             await client.publish(topic, env.encode())
-        async with client.subscribe(receipt_topic("t", "honest")) as receipts:
-            for i in range(HONEST):
-                env = build_envelope(f"c{i}", i % 4, ann, enrol.issue("t", f"c{i}"), reply="honest")
-                await client.publish(topic, env)
-            got: set[str] = set()
-            while len(got) < HONEST:
-                msg = await asyncio.wait_for(receipts.get(), 10)
-                batch = ReceiptBatch.from_bytes(msg.payload)
-                assert isinstance(batch, ReceiptBatch)
-                got |= {r.digest for r in batch.receipts}
+        await _honest_receipted(client, ann, enrol)
         outcome = await asyncio.wait_for(serving, 10)
     assert outcome.released and outcome.forwarded == HONEST + 1
     rejected = outcome.counters.as_dict()

@@ -24,6 +24,7 @@ from shufflekit.base.errors import (
     LedgerNotFound,
     ScheduleViolation,
 )
+from tests.pipeline_helpers import ManualClock
 
 
 def test_reserve_commit_refund_lifecycle(ledger: Ledger) -> None:
@@ -421,24 +422,8 @@ def test_expired_reservation_stops_counting_and_cannot_be_committed(ledger_url: 
     assert [h["action"] for h in led.history("ttl")].count("expire") == 1
 
 
-class _ManualClock:
-    """A clock that moves only when told (the ledger reads `time()`)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-
-
 def test_the_ledger_stamps_and_expires_by_its_clock(ledger_url: str) -> None:
-    clock = _ManualClock(1_000.0)
+    clock = ManualClock(1_000.0)
     led = Ledger(ledger_url, clock=clock)
     led.init_budget(Budget("clk", 2.0, 1e-6, n_min=10, reservation_ttl=60.0, cost_model="ldp"))
     led.reserve("clk", "r1", 4, 2.0)
