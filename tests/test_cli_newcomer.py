@@ -436,3 +436,26 @@ def test_a_reader_that_stops_early_gets_no_error(tmp_path: Path) -> None:
     proc.stdout.close()  # as `head -1` does
     assert proc.wait(timeout=120) == 141
     assert b"error" not in proc.stderr.read()
+
+
+def test_a_reader_that_stops_early_in_a_table_gets_141_too(tmp_path: Path) -> None:
+    """`shufflekit simulate ... | head -1` exited 1: Rich's console met the broken pipe itself
+    and raised SystemExit(1), past the handler that maps it to 141. A table of 3,000 rows
+    (about 250 KB) cannot fit in the pipe's buffer, so the write meets the closed pipe."""
+    import os
+    import sys
+
+    env = {**os.environ, "SHUFFLEKIT_STATE": str(tmp_path / "state")}
+    env.pop("SHUFFLEKIT_DEBUG", None)
+    args = ["simulate", "--users", "1e5", "--k", "3000", "--dataset", "uniform"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shufflekit", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # the table's title
+    proc.stdout.close()  # as `head -1` does
+    assert proc.wait(timeout=120) == 141
+    assert b"error" not in proc.stderr.read()

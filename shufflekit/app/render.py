@@ -29,9 +29,18 @@ PIPE_WIDTH = 10_000
 """Width of a console that is not a terminal: wide enough that no table or line is cut."""
 
 
+class _Console(Console):
+    """Rich's console, except that a closed pipe is an error the CLI's handler sees: Rich's own
+    reaction, SystemExit(1), would pass it by and `... | head` would exit 1, not 141."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more to write to a reader that has gone
+        raise BrokenPipeError
+
+
 def _console(stderr: bool = False) -> Console:
     """A console that never interprets markup; full width when not on a terminal."""
-    con = Console(stderr=stderr, markup=False, highlight=False)
+    con = _Console(stderr=stderr, markup=False, highlight=False)
     if not con.is_terminal:
         con.width = PIPE_WIDTH
     return con
