@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.loadtest.plan import connection_id
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import TransportError
@@ -320,6 +321,31 @@ async def test_receipts_reach_only_the_connection_they_name(broker: SecureBroker
         assert await first(mine) == b"receipt"
         assert await first(control) == b"control"  # the snooped one would have come first
         assert drain(snooped) == [] and drain(mine) == []
+
+
+async def test_the_load_generators_connections_are_admitted_and_get_their_receipts(
+    broker: SecureBroker,
+) -> None:
+    """`shufflekit loadtest --config` drives a deployment on the shipped broker, which admits
+    only client ids starting `sk-` (`clientid_prefixes`): its connections, named `lt-...`,
+    were refused at login. Each connection's id is also its receipt reply id: mix 0's receipt
+    to it must arrive."""
+    topics, _ = fresh_topics()
+    address = BrokerAddress.parse(
+        broker.url("client"), password=broker.passwords["client"], ca_file=broker.pki.ca.cert,
+        env={},
+    )  # fmt: skip
+    reply = connection_id(3)
+    async with AsyncExitStack() as stack:
+        (mix0,) = (await connect_all(stack, broker, ["mix0"])).values()
+        load = await stack.enter_async_context(
+            MqttTransport(address, client_id=reply, timeout=WAIT)
+        )
+        mine = await stack.enter_async_context(
+            load.subscribe(receipt_topic(topics.deployment, reply))
+        )
+        await mix0.publish(receipt_topic(topics.deployment, reply), b"receipt")
+        assert await first(mine) == b"receipt"
 
 
 # ----------------------------------------------------------------------------- a real round

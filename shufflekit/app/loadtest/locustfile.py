@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from shufflekit.app.loadtest.plan import (
     STRAGGLER,
     LoadSettings,
     clients_of,
+    connection_id,
     round_plan,
 )
 from shufflekit.app.loadtest.wire_client import CoalescingClient
@@ -86,7 +86,7 @@ class ShufflekitUser(User):
         self.clients = clients_of(self.s, self.slot)
         self.topics = Topics(self.s.deployment)
         # the MQTT client id, and the reply id mix 0 sends this connection's receipts to
-        self.reply = f"lt-{uuid.uuid4().hex[:12]}-{self.slot}"
+        self.reply = connection_id(self.slot)
         self.receipts_at = receipt_topic(self.s.deployment, self.reply)
         self.enrol = (
             EnrollmentKey.from_private_b64(self.s.enrollment_key) if self.s.enrollment_key else None

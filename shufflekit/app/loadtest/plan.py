@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ GOOD, DROPOUT, STRAGGLER, BAD = 0, 1, 2, 3
 MAX_USERS = 10_000_000  # users a round one machine's load test plans (O(users) per connection)
 PLAN_ENV = "SHUFFLEKIT_LOADTEST_PLAN"  # path of the JSON settings file the workers read
 BAD_KINDS = ("tampered", "truncated", "random", "foreign")
+
+
+def connection_id(slot: int) -> str:
+    """The MQTT client id of the load generator's connection `slot`, also its receipt reply id
+    (the ACL's `%c`). It starts `sk-`, as the shipped broker requires of every connection
+    (`clientid_prefixes sk-` in deploy/mosquitto/mosquitto.conf)."""
+    return f"sk-lt-{uuid.uuid4().hex[:12]}-{slot}"
 
 
 @dataclass(frozen=True)
