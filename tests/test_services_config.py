@@ -182,6 +182,21 @@ def test_config_errors_name_every_bad_field(tmp_path: Path) -> None:
         load_config(f).coordinator_settings()
 
 
+def test_a_bad_configuration_is_one_readable_line_on_the_command_line(tmp_path: Path) -> None:
+    """`serve` with a bad file printed every problem on one line glued by runs of spaces
+    ("...environment):   mixes: Field required   surprise: unknown setting ..."): the
+    problems are now separated by "; ", one line as every error of the CLI."""
+    f = tmp_path / "bad.toml"
+    f.write_text('broker = "mqtt://127.0.0.1:1"\ndeployment = "x"\nsurprise = 1\n')
+    r = CliRunner().invoke(app, ["serve", "mix", "--index", "0", "--config", str(f)])
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1, r.output
+    assert f"invalid configuration {f} (or SHUFFLEKIT_* environment): " in lines[0]
+    assert "mixes: Field required; surprise: unknown setting" in lines[0], lines[0]
+    assert "  " not in lines[0], lines[0]
+
+
 def _ledger(tmp_path: Path) -> Ledger:
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
     led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))

@@ -304,13 +304,14 @@ def load_config(path: Path) -> ServiceConfig:
         cfg = ServiceConfig(**data)
     except ValidationError as exc:
         raise ConfigError(
-            f"invalid configuration {path} (or {ENV_PREFIX}* environment):\n{_explain(exc)}"
+            f"invalid configuration {path} (or {ENV_PREFIX}* environment): {_explain(exc)}"
         ) from None
     return cfg._resolved(path.resolve().parent)
 
 
 def _explain(exc: ValidationError) -> str:
-    """One line per problem: `section.field: what is wrong (got value)`."""
+    """Every problem, `section.field: what is wrong (got value)`, separated by "; " (the CLI
+    prints an error in one line)."""
     lines = []
     for e in exc.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -320,5 +321,5 @@ def _explain(exc: ValidationError) -> str:
         got = f" (got {e['input']!r})"
         if e["type"] in ("missing", "extra_forbidden") or where == "broker" or got[6:-1] in msg:
             got = ""  # nothing to show, already shown, or a URL that may hold a password
-        lines.append(f"  {where}: {msg}{got}")
-    return "\n".join(lines)
+        lines.append(f"{where}: {msg}{got}")
+    return "; ".join(lines)
