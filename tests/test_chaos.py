@@ -171,6 +171,19 @@ def test_bad_arguments_are_one_line() -> None:
     assert r.stderr.startswith("error: unknown fault kind(s) meteor")
 
 
+def test_a_replay_refuses_the_sweep_options_it_would_ignore() -> None:
+    """`chaos --seed 3 --seeds 5` replayed seed 3 alone and said nothing of --seeds (nor of
+    --first-seed or --workers): options accepted and ignored. They are refused in one line;
+    the options a replay uses (the printed replay command's) are taken."""
+    for extra in (["--seeds", "5"], ["--first-seed", "2"], ["--workers", "1"]):
+        r = chaos_cli("--seed", "3", *extra)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert r.stderr.startswith(f"error: --seed replays one seed: {extra[0]} does not apply")
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = chaos_cli("--seed", "3", "--users", "37", "--mixes", "2", "--rounds", "1")
+    assert r.returncode == 0, r.stderr
+
+
 def broken(seed: int, fault: str, invariant: str) -> list[str]:
     out = run_seed(SimSpec(seed=seed, faults=frozenset({fault})))
     return [v.detail for v in out.violations if v.invariant == invariant]

@@ -15,6 +15,8 @@ from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport, default_workers, 
 from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome
 from shufflekit.base.errors import InvalidInput, UserError
 
+DEFAULT_SEEDS = 100
+
 
 class PromiseBroken(UserError):
     """A simulated seed broke an invariant (exit 1: the finding, not a usage error)."""
@@ -23,8 +25,8 @@ class PromiseBroken(UserError):
 
 
 def chaos(
-    seeds: Annotated[int, typer.Option(help="How many seeds to run.")] = 100,
-    first_seed: Annotated[int, typer.Option(help="The first seed.")] = 0,
+    seeds: Annotated[int | None, typer.Option(help="How many seeds to run (default: 100).")] = None,
+    first_seed: Annotated[int | None, typer.Option(help="The first seed (default: 0).")] = None,
     seed: Annotated[
         int | None, typer.Option(help="Replay this one seed and print its trace (JSON lines).")
     ] = None,
@@ -49,9 +51,18 @@ def chaos(
     Seed by seed, on a virtual clock; exit 1 if any seed broke a promise."""
     if seed is not None and seed < 0:
         raise InvalidInput(f"--seed must be >= 0, got {seed}")
+    if seed is not None:  # a replay runs that seed alone: a sweep's options would be ignored
+        for flag, given in (
+            ("--seeds", seeds),
+            ("--first-seed", first_seed),
+            ("--workers", workers),
+        ):
+            if given is not None:
+                raise InvalidInput(f"--seed replays one seed: {flag} does not apply")
+    seeds = DEFAULT_SEEDS if seeds is None else seeds
     cfg = ChaosConfig(
         seeds=seeds,
-        first_seed=first_seed,
+        first_seed=0 if first_seed is None else first_seed,
         users=users,
         mixes=mixes,
         rounds=rounds,
