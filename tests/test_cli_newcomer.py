@@ -81,6 +81,24 @@ def test_every_help_paragraph_prints_as_one_paragraph() -> None:
     assert not ragged
 
 
+def test_the_default_ledger_is_named_where_ledger_is_taken(tmp_path: Path) -> None:
+    """`--ledger`'s help said "default: SQLite in the state folder", a folder no help or
+    README names: it names the file, and $SHUFFLEKIT_STATE, which moves it."""
+    with_ledger = [
+        (path, p)
+        for path, command in _command_tree()
+        for p in command.params
+        if "--ledger" in getattr(p, "opts", ())
+    ]
+    assert len(with_ledger) >= 8
+    for path, p in with_ledger:
+        help_text = getattr(p, "help", "") or ""
+        assert "sqlite:///.shufflekit/ledger.db" in help_text, (path, help_text)
+        assert "SHUFFLEKIT_STATE" in help_text, (path, help_text)
+    r = cli(["budget", "status"], tmp_path)  # the state folder moved by SHUFFLEKIT_STATE
+    assert r.returncode == 2 and str(tmp_path / "state" / "ledger.db") in r.stderr, r.stderr
+
+
 def test_no_rich_markup_in_the_cli_sources() -> None:
     """Consoles print literally (markup off); a markup tag in a string would print as is."""
     tag = re.compile(r"\[/?(bold|dim|italic|red|green|yellow|blue|cyan|magenta)\]|\[/\]")

@@ -25,7 +25,11 @@ from shufflekit.base.checks import real
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
 
 LedgerOpt = Annotated[
-    str | None, typer.Option("--ledger", help="Ledger URL (default: SQLite in the state folder).")
+    str | None,
+    typer.Option(
+        "--ledger",
+        help="Ledger URL (default: sqlite:///.shufflekit/ledger.db, in $SHUFFLEKIT_STATE if set).",
+    ),
 ]
 DeploymentOpt = Annotated[str, typer.Option("--deployment", help="Deployment (budget) name.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
