@@ -75,6 +75,30 @@ def test_keys_new_writes_a_private_0600_and_a_public_file(tmp_path: Path) -> Non
         assert r.exit_code == 2, bad
 
 
+@pytest.mark.parametrize(
+    ("role", "derived"),
+    [(["--role", "mix", "--index", "0"], "mix0.receipt.pub"),
+     (["--role", "analyzer"], "analyzer.result.pub"),
+     (["--role", "mix", "--index", "1"], None)],
+)  # fmt: skip
+def test_keys_new_names_every_file_it_writes(
+    tmp_path: Path, role: list[str], derived: str | None
+) -> None:
+    """`keys new --role mix --index 0` (and `--role analyzer`) also writes the public half of
+    the key it derives (mix0.receipt.pub, analyzer.result.pub) but said so nowhere, neither in
+    its text, its JSON nor its help: an operator copying the printed files left one behind."""
+    res = runner.invoke(app, ["keys", "new", *role, "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    want = [str(tmp_path / derived)] if derived else []
+    assert info["derived_public_key_files"] == want
+    assert all(Path(f).is_file() for f in want)
+    text = runner.invoke(app, ["keys", "new", *role, "--out", str(tmp_path / "t")])
+    assert text.exit_code == 0, text.output
+    assert (derived is None) or f"{tmp_path / 't' / derived}" in text.output, text.output
+    assert "receipt" in runner.invoke(app, ["keys", "new", "--help"]).output
+
+
 def test_a_private_key_readable_by_others_is_refused(tmp_path: Path) -> None:
     runner.invoke(app, ["keys", "new", "--role", "analyzer", "--out", str(tmp_path)])
     key = tmp_path / "analyzer.key"

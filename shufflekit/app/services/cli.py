@@ -19,6 +19,7 @@ from shufflekit.app.services.keys import (
     RESULT_KEY,
     DerivedKey,
     KeyFiles,
+    derived_of,
     load_enrollment_key,
     load_private_key,
     role_name,
@@ -55,6 +56,8 @@ def keys_new(
     """Write a role's key pair: ROLE.key (private, mode 0600) and ROLE.pub (public).
 
     The mix files are named mix0, mix1, ...; the coordinator's config points at the .pub files.
+    Mix 0 and the analyzer derive a signing key from theirs, whose public half goes next to
+    ROLE.pub: mix0.receipt.pub (receipts) and analyzer.result.pub (results).
     `enrollment` is the operator's credential authority: mix 0's `\\[mix] enrollment_key` is its
     .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
     """
@@ -72,13 +75,17 @@ def keys_new(
         "public_key": key.public_b64(),
         "private_key_file": str(files.private),
         "public_key_file": str(files.public),
+        "derived_public_key_files": [str(kind.file(files.public)) for kind in derived_of(files)],
     }
     if json_out:
         print_json(info)
     else:
+        also = "".join(
+            f"\n{kind.what}: public key {kind.file(files.public)}" for kind in derived_of(files)
+        )
         console.print(
             f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
-            f"public key: {info['public_key']}",
+            f"public key: {info['public_key']}{also}",
             soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
         )
 

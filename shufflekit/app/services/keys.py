@@ -88,10 +88,15 @@ def write_key_pair(files: KeyFiles, *, force: bool = False, pair: KeyPair | None
     the OS CSPRNG (a simulation passes seeded ones); and the public half of every signing key
     that hop derives from it (`DERIVED`: the analyzer's result key, mix 0's receipt key)."""
     key = _write_new(files, pair if pair is not None else KeyPair.generate(), force, X25519)
-    for kind in DERIVED:
-        if files.public.name == f"{kind.hop}.pub":
-            write_derived_public(kind, files.public, key.private_b64())
+    for kind in derived_of(files):
+        write_derived_public(kind, files.public, key.private_b64())
     return key
+
+
+def derived_of(files: KeyFiles) -> list[DerivedKey]:
+    """The signing keys a hop with these files derives (their public halves are written next
+    to its public key): mix 0's receipt key, the analyzer's result key, none for other mixes."""
+    return [kind for kind in DERIVED if files.public.name == f"{kind.hop}.pub"]
 
 
 @dataclass(frozen=True)
