@@ -36,6 +36,7 @@ from shufflekit.base.errors import ConfigError
 from shufflekit.core.credentials import ClientCredential
 from shufflekit.core.spool import Spool
 from tests.cli_run import run_cli, run_cli_tty
+from tests.conftest import free_port
 
 APP = Path(__file__).resolve().parent.parent / "shufflekit" / "app"
 
@@ -97,6 +98,20 @@ def test_the_default_ledger_is_named_where_ledger_is_taken(tmp_path: Path) -> No
         assert "SHUFFLEKIT_STATE" in help_text, (path, help_text)
     r = cli(["budget", "status"], tmp_path)  # the state folder moved by SHUFFLEKIT_STATE
     assert r.returncode == 2 and str(tmp_path / "state" / "ledger.db") in r.stderr, r.stderr
+
+
+def test_clients_takes_users_written_as_counts_of_people(tmp_path: Path) -> None:
+    """README: counts of people (`--users`) may be written 10000000, 10_000_000 or 1e7;
+    `clients --users 1e3` was a usage error ("not a valid integer"). It is parsed, and the
+    command goes on to the broker (here a closed port: one line, exit 2); 0 is refused."""
+    port = free_port()  # nothing listens there
+    base = ["clients", "--broker", f"mqtt://127.0.0.1:{port}", "--deployment", "d"]
+    for users in ("1e3", "1_000"):
+        r = run_cli([*base, "--users", users], tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("error: cannot connect to MQTT broker"), r.stderr
+    r = run_cli([*base, "--users", "0"], tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: --users must be at least 1, got 0\n", r.stderr
 
 
 def test_no_rich_markup_in_the_cli_sources() -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from shufflekit.app.cli_common import JsonOpt, refuse
+from shufflekit.app.cli_common import JsonOpt, count, refuse
 from shufflekit.app.render import console, print_json
 from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
@@ -261,7 +261,7 @@ def clients(
         ),
     ],
     deployment: Annotated[str, typer.Option("--deployment", help="Deployment name.")],
-    users: Annotated[int, typer.Option("--users", min=1, help="Simulated clients.")],
+    users: Annotated[int, typer.Option("--users", parser=count, help="Simulated clients.")],
     bad_fraction: Annotated[
         float, typer.Option("--bad-fraction", min=0.0, max=1.0, help="Share of malformed reports.")
     ] = 0.0,
@@ -293,6 +293,9 @@ def clients(
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
     from shufflekit.app.services.clients import run_clients
+
+    if users < 1:
+        refuse(f"--users must be at least 1, got {users}")
 
     authority = load_enrollment_key(enrollment_key) if enrollment_key else None
     summary = asyncio.run(
