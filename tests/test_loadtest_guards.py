@@ -7,6 +7,7 @@ SIGTERM cannot cut the cleanup short."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -18,9 +19,11 @@ import pytest
 from typer.testing import CliRunner
 
 from shufflekit.app.cli import app
+from shufflekit.app.loadtest import run as loadtest_run
 from shufflekit.app.loadtest.report import Latencies, RoundFacts, build_report
 from shufflekit.app.loadtest.run import (
     _check_stack,
+    _load_progress,
     _signals_held,
     interrupted_line,
     so_far,
@@ -152,3 +155,28 @@ def test_an_interrupted_run_says_what_it_did_until_then(tmp_path: Path) -> None:
         "970 receipted"
     )
     assert interrupted_line(so_far(tmp_path, None)).startswith("until then: 1,000 reports sent")
+
+
+def test_the_live_rate_does_not_drop_to_zero_between_progress_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each connection writes its progress once a second and the terminal line is redrawn
+    every half second: the rate, taken between two redraws, read 2,191/s and 0/s in turn at a
+    steady 400 reports/s. It is taken over the last seconds, so it stays near the real rate."""
+    folder = tmp_path / "progress"
+    folder.mkdir()
+    clock = [0.0]
+    monkeypatch.setattr(loadtest_run.time, "monotonic", lambda: clock[0])
+    state: list[Any] = []
+    rates = []
+    for step in range(40):  # 20 s, a redraw every 0.5 s
+        clock[0] = 0.25 + step * 0.5
+        second = int(clock[0])  # each of 2 connections delivers 200 a second, written per second
+        for slot in range(2):
+            progress = {"sent": 200 * second, "acked": 200 * second, "receipted": 200 * second}
+            (folder / f"{slot}.json").write_text(json.dumps(progress))
+        sent, delivered, rate = _load_progress(folder, state)
+        assert sent == delivered == 400 * second
+        if clock[0] >= 3:
+            rates.append(rate)
+    assert all(300 <= r <= 500 for r in rates), rates

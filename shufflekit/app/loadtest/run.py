@@ -313,7 +313,7 @@ def _follow(
     started = time.monotonic()
     limit = opts.rounds * (opts.deadline + 120) + 120
     done_dir = work / "load" / "users"
-    rate_state: list[float] = []
+    rate_state: list[tuple[float, float]] = []
     while True:
         done = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
         if done >= connections:
@@ -357,10 +357,15 @@ def _check_stack(stack: LocalStack) -> None:
         raise LoadTestFailed(f"service {name} stopped (status {code}) during the load:\n{err}")
 
 
-def _load_progress(folder: Path, state: list[float]) -> tuple[int, int, float]:
+RATE_WINDOW = 5.0
+"""Seconds the live rate is taken over: connections write their progress once a second, so a
+rate between two redraws (every half second) would read twice the rate, then 0."""
+
+
+def _load_progress(folder: Path, state: list[tuple[float, float]]) -> tuple[int, int, float]:
     """Reports sent and delivered (receipted, or without receipts acknowledged) so far, summed
-    over connections, and the rate of deliveries since the last call (`state` keeps [time,
-    delivered] between calls)."""
+    over connections, and the rate of deliveries over the last RATE_WINDOW seconds (`state`
+    keeps the (time, delivered) samples between calls)."""
     sent = acked = 0
     for f in folder.glob("*.json") if folder.exists() else []:
         try:
@@ -368,10 +373,12 @@ def _load_progress(folder: Path, state: list[float]) -> tuple[int, int, float]:
         except (OSError, ValueError):
             continue
         sent, acked = sent + int(d["sent"]), acked + int(d["receipted"] or d["acked"])
-    now, rate = time.monotonic(), 0.0
-    if state and now > state[0]:
-        rate = (acked - state[1]) / (now - state[0])
-    state[:] = [now, float(acked)]
+    now = time.monotonic()
+    state.append((now, float(acked)))
+    while len(state) > 2 and now - state[1][0] >= RATE_WINDOW:
+        del state[0]  # the oldest sample still RATE_WINDOW old is the rate's start
+    start, delivered = state[0]
+    rate = (acked - delivered) / (now - start) if now > start else 0.0
     return sent, acked, max(rate, 0.0)
 
 
