@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import math
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -120,6 +121,24 @@ def test_missing_budget_and_bad_budgets(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match=r"'test' already has a budget.*never overwritten"):
         ledger.init_budget(Budget("test", 1.0, 1e-6, 10, cost_model="ldp"))
     assert (ledger.budget("test"), ledger.history("test")) == before  # nothing changed
+
+
+@pytest.mark.parametrize(("n_min", "max_corrupt"), [(50_000_000, 0), (10, 0), (3_000_000, 1_000)])
+def test_a_delta_too_large_for_n_min_is_refused_with_a_delta_that_would_do(
+    ledger: Ledger, n_min: int, max_corrupt: int
+) -> None:
+    """The refusal said "choose a delta well below it (1e-6, say)" also when 1e-6 was the
+    delta it refused (`shufflekit demo --users 1e8` made n_min 5e7): the delta it suggests is
+    one the same budget takes."""
+    honest = n_min - max_corrupt
+    budget = Budget("big", 1.0, 1.0 / honest, n_min, max_corrupt, cost_model="ldp")
+    with pytest.raises(InvalidParameters) as err:
+        ledger.init_budget(budget)
+    said = re.search(r"well below it \(([0-9.e+-]+), say\)", str(err.value))
+    assert said is not None, str(err.value)
+    suggested = float(said.group(1))
+    assert suggested * honest < 0.01, (suggested, honest)
+    ledger.init_budget(Budget("big", 1.0, suggested, n_min, max_corrupt, cost_model="ldp"))
 
 
 @pytest.mark.parametrize("ttl", [0.0, -1.0, math.nan, math.inf])

@@ -7,6 +7,7 @@ Kept apart from the budget rules (`accountant.ledger`) so that both stay readabl
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import socket
 from dataclasses import dataclass, field, fields, replace
@@ -227,11 +228,14 @@ def check_budget(b: Budget) -> Budget:
         raise bad(f"n_min ({n_min}) must exceed max_corrupt ({max_corrupt}) by at least 1")
     cap, ttl = b.max_round_epsilon, b.reservation_ttl
     delta = real("budget delta", b.delta_total, 0, 1, low_open=True, high_open=True, error=bad)
-    if delta * (n_min - max_corrupt) >= 1:  # (0.999999 let every 10,1 round cost epsilon 0)
+    honest = n_min - max_corrupt
+    if delta * honest >= 1:  # (0.999999 let every 10,1 round cost epsilon 0)
+        # a power of ten below 1/(100 honest), and no larger than the usual 1e-6
+        suggested = min(1e-6, 10.0 ** -(math.floor(math.log10(honest)) + 3))
         raise bad(
             f"budget delta {delta:g} is not below 1/(n_min - max_corrupt) = "
-            f"1/{n_min - max_corrupt}: with such a delta one participant's data may be published "
-            "in full; choose a delta well below it (1e-6, say)"
+            f"1/{honest}: with such a delta one participant's data may be published "
+            f"in full; choose a delta well below it ({suggested:g}, say)"
         )
     return replace(
         b,
