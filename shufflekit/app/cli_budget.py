@@ -149,13 +149,14 @@ def status(
     led = open_ledger(ledger, deployment)
     st = led.status(deployment)
     lease = led.lease_of(deployment, "coordinator")
-    live = lease is not None and lease.until >= time.time()
+    if lease is not None and lease.until < time.time():
+        lease = None  # run out: its holder died (or stopped renewing)
     if json_out:
-        print_json(st.as_dict() | {"coordinator": dataclasses.asdict(lease) if live else None})
+        print_json(st.as_dict() | {"coordinator": dataclasses.asdict(lease) if lease else None})
         return
     for line in _policy_lines(st):
         _say(line)
-    if lease is not None and live:
+    if lease is not None:
         since = dt.datetime.fromtimestamp(lease.since, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         _say(f"coordinator: {lease.holder}, running since {since}")
     else:
