@@ -71,6 +71,10 @@ def test_delete_asks_and_refuses_committed_rounds_unless_forced(tmp_path: Path) 
     assert budget([*INIT, "--mode", "adaptive"], tmp_path).exit_code == 0
     r = budget(["delete"], tmp_path, stdin="n\n")
     assert r.exit_code == 2 and "not deleted" in r.stderr
+    r = budget(["delete"], tmp_path, stdin="")  # no answer (a script, stdin closed)
+    assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1:] == [
+        "error: no answer to the confirmation: not deleted; add --yes to delete without asking"
+    ], r.output
     led = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}", create=False)
     led.reserve("default", "r1", 4, 1.0)
     led.commit("default", "r1", 12)

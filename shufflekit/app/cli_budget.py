@@ -270,7 +270,13 @@ def delete(
     if not yes:
         if json_out:
             raise InvalidInput("--json cannot ask for confirmation: add --yes")
-        if not typer.confirm(f"Delete the budget of {deployment!r} and all its rounds?"):
+        try:
+            sure = typer.confirm(f"Delete the budget of {deployment!r} and all its rounds?")
+        except typer.Abort:  # end of input before an answer (a script); Ctrl-C is Abort too
+            raise InvalidInput(
+                "no answer to the confirmation: not deleted; add --yes to delete without asking"
+            ) from None
+        if not sure:
             raise InvalidInput("not deleted")
     n = led.delete_budget(deployment, force=force)
     if json_out:
