@@ -67,6 +67,8 @@ def test_tls_files_need_mqtts() -> None:
         "http://x",
         "mqtt://",
         "mqtt://h:notaport",
+        "mqtts://h:",  # an empty port is a slip, not the default port
+        f"mqtts://u:{SECRET}@h:",
         "mqtt://h:0",
         "mqtt://h:70000",
         "mqtt://h:1883/some/path",

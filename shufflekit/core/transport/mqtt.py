@@ -128,6 +128,8 @@ class BrokerAddress:
         if u.path not in ("", "/") or u.query or u.fragment or u.params:
             raise ConfigError(f"broker URL takes no path or query, got {shown!r}")
         tls = u.scheme == "mqtts"
+        if u.netloc.endswith(":"):  # urlparse reads "host:" as no port: a slip, not the default
+            raise ConfigError(f"broker URL has an empty port: {shown!r}")
         try:
             port = u.port if u.port is not None else (8883 if tls else 1883)
         except ValueError:
