@@ -168,6 +168,8 @@ def test_history_names_role_user_host_and_pid(tmp_path: Path) -> None:
     assert [h["who"] for h in json.loads(r.stdout)["history"]] == [f"operator {me}"]
     r = budget(["history", *led], tmp_path)
     assert r.exit_code == 0 and "who" in r.stdout and "operator" in r.stdout
+    # the detail as key=value, the unset left out (it was a Python dict's repr)
+    assert "epsilon_total=5 " in r.stdout and "{'" not in r.stdout and "None" not in r.stdout
 
 
 def test_an_older_ledger_is_refused_by_reading_commands_until_budget_upgrade(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import time
 from typing import Annotated
 
@@ -200,9 +201,22 @@ def history(
     for r in rows:
         when = dt.datetime.fromtimestamp(r["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(
-            when, r["round_id"] or "-", r["who"], r["action"], r["decision"], str(r["detail"])
+            when, r["round_id"] or "-", r["who"], r["action"], r["decision"], _detail(r["detail"])
         )
     console.print(t)
+
+
+def _detail(detail: object) -> str:
+    """An audit row's detail as `key=value` pairs, the unset ones left out (--json has all)."""
+    if not isinstance(detail, dict):
+        return str(detail)
+    return " ".join(f"{k}={_value(v)}" for k, v in detail.items() if v not in (None, [], {}))
+
+
+def _value(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
 
 
 @app.command()

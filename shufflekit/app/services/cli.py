@@ -38,7 +38,11 @@ serve_app = typer.Typer(
 )
 
 ConfigOpt = Annotated[
-    Path, typer.Option("--config", help="Service configuration (TOML); see deploy/examples/.")
+    Path,
+    typer.Option(
+        "--config",
+        help="Service configuration (TOML); examples in the repository's deploy/examples/.",
+    ),
 ]
 LogOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 
