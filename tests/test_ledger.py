@@ -483,3 +483,12 @@ def test_an_n_min_the_ledger_cannot_store_is_refused_on_every_backend(tmp_path: 
     ):
         led.init_budget(Budget("d", 10.0, 1e-6, n_min=3_000_000_000))
     assert not led.has_budget("d")
+
+
+def test_a_shuffled_guarantee_says_it_assumes_mix_0_follows_the_protocol() -> None:
+    """A mix 0 that deviates can drop every honest report but one participant's and fill the
+    batch itself (README, "Trust model, corrected"): only the ldp sum holds regardless."""
+    for mode in ("planned", "adaptive"):
+        tight = Budget("d", 1.0, 1e-6, n_min=100, cost_model="tight", mode=mode)
+        assert "assumes mix 0 follows the protocol" in tight.guarantee()
+    assert "mix 0" not in Budget("d", 1.0, 1e-6, n_min=100, cost_model="ldp").guarantee()

@@ -67,14 +67,17 @@ class Budget:
             return (
                 f"{total} by summing eps0 (pure DP), valid even when rounds are chosen adaptively"
             )
+        # README, "Trust model, corrected": a deviating mix 0 can isolate one participant
+        shuffled = "; from the shuffle, so it assumes mix 0 follows the protocol (ldp does not)"
         if self.mode == "adaptive":
             return (
                 f"{total} under fully adaptive choice of rounds: a Rényi-DP filter over "
-                f"{len(ORDERS)} orders ({INF_SHARE:g} of delta for the pairs' infinite-loss mass)"
+                f"{len(ORDERS)} orders ({INF_SHARE:g} of delta for the pairs' infinite-loss "
+                f"mass){shuffled}"
             )
         return (
             f"{total} for the planned schedule: the realised rounds composed with PLDs (valid "
-            "because each slot's type was fixed before any round ran)"
+            f"because each slot's type was fixed before any round ran){shuffled}"
         )
 
 
