@@ -16,13 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.services.config import CoordinatorSettings, ServiceConfig
+from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.lease import RoleLease
+from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.peeling import InlinePeeler
+from shufflekit.core.transport import MemoryBroker
 from tests.cli_run import run_cli
 from tests.pipeline_helpers import ManualClock
 from tests.service_procs import Procs
@@ -130,3 +136,82 @@ def test_a_second_coordinator_does_not_stop_the_running_one(
     assert released[0]["round_id"] == sent["round_id"]
     assert procs.stop("coordinator") == 0, procs.stderr("coordinator")
     assert Ledger(ledger_url).lease_of(DEPLOYMENT, "coordinator") is None  # released on stop
+
+
+def _virtual_deployment(tmp_path: Path, clock: VirtualClock) -> tuple[ServiceConfig, Ledger]:
+    """A deployment of one mix on the in-memory broker, its ledger on `clock`; no hop runs."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    rng = SeededRandomness(7)
+    for name in ("mix0", "analyzer"):
+        write_key_pair(KeyFiles.of(keys, name), pair=KeyPair.generate(rng.fork(name)))
+    cfg = ServiceConfig(
+        broker="mqtt://simulated.invalid:1883",
+        deployment="test",
+        mixes=1,
+        keys_dir=keys,
+        state_dir=tmp_path,
+        coordinator=CoordinatorSettings(
+            k=4, eps0=1.0, n_min=10, deadline=10, ready_timeout=60, batch_timeout=60
+        ),
+    )
+    led = Ledger(cfg.ledger_url(), clock=clock)
+    led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive"))
+    return cfg, led
+
+
+def test_a_coordinator_that_lost_its_lease_does_not_refund_under_the_new_ones_go(
+    tmp_path: Path,
+) -> None:
+    """An audit (SIGSTOP for longer than the lease, then SIGCONT): the coordinator that woke up
+    settled the round it was driving, and refunded it as one whose goes it alone had granted,
+    while the coordinator that took over had granted a mix a go for it: the mix could forward
+    the batch to the analyzer after its cost was given back. Only the lease's holder may now
+    refund a round as settled (or grant a go); the one that lost it stops, the round stays."""
+    clock = VirtualClock()
+    cfg, led = _virtual_deployment(tmp_path, clock)
+    broker = MemoryBroker()
+    env = ServiceEnv(
+        connector=lambda _c, _n, _d: broker.connect,
+        clock=clock,
+        rng=SeededRandomness(1),
+        offload=inline,
+        peeler=lambda _w: InlinePeeler(),
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        a = asyncio.create_task(
+            serve_coordinator(cfg, stop, rounds=1, emit=lambda _o: None, env=env)
+        )
+        await asyncio.sleep(5.0)  # a reserved its round and waits for the hops to be ready
+        [rec] = led.rounds_of("test")
+        assert rec.status == "reserved"
+        clock.advance(30.0)  # SIGSTOP for longer than its lease; meanwhile another started,
+        assert led.hold_role("test", "coordinator", "b", 15.0).holder == "b"
+        go_until = clock.time() + 60.0  # resumed the round, and gave a mix a go
+        assert led.grant_go("test", rec.round_id, go_until)
+        with pytest.raises(RoleHeld, match="b"):  # SIGCONT: it finds out, and stops
+            await asyncio.wait_for(a, 120.0)
+        now = led.round_of("test", rec.round_id)
+        assert now is not None and now.status == "reserved", led.history("test")
+
+    run_virtual(main(), clock)
+    led.close()
+
+
+def test_the_ledger_fences_goes_and_refunds_by_the_lease(ledger: Ledger) -> None:
+    clock = FakeClock()
+    ledger.clock = clock
+    ledger.hold_role("test", "coordinator", "a", 15.0)
+    ledger.reserve("test", "r1", k=4, eps0=1.0)
+    assert ledger.grant_go("test", "r1", clock.now + 60, holder="a")
+    clock.now += 30.0  # a paused; b took over
+    ledger.hold_role("test", "coordinator", "b", 15.0)
+    with pytest.raises(RoleHeld, match=r"a lost its lease .*\(b holds it now\)"):
+        ledger.grant_go("test", "r1", clock.now + 60, holder="a")
+    with pytest.raises(RoleHeld):
+        ledger.refund("test", "r1", goes_settled=True, holder="a")
+    assert ledger.round_of("test", "r1").status == "reserved"  # type: ignore[union-attr]
+    assert ledger.grant_go("test", "r1", clock.now + 60, holder="b")
+    assert ledger.refund("test", "r1", goes_settled=True, holder="b").status == "refunded"

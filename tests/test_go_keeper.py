@@ -40,7 +40,9 @@ class _Ledger:
     def round_of(self, deployment: str, round_id: str) -> _Record:
         return _Record()
 
-    def grant_go(self, deployment: str, round_id: str, until: float) -> bool:
+    def grant_go(
+        self, deployment: str, round_id: str, until: float, *, holder: str | None = None
+    ) -> bool:
         return True
 
 

@@ -37,7 +37,7 @@ from shufflekit.accountant.ledger_schema import (
     redact,
     rounds,
 )
-from shufflekit.accountant.ledger_store import LedgerStore, find_round
+from shufflekit.accountant.ledger_store import COORDINATOR, LedgerStore, find_round
 from shufflekit.accountant.policy import charges_epsilon, filter_level, mechanism_cost
 from shufflekit.accountant.rdp_filter import inf_budget
 from shufflekit.accountant.round_types import (
@@ -422,15 +422,20 @@ class Ledger(LedgerStore):
         reason: str = "",
         *,
         goes_settled: bool = False,
+        holder: str | None = None,
     ) -> RoundRecord:
         """Release a reservation of a round that released nothing; committed rounds stay.
 
         A go lease recorded for the round (`grant_go`) that has not run out (plus CLOCK_SKEW)
         refuses the refund with LedgerBusy: a mix may still forward the batch, and the analyzer
         would see a round whose cost was given back. `goes_settled`: the caller (the
-        coordinator that granted them) made sure none can still be running."""
+        coordinator that granted them) made sure none can still be running. `holder`: that
+        coordinator's lease (`hold_role`); RoleHeld if another coordinator holds it now (it may
+        have granted goes the caller does not know of)."""
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)
+            if holder is not None:
+                self._require_holder(conn, deployment, COORDINATOR, holder)
             self._expire(conn, deployment)
             rec = self._round(conn, deployment, round_id)
             if rec.status in ("refunded", "expired"):

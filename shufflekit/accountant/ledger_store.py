@@ -32,7 +32,9 @@ from shufflekit.accountant.ledger_schema import (
 )
 from shufflekit.accountant.round_types import schedule_from_json
 from shufflekit.base.clock import CLOCK_SKEW, Clock, system_clock
-from shufflekit.base.errors import LedgerError
+from shufflekit.base.errors import LedgerError, RoleHeld
+
+COORDINATOR = "coordinator"  # the role whose lease fences go grants and settled refunds
 
 
 class LedgerStore:
@@ -128,12 +130,18 @@ class LedgerStore:
                 .values(published_at=self.clock.time())
             )
 
-    def grant_go(self, deployment: str, round_id: str, until: float) -> bool:
+    def grant_go(
+        self, deployment: str, round_id: str, until: float, *, holder: str | None = None
+    ) -> bool:
         """Record a go lease for the round until `until` (a mix may forward its batch until
         then), if the round is still reserved; False, and nothing recorded, otherwise. In one
-        statement with the status check, so no lease is ever granted after a refund."""
+        statement with the status check, so no lease is ever granted after a refund.
+        `holder`: the granting coordinator's lease (`hold_role`); RoleHeld if another holds it
+        now (a coordinator that took over counts only the goes the ledger recorded)."""
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)
+            if holder is not None:
+                self._require_holder(conn, deployment, COORDINATOR, holder)
             self._expire(conn, deployment)
             later = sa.or_(rounds.c.go_until.is_(None), rounds.c.go_until < until)
             done = conn.execute(
@@ -171,6 +179,22 @@ class LedgerStore:
                 detail |= {"lapsed": row.holder, "lapsed_until": row.until}
             self._audit(conn, deployment, None, role, "lease", "granted", detail)
             return Lease(role, holder, now, now + seconds)
+
+    def _require_holder(self, conn: Connection, deployment: str, role: str, holder: str) -> None:
+        """RoleHeld unless `holder` holds `role`'s lease (run out or not: nobody took it). The
+        fence of a process that may have lost its lease unawares (paused, or cut off from the
+        ledger, for longer than the lease): checked in the transaction of the write it guards."""
+        row = conn.execute(
+            sa.select(leases.c.holder).where(
+                leases.c.deployment == deployment, leases.c.role == role
+            )
+        ).first()
+        if row is None or row.holder != holder:
+            now = "nobody holds it now" if row is None else f"{row.holder} holds it now"
+            raise RoleHeld(
+                f"[{role}] {holder} lost its lease of deployment {deployment!r} ({now}): it "
+                f"stops, and leaves its rounds to the {role} holding the lease"
+            )
 
     def release_role(self, deployment: str, role: str, holder: str) -> None:
         """Give up `holder`'s lease of `role` (nothing if another holds it now)."""

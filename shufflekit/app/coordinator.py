@@ -93,9 +93,12 @@ class Coordinator:
         rng: Randomness | None = None,
         offload: Offload = in_thread,
         result_key: str | None = None,
+        holder: str | None = None,
     ) -> None:
         """`result_key` (base64) is the analyzer's result public key: a result it did not
-        sign is refused (counted as bad_signature); None accepts unsigned results."""
+        sign is refused (counted as bad_signature); None accepts unsigned results. `holder`
+        is this coordinator's lease in the ledger (app/services/lease.py): once another
+        coordinator took it, the ledger refuses this one's goes and refunds (RoleHeld)."""
         if not mix_keys:
             raise ConfigError("a cascade needs at least one mix")
         self.transport = transport
@@ -114,7 +117,10 @@ class Coordinator:
         self.rng = rng or SystemRandomness()
         self.control = RejectionCounter()  # invalid ready/result/abort messages, by reason
         # goes for mixes to forward (shufflekit.core.go): a lease lasts one batch timeout
-        self.goes = GoKeeper(ledger, self.deployment, batch_timeout, clock, offload, self.control)
+        self.holder = holder
+        self.goes = GoKeeper(
+            ledger, self.deployment, batch_timeout, clock, offload, self.control, holder
+        )
         # The announcement of the round this coordinator is driving, from just before it is
         # announced until the round is settled. It outlives a lost connection: `recover` on
         # the next one resumes that round even if the broker lost the retained announcement.
@@ -339,7 +345,13 @@ class Coordinator:
         await self.goes.quiesce(rid)
         try:
             await self.offload(
-                self.ledger.refund, self.deployment, rid, self.actor, reason, goes_settled=True
+                self.ledger.refund,
+                self.deployment,
+                rid,
+                self.actor,
+                reason,
+                goes_settled=True,
+                holder=self.holder,
             )
         except AccountantError:
             rounds = await self.offload(self.ledger.rounds_of, self.deployment)

@@ -41,8 +41,10 @@ class GoKeeper:
         clock: Clock,
         offload: Offload,
         control: RejectionCounter,
+        holder: str | None = None,
     ) -> None:
         self.ledger = ledger
+        self.holder = holder  # this coordinator's lease: no go once another holds it
         self.deployment = deployment
         self.topics = Topics(deployment)
         self.lease = lease
@@ -79,7 +81,7 @@ class GoKeeper:
                 continue
             try:
                 go = await self.verdict(req.round_id, req.hop)
-            except LedgerError as exc:  # busy or unreachable: the mix asks again
+            except LedgerError as exc:  # busy, unreachable or not ours: the mix asks again
                 log.info("round %s: go request unanswered: %s", req.round_id, exc)
                 continue
             with contextlib.suppress(TransportError):  # lost: the mix asks again
@@ -117,7 +119,9 @@ class GoKeeper:
                 until = min(until, rec.expires_at - GO_MARGIN)
             if until <= now:
                 why = "its reservation expired"
-            elif await self.offload(self.ledger.grant_go, self.deployment, round_id, until):
+            elif await self.offload(
+                self.ledger.grant_go, self.deployment, round_id, until, holder=self.holder
+            ):
                 held = self.leases.setdefault(round_id, {})
                 held[hop] = max(held.get(hop, 0.0), until)
                 return Go(round_id=round_id, hop=hop, verdict="go", until=until)

@@ -128,10 +128,11 @@ class Wiring:
         analyzer_key: str,
         receipt_key: str | None = None,
         result_key: str | None = None,
+        holder: str | None = None,
     ) -> Coordinator:
         """The operator's coordinator, announcing these base64 public keys (and mix 0's
         receipt key); it accepts only results signed with `result_key` (the analyzer's, see
-        core/results.py)."""
+        core/results.py). `holder`: its lease in the ledger (`Coordinator`)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
         return Coordinator(
@@ -147,4 +148,5 @@ class Wiring:
             rng=self.rng,
             offload=retrying(self.offload, self.clock),
             result_key=result_key,
+            holder=holder,
         )

@@ -364,7 +364,12 @@ async def serve_coordinator(
         nonlocal done, coord
         if coord is None:
             coord = wiring.coordinator(
-                transport, mix_keys, analyzer_key, receipt_key=receipt_key, result_key=result_key
+                transport,
+                mix_keys,
+                analyzer_key,
+                receipt_key=receipt_key,
+                result_key=result_key,
+                holder=lease.holder,  # fences its goes and refunds once another took over
             )
             if metrics is not None:
                 coord.control.on_reject = metrics.control_rejection
