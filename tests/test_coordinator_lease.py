@@ -23,7 +23,7 @@ from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import RoleHeld
+from shufflekit.base.errors import LedgerError, RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from shufflekit.core.crypto import KeyPair
@@ -215,3 +215,36 @@ def test_the_ledger_fences_goes_and_refunds_by_the_lease(ledger: Ledger) -> None
     assert ledger.round_of("test", "r1").status == "reserved"  # type: ignore[union-attr]
     assert ledger.grant_go("test", "r1", clock.now + 60, holder="b")
     assert ledger.refund("test", "r1", goes_settled=True, holder="b").status == "refunded"
+
+
+def test_budget_delete_is_refused_beside_a_running_coordinator(ledger: Ledger) -> None:
+    """An audit: `budget delete` (no committed round, so no --force needed) deleted the budget,
+    the round a running coordinator was driving (reserved; a mix could hold a go for it, which
+    a `budget refund` is made to wait for) and the coordinator's lease, under the running
+    coordinator: it then failed on its next write, and after a `budget init` a second
+    coordinator could take the deployment. A live lease now refuses it, unless --force."""
+    clock = FakeClock()
+    ledger.clock = clock
+    ledger.hold_role("test", "coordinator", "a", 15.0)
+    ledger.reserve("test", "r1", k=4, eps0=1.0)
+    with pytest.raises(LedgerError, match=r"running coordinator \(a\).*--force"):
+        ledger.delete_budget("test")
+    assert ledger.lease_of("test", "coordinator") is not None
+    assert [r.status for r in ledger.rounds_of("test")] == ["reserved"]
+    clock.now += 16.1  # it died: its lease ran out, and the clock skew
+    assert ledger.delete_budget("test") == 1
+    ledger.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    ledger.hold_role("test", "coordinator", "b", 15.0)
+    assert ledger.delete_budget("test", force=True) == 0
+
+
+def test_budget_delete_names_the_running_coordinator_before_asking(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger(url) as led:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+        led.hold_role("d", "coordinator", "root@host:42/ab", 600.0)
+    args = ["budget", "delete", "--ledger", url, "--deployment", "d"]
+    r = run_cli(args, cwd=tmp_path)  # (no answer on stdin: it must not ask)
+    assert r.returncode == 2 and "running coordinator (root@host:42/ab)" in r.stderr, r.stderr
+    assert "Delete the budget" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
+    assert run_cli([*args, "--yes", "--force"], cwd=tmp_path).returncode == 0

@@ -37,7 +37,12 @@ from shufflekit.accountant.ledger_schema import (
     redact,
     rounds,
 )
-from shufflekit.accountant.ledger_store import COORDINATOR, LedgerStore, find_round
+from shufflekit.accountant.ledger_store import (
+    COORDINATOR,
+    LedgerStore,
+    find_round,
+    running_refusal,
+)
 from shufflekit.accountant.policy import charges_epsilon, filter_level, mechanism_cost
 from shufflekit.accountant.rdp_filter import inf_budget
 from shufflekit.accountant.round_types import (
@@ -102,7 +107,8 @@ class Ledger(LedgerStore):
         self, deployment: str, *, force: bool = False, actor: str = "operator"
     ) -> int:
         """Delete a budget and its rounds (the audit log keeps a `delete` row); refused for a
-        budget with committed rounds unless `force`. Returns how many rounds were deleted."""
+        budget with committed rounds, or beside a running coordinator (its lease is live),
+        unless `force`. Returns how many rounds were deleted."""
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)
             recs = self._rounds(conn, deployment)
@@ -112,6 +118,9 @@ class Ledger(LedgerStore):
                     f"deployment {deployment!r} has {committed} committed round(s): its budget "
                     "records a promise made to participants; delete it anyway with --force"
                 )
+            running = self._live_holder(conn, deployment, COORDINATOR)
+            if running is not None and not force:
+                raise running_refusal(deployment, running)
             conn.execute(rounds.delete().where(rounds.c.deployment == deployment))
             conn.execute(leases.delete().where(leases.c.deployment == deployment))
             conn.execute(budgets.delete().where(budgets.c.deployment == deployment))

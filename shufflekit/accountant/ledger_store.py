@@ -196,6 +196,21 @@ class LedgerStore:
                 f"stops, and leaves its rounds to the {role} holding the lease"
             )
 
+    def _live_holder(self, conn: Connection, deployment: str, role: str) -> str | None:
+        """Who holds `role`'s lease and may still renew it (its lease, plus CLOCK_SKEW, has not
+        run out), or None."""
+        row = conn.execute(
+            sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
+        ).first()
+        if row is None or self.clock.time() > row.until + CLOCK_SKEW:
+            return None
+        return str(row.holder)
+
+    def running(self, deployment: str, role: str = COORDINATOR) -> str | None:
+        """The holder of `role` that may be running (`_live_holder`), or None."""
+        with self._tx(write=False) as conn:
+            return self._live_holder(conn, deployment, role)
+
     def release_role(self, deployment: str, role: str, holder: str) -> None:
         """Give up `holder`'s lease of `role` (nothing if another holds it now)."""
         with self._tx() as conn:
@@ -373,6 +388,14 @@ class LedgerStore:
                 principal=principal(),
             )
         )
+
+
+def running_refusal(deployment: str, holder: str) -> LedgerError:
+    """The refusal to delete a budget under its running coordinator."""
+    return LedgerError(
+        f"deployment {deployment!r} has a running coordinator ({holder}): stop it first (its "
+        "rounds and lease would be deleted under it), or delete anyway with --force"
+    )
 
 
 def find_round(recs: Sequence[RoundRecord], round_id: str, deployment: str) -> RoundRecord:

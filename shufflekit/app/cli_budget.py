@@ -18,6 +18,7 @@ from rich.table import Table
 
 from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
 from shufflekit.accountant.ledger_schema import SCHEMA_VERSION, redact
+from shufflekit.accountant.ledger_store import running_refusal
 from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
@@ -263,7 +264,11 @@ def delete(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Delete even a budget with committed (released) rounds."),
+        typer.Option(
+            "--force",
+            help="Delete even a budget with committed (released) rounds, or whose coordinator "
+            "is running.",
+        ),
     ] = False,
     ledger: LedgerOpt = None,
     deployment: DeploymentOpt = DEFAULT_DEPLOYMENT,
@@ -271,7 +276,8 @@ def delete(
 ) -> None:
     """Delete a budget and its rounds (e.g. a test budget); the audit log keeps the deletion.
 
-    Asks first (unless --yes); refused for a budget with committed rounds unless --force.
+    Asks first (unless --yes); refused for a budget with committed rounds, or while its
+    coordinator runs (its lease in the ledger is live), unless --force.
     """
     led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError for an unknown deployment, before asking
@@ -281,6 +287,9 @@ def delete(
             f"deployment {deployment!r} has {committed} committed round(s): its budget "
             "records a promise made to participants; delete it anyway with --force"
         )
+    running = led.running(deployment)
+    if running is not None and not force:  # (the ledger refuses it too) before asking
+        raise running_refusal(deployment, running)
     if not yes:
         if json_out:
             raise InvalidInput("--json cannot ask for confirmation: add --yes")
