@@ -201,8 +201,7 @@ def test_a_coordinator_that_lost_its_lease_does_not_refund_under_the_new_ones_go
 
 
 def test_the_ledger_fences_goes_and_refunds_by_the_lease(ledger: Ledger) -> None:
-    clock = FakeClock()
-    ledger.clock = clock
+    ledger.clock = clock = ManualClock(1_000.0)
     ledger.hold_role("test", "coordinator", "a", 15.0)
     ledger.reserve("test", "r1", k=4, eps0=1.0)
     assert ledger.grant_go("test", "r1", clock.now + 60, holder="a")
@@ -223,8 +222,7 @@ def test_budget_delete_is_refused_beside_a_running_coordinator(ledger: Ledger) -
     a `budget refund` is made to wait for) and the coordinator's lease, under the running
     coordinator: it then failed on its next write, and after a `budget init` a second
     coordinator could take the deployment. A live lease now refuses it, unless --force."""
-    clock = FakeClock()
-    ledger.clock = clock
+    ledger.clock = clock = ManualClock(1_000.0)
     ledger.hold_role("test", "coordinator", "a", 15.0)
     ledger.reserve("test", "r1", k=4, eps0=1.0)
     with pytest.raises(LedgerError, match=r"running coordinator \(a\).*--force"):
