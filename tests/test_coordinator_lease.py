@@ -28,6 +28,7 @@ from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.peeling import InlinePeeler
+from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
 from tests.cli_run import run_cli
 from tests.pipeline_helpers import ManualClock
@@ -195,6 +196,10 @@ def test_a_coordinator_that_lost_its_lease_does_not_refund_under_the_new_ones_go
             await asyncio.wait_for(a, 120.0)
         now = led.round_of("test", rec.round_id)
         assert now is not None and now.status == "reserved", led.history("test")
+        # nor did it abort the round b resumes (an abort is retained: b's hops would stop)
+        async with broker.connect() as c, c.subscribe(Topics("test").abort(rec.round_id)) as ab:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ab.get(), 1.0)
 
     run_virtual(main(), clock)
     led.close()
@@ -212,8 +217,12 @@ def test_the_ledger_fences_goes_and_refunds_by_the_lease(ledger: Ledger) -> None
     with pytest.raises(RoleHeld):
         ledger.refund("test", "r1", goes_settled=True, holder="a")
     assert ledger.round_of("test", "r1").status == "reserved"  # type: ignore[union-attr]
+    with pytest.raises(RoleHeld):  # nor may it start a round beside b's
+        ledger.reserve("test", "r2", k=4, eps0=1.0, holder="a")
+    assert [r.round_id for r in ledger.rounds_of("test")] == ["r1"]
     assert ledger.grant_go("test", "r1", clock.now + 60, holder="b")
     assert ledger.refund("test", "r1", goes_settled=True, holder="b").status == "refunded"
+    assert ledger.reserve("test", "r2", k=4, eps0=1.0, holder="b").status == "reserved"
 
 
 def test_budget_delete_is_refused_beside_a_running_coordinator(ledger: Ledger) -> None:

@@ -145,11 +145,14 @@ class Ledger(LedgerStore):
         actor: str = "coordinator",
         *,
         mechanism: str = KRR,
+        holder: str | None = None,
     ) -> RoundRecord:
         """Record the round as reserved at its pessimistic population size, or BudgetExceeded
         (ScheduleViolation when a planned budget's schedule fixes another type for its slot).
         `k` is the mechanism's size (k of k-RR, L of `bits:L`). Idempotent: the same round
-        reserved again with the same type (a retry whose reply was lost) returns its record."""
+        reserved again with the same type (a retry whose reply was lost) returns its record.
+        `holder`: the reserving coordinator's lease; RoleHeld if another coordinator holds it
+        (one paused past its lease would start a round beside the one that took over)."""
         bad = InvalidParameters
         rt = RoundType(mechanism, whole("k", k, 0, error=bad), real("eps0", eps0, error=bad))
         mechanism_cost(mechanism)  # InvalidParameters for a tag nobody can charge
@@ -162,6 +165,8 @@ class Ledger(LedgerStore):
                 plan = self._reserve_plan(b, counted, rt, b.n_min - b.max_corrupt)  # unlocked
             with self._tx() as conn:
                 b2 = self._require_budget(conn, deployment, lock=True)
+                if holder is not None:
+                    self._require_holder(conn, deployment, COORDINATOR, holder)
                 self._expire(conn, deployment)
                 existing = self._rounds(conn, deployment)
                 mine = next((r for r in existing if r.round_id == round_id), None)

@@ -180,6 +180,11 @@ class LedgerStore:
             self._audit(conn, deployment, None, role, "lease", "granted", detail)
             return Lease(role, holder, now, now + seconds)
 
+    def require_holder(self, deployment: str, role: str, holder: str) -> None:
+        """RoleHeld unless `holder` holds `role`'s lease (a read: see `_require_holder`)."""
+        with self._tx(write=False) as conn:
+            self._require_holder(conn, deployment, role, holder)
+
     def _require_holder(self, conn: Connection, deployment: str, role: str, holder: str) -> None:
         """RoleHeld unless `holder` holds `role`'s lease (run out or not: nobody took it). The
         fence of a process that may have lost its lease unawares (paused, or cut off from the

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.app.go_keeper import GoKeeper
 from shufflekit.app.rounds import (
     COORDINATOR_HOP,
@@ -50,6 +51,7 @@ from shufflekit.base.errors import (
     ConfigError,
     InvalidReport,
     LedgerError,
+    RoleHeld,
     RoundAborted,
     TransportError,
 )
@@ -172,19 +174,16 @@ class Coordinator:
         budget = await self.offload(self.ledger.budget, self.deployment)
         params = params.at_least(budget.n_min)  # never release below the reserved-for n_min
         self.announcement(rid, params)  # refused here, before any reservation, if no hop takes it
-        if params.bits is None:
-            await self.offload(
-                self.ledger.reserve, self.deployment, rid, params.k, params.eps0, self.actor
-            )
-        else:  # the ledger records the mechanism's size (L) and its tag
-            await self.offload(
-                functools.partial(self.ledger.reserve, mechanism=params.mechanism),
-                self.deployment,
-                rid,
-                params.size,
-                params.eps0,
-                self.actor,
-            )
+        # the ledger records the mechanism's size (k, or L of bits) and its tag; `holder`
+        # fences a coordinator that lost its lease unawares
+        await self.offload(
+            functools.partial(self.ledger.reserve, mechanism=params.mechanism, holder=self.holder),
+            self.deployment,
+            rid,
+            params.size,
+            params.eps0,
+            self.actor,
+        )
         self.goes.own.add(rid)
         async with self.goes.answering(self.transport):
             return await self._run_reserved(rid, params, answer, stop)
@@ -212,6 +211,7 @@ class Coordinator:
                     outcome = stored
                 else:
                     abort = Abort(round_id=rid, hop=COORDINATOR_HOP, reason=str(exc))
+                    await self._still_holding()
                     # retained and out before the refund: a hop resuming the round later finds
                     # it (a lost publish here let a restarted mix 0 forward a refunded round)
                     await with_backoff(
@@ -323,6 +323,7 @@ class Coordinator:
                     hop=COORDINATOR_HOP,
                     reason="the coordinator restarted and could not resume the round",
                 )
+                await self._still_holding()
                 await coord.publish(t.abort(rid), outcome.to_bytes(), retain=True)
         if isinstance(outcome, Result):
             report.released, report.result = True, outcome
@@ -336,6 +337,21 @@ class Coordinator:
             "released" if report.released else "refunded",
         )
         return report
+
+    async def _still_holding(self) -> None:
+        """RoleHeld if another coordinator took this one's lease (this one was paused or cut
+        off for longer than it): an announcement or abort from here would disturb the round
+        the other is settling. A ledger that cannot say lets it go on (an abort is safe)."""
+        if self.holder is None:
+            return
+        try:
+            await self.offload(
+                self.ledger.require_holder, self.deployment, COORDINATOR, self.holder
+            )
+        except RoleHeld:
+            raise
+        except LedgerError as exc:
+            log.warning("coordinator: its lease not checked: %s", exc)
 
     async def _refund(self, rid: str, report: RoundReport, reason: str) -> None:
         """Refund a round that released nothing. If the ledger refuses because the analyzer
@@ -435,8 +451,10 @@ class Coordinator:
                 abort = Abort(
                     round_id=rid, hop=COORDINATOR_HOP, reason=f"{reason}; nothing was announced"
                 )
+                await self._still_holding()
                 await coord.publish(t.abort(rid), abort.to_bytes(), retain=True)
                 return abort
+            await self._still_holding()  # before the announcement, as before an abort
             ann = ann.model_copy(update={"deadline": self.clock.time() + ingest_seconds})
             self.driving = ann  # from here on the hops may receive reports: resume, not abort
             closer = asyncio.create_task(self._close_at_deadline(ann))
