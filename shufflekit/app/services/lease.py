@@ -50,12 +50,12 @@ class RoleLease:
             self.ledger.hold_role, self.deployment, self.role, self.holder, self.seconds
         )
 
-    def _held_by(self, other: Lease, renewed: bool) -> RoleHeld:
+    def _held_by(self, other: Lease) -> RoleHeld:
         ago = self.clock.time() - (other.until - self.seconds)
-        how = f"it renewed its lease {max(0.0, ago):.0f}s ago" if renewed else "its lease is live"
         return RoleHeld(
             f"[{self.role}] deployment {self.deployment!r} already has a running {self.role}: "
-            f"{other.holder} ({how}); stop that one first (one {self.role} per deployment)"
+            f"{other.holder} (it renewed its lease {max(0.0, ago):.0f}s ago); stop that one "
+            f"first (one {self.role} per deployment)"
         )
 
     async def acquire(self, stop: asyncio.Event) -> bool:
@@ -79,7 +79,7 @@ class RoleLease:
                     self.role,
                 )
             elif lease.holder != first.holder or lease.until > first.until:
-                raise self._held_by(lease, renewed=True)
+                raise self._held_by(lease)
             left = lease.until + CLOCK_SKEW - self.clock.time()
             await sleep_unless(stop, max(0.05, min(left + 0.05, self.seconds / 6)), self.clock)
         return False
@@ -103,7 +103,11 @@ class RoleLease:
     def lost_error(self) -> RoleHeld:
         """What `keep` found: another process holds the lease now."""
         assert self.lost is not None
-        return self._held_by(self.lost, renewed=False)
+        return RoleHeld(
+            f"[{self.role}] {self.lost.holder} took over deployment {self.deployment!r} while "
+            f"this {self.role} could not renew its lease (paused, or cut off from the ledger, "
+            f"for over {self.seconds:g}s): this one stops"
+        )
 
     async def release(self) -> None:
         """Give the lease up (a clean stop): the next coordinator starts at once."""
