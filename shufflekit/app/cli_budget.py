@@ -23,6 +23,7 @@ from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
+from shufflekit.base.clock import CLOCK_SKEW
 from shufflekit.base.errors import InvalidInput
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
@@ -151,8 +152,8 @@ def status(
     led = open_ledger(ledger, deployment)
     st = led.status(deployment)
     lease = led.lease_of(deployment, "coordinator")
-    if lease is not None and lease.until < time.time():
-        lease = None  # run out: its holder died (or stopped renewing)
+    if lease is not None and lease.until + CLOCK_SKEW < time.time():
+        lease = None  # run out (as a starting coordinator judges it): its holder died
     if json_out:
         print_json(st.as_dict() | {"coordinator": dataclasses.asdict(lease) if lease else None})
         return
