@@ -426,3 +426,31 @@ def test_a_second_coordinator_exits_and_the_first_runs_every_round() -> None:
             ("start", None),
             ("exited", "RoleHeld"),
         ], seed
+
+
+class PausedCoordinatorFailover(World):
+    """The coordinator is paused (SIGSTOP) mid-round for 25 s; 17 s in, its lease has run out
+    and the operator starts another, which takes over; then the first wakes up (SIGCONT)."""
+
+    def _schedule_faults(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(12.0, self.pause, "coordinator", 25.0)
+        loop.call_later(29.0, self.start_twin)
+
+
+def test_a_paused_coordinator_that_wakes_after_a_failover_stops() -> None:
+    """The one that took over settles the rounds; the one that woke up finds its lease taken
+    and stops (its supervisor restarts it, and it exits beside the running one). Every
+    promise holds. (What the ledger refuses a woken coordinator that has not noticed yet is
+    tested directly in tests/test_coordinator_lease.py.)"""
+    spec = SimSpec(seed=0, rounds=2, faults=frozenset(), keep_trace=True)
+    for seed in range(3):
+        out = run_seed(dataclasses.replace(spec, seed=seed), PausedCoordinatorFailover)
+        assert out.violations == [], (seed, out.violations)
+        first = [e for e in out.events if e["actor"] == "coordinator"]
+        woke = next(i for i, e in enumerate(first) if e["event"] == "resume")
+        assert first[woke + 1]["event"] == "exited", (seed, first[woke:])
+        assert first[woke + 1]["error"] == "RoleHeld", (seed, first[woke:])
+        twin = [e for e in out.events if e["actor"] == "coordinator-twin"]
+        assert any(e["event"] == "round" for e in twin), (seed, twin)
+        assert out.rounds_released >= 1, seed

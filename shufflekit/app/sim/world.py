@@ -72,6 +72,7 @@ FAULT_KINDS = (
     "small_budget",
     "reservation_ttl",
     "twin_coordinator",
+    "coordinator_pause",
 )
 TWIN = "coordinator-twin"  # a second coordinator of the deployment, started by mistake
 HOSTILE_CEILING = 0.1  # the largest share of a round's clients that misbehave
@@ -160,6 +161,7 @@ class World:
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.stops: dict[str, asyncio.Event] = {}
         self.incarnation: dict[str, int] = {}
+        self.running: dict[str, asyncio.Event] = {}  # each role's, cleared while it is paused
         self.rounds_done = 0
         self.coordinator_finished = asyncio.Event()
         self.clients: FaultyTransport | None = None
@@ -277,18 +279,31 @@ class World:
 
     # ------------------------------------------------------------------ services
     def _connector(
-        self, cfg: ServiceConfig, name: str, durable: Sequence[str]
+        self, running: asyncio.Event, cfg: ServiceConfig, name: str, durable: Sequence[str]
     ) -> Callable[[], Transport]:
         cid = cfg.client_id(name)
-        return lambda: self.broker.connect(cid, persistent=bool(durable), durable_filters=durable)
+
+        def connect() -> Transport:
+            conn = self.broker.connect(cid, persistent=bool(durable), durable_filters=durable)
+            conn.running = running
+            return conn
+
+        return connect
 
     def _env(self, role: str) -> ServiceEnv:
         n = self.incarnation.get(role, 0)
+        running = self.running[role] = asyncio.Event()  # cleared while paused (`pause`)
+        running.set()
+
+        async def offload(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            await running.wait()
+            return await self._offload(fn, *args, **kwargs)
+
         return ServiceEnv(
-            connector=self._connector,
+            connector=functools.partial(self._connector, running),
             clock=self.clock,
             rng=self.rng.fork(f"{role}-{n}"),
-            offload=self._offload,
+            offload=offload,
             peeler=lambda _workers: InlinePeeler(),  # no real-time pool in virtual time
         )
 
@@ -483,6 +498,27 @@ class World:
             loop.call_later(span * srng.random(), self.broker.restart)
         if "twin_coordinator" in self.spec.faults and srng.random() < 0.3:
             loop.call_later(span * srng.random(), self.start_twin)
+        if "coordinator_pause" in self.spec.faults and srng.random() < 0.4:
+            at, seconds = span * srng.random(), 5.0 + 55.0 * srng.random()
+            loop.call_later(at, self.pause, "coordinator", seconds)
+            lease = self.cfg.coordinator.lease if self.cfg.coordinator else 15.0
+            if seconds > lease + 5.0 and srng.random() < 0.5:  # the operator fails over
+                loop.call_later(at + lease + 2.0, self.start_twin)
+
+    def pause(self, role: str, seconds: float) -> None:
+        """SIGSTOP for `seconds`, then SIGCONT: the role publishes nothing and makes no ledger
+        call meanwhile (what it receives waits in its memory), and time goes on."""
+        running, task = self.running.get(role), self.tasks.get(role)
+        if running is None or not running.is_set() or task is None or task.done():
+            return
+        self.broker.count("coordinator_pause")
+        self.event(role, "pause", seconds=round(seconds, 6))
+        running.clear()
+        asyncio.get_running_loop().call_later(seconds, self._resume, role, running)
+
+    def _resume(self, role: str, running: asyncio.Event) -> None:
+        self.event(role, "resume")
+        running.set()
 
     def start_twin(self) -> None:
         """An operator starts a second coordinator of the deployment (the first still runs,

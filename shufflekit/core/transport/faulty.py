@@ -308,6 +308,7 @@ class FaultyTransport(Transport):
         self.durable = list(durable)
         self._open = False
         self._subs: list[Subscription] = []
+        self.running: asyncio.Event | None = None  # the process publishes only while set (SIGSTOP)
 
     async def connect(self) -> None:
         self.broker._attach(self)
@@ -327,6 +328,8 @@ class FaultyTransport(Transport):
         self._drop()
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        if self.running is not None:
+            await self.running.wait()
         if not self._open:
             raise TransportError(f"{self.client_id}: publish on a lost connection")
         self.broker._publish(self.client_id, topic, check_publish(topic, payload), retain)
