@@ -8,6 +8,7 @@ import logging
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import SpoolError
 from shufflekit.core import hop as hop_module
 from shufflekit.core.messages import Announcement
-from shufflekit.core.spool import FINISHED_TTL, Arrival, Spool
+from shufflekit.core.spool import FINISHED_TTL, Arrival, Inbox, Spool
 from shufflekit.core.transport import MemoryBroker
 from tests.pipeline_helpers import population
 
@@ -180,3 +181,25 @@ async def test_a_full_spool_aborts_and_refunds_the_round(
     assert [r.status for r in led.status("test").rounds] == ["refunded"]
     for s in made:
         s.close()
+
+
+def test_a_spool_that_cannot_write_says_so_once_a_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Mix 0 on a full disk logged the same error for every message that came after (1,858
+    lines in an audit); it is now said once a round, and every lost message still counted."""
+
+    class Full(Spool):
+        def add(self, arrivals: Sequence[Arrival]) -> int:
+            raise SpoolError("cannot store input: database or disk is full")
+
+    inbox = Inbox(MemoryBroker().connect(), Full(), [], lambda _m: None)
+    with caplog.at_level(logging.ERROR, logger="shufflekit.spool"):
+        for i in range(50):
+            inbox._store([Arrival(r, "data", f"k{i}", b"x") for r in ("r1", "r2")])
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot store input: database or disk is full; round(s) r1, r2 aborted"
+    ]
+    assert inbox.failed == {"r1": ("cannot store input: database or disk is full", 50)} | {
+        "r2": ("cannot store input: database or disk is full", 50)
+    }

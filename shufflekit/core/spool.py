@@ -499,9 +499,11 @@ class Inbox:
         try:
             self.spool.add(arrivals)
         except SpoolError as exc:
+            new = sorted({a.round_id for a in arrivals} - set(self.failed))
             for a in arrivals:
                 self.fail(a.round_id, str(exc), 1)
-            log.error("%s; the rounds concerned are aborted", exc)
+            if new:  # said once a round: a full disk fails every message after (counted)
+                log.error("%s; round(s) %s aborted", exc, ", ".join(new))
 
     def fail(self, round_id: str, reason: str, lost: int = 0) -> None:
         """Record that `lost` input messages of `round_id` could not be kept, and why."""
