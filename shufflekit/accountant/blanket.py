@@ -175,21 +175,27 @@ def _strong_label(form: str, beta_mixture: bool) -> Label:
 # ----------------------------------------------------------------------------- weak (Thm 10)
 
 
-def _weak_s_terms(mech: Mechanism, b: IntArray, s: IntArray) -> tuple[FloatArray, FloatArray]:
-    """log P(S = s | B = b) and q'_s of the conditional clone pair (elementwise, s >= 1)."""
+def _weak_s_terms(
+    mech: Mechanism, b: IntArray, s: IntArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """log P(S = s | B = b), q'_s of the conditional clone pair and 1 - q'_s (elementwise,
+    s >= 1). 1 - q1 = (gamma/k)/pi is computed as such: q1 is within gamma/k of 1, and the
+    float 1 - q1 loses every digit as eps0 grows (gamma ~ k e^-eps0)."""
     gamma, k = mech.gamma, mech.k
     pi = 1.0 - gamma + 2.0 * gamma / k
     q1 = (1.0 - gamma + gamma / k) / pi
+    q1c = (gamma / k) / pi
     if k == 2:
         ls = np.where(s == b + 1, 0.0, NEG_INF)
-        return ls, np.full(s.shape, q1)
+        return ls, np.full(s.shape, q1), np.full(s.shape, q1c)
     p2 = 2.0 / k
     la = math.log(pi) + log_pmf(s - 1, b, p2)
     lb = math.log(gamma * (k - 2) / k) + log_pmf(s, b, p2)  # 1 - pi, without cancellation
     ls = np.logaddexp(la, lb)
     with np.errstate(invalid="ignore"):
         rho = np.where(ls > NEG_INF, np.exp(la - ls), 0.0)
-    return ls, rho * q1 + (1.0 - rho) * 0.5
+        rho_c = np.where(ls > NEG_INF, np.exp(lb - ls), 1.0)  # 1 - rho
+    return ls, rho * q1 + rho_c * 0.5, rho * q1c + rho_c * 0.5
 
 
 def _weak_nodes(
@@ -210,8 +216,8 @@ def _weak_nodes(
     bs = np.asarray(bs, dtype=np.int64)
     if mech.k == 2:
         s = bs + 1
-        _, q = _weak_s_terms(mech, bs, s)
-        return clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
+        _, q, qc = _weak_s_terms(mech, bs, s)
+        return clone_pair_log_delta(s - 1, q, epsilon, tail=tail, q_c=qc)
     p2 = 2.0 / mech.k
     k_sd = 9.0
     lo, hi = sd_windows(bs, p2, k_sd)
@@ -221,8 +227,8 @@ def _weak_nodes(
     seg = np.repeat(np.arange(bs.size), lens)
     s = s_lo[seg] + (np.arange(int(lens.sum())) - starts[seg])
     b_rep = bs[seg]
-    ls, q = _weak_s_terms(mech, b_rep, s)
-    d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
+    ls, q, qc = _weak_s_terms(mech, b_rep, s)
+    d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail, q_c=qc)
     core_up = np.logaddexp.reduceat(ls + d.upper, starts)
     core_lo = np.logaddexp.reduceat(ls + d.lower, starts)
     # P(S < lo) <= P(S' <= lo - 1);  P(S > hi + 1) <= P(S' >= hi + 1)
@@ -245,8 +251,8 @@ def _weak_node(
     while True:
         lo, hi = sd_window(b, p2, k_sd)  # window of S' = S - Y
         s = np.arange(max(lo, 1), hi + 2, dtype=np.int64)
-        ls, q = _weak_s_terms(mech, np.broadcast_to(bb, s.shape), s)
-        d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail)
+        ls, q, qc = _weak_s_terms(mech, np.broadcast_to(bb, s.shape), s)
+        d = clone_pair_log_delta(s - 1, q, epsilon, tail=tail, q_c=qc)
         core_up = logsumexp(ls + d.upper)
         core_lo = logsumexp(ls + d.lower)
         tails = []
@@ -381,12 +387,12 @@ def weak_pld(
             if shi < b:
                 tails.append(float(log_sf(shi + 1, b, 2.0 / k)))
             acc.add_inf(lm + logsumexp(np.asarray(tails)) if tails else NEG_INF)
-        ls, q = _weak_s_terms(mech, np.full(s.shape, b), s)
+        ls, q, qc = _weak_s_terms(mech, np.full(s.shape, b), s)
         zero = s == 0  # no message in bins x0, x1: loss 0
         if np.any(zero):
             acc.add(np.zeros(int(zero.sum())), lm + ls[zero])
         pos = ~zero
-        add_clone_mixture_atoms(acc, s[pos] - 1, lm + ls[pos], q[pos], k_sd=k_sd)
+        add_clone_mixture_atoms(acc, s[pos] - 1, lm + ls[pos], q[pos], q_c=qc[pos], k_sd=k_sd)
     return acc.build(
         f"Koskela et al. Thm 10 pair (A_w, joint law), n={n}, k={k}, eps0={mech.eps0:g}; "
         f"B rounded down to {len(nodes)} bucket nodes (dominating); losses rounded up to a "

@@ -50,7 +50,14 @@ class Bounds:
     lower: FloatArray
 
 
-def clone_pair_log_delta(c: IntArray, q: FloatArray, eps: float, *, tail: bool = False) -> Bounds:
+def clone_pair_log_delta(
+    c: IntArray,
+    q: FloatArray,
+    eps: float,
+    *,
+    tail: bool = False,
+    q_c: FloatArray | None = None,
+) -> Bounds:
     """Hockey-stick H_{e^eps}(P_c || Q_c) (or the tail P(L >= eps) when `tail`), elementwise.
 
     P_c = q * (B+1) + (1-q) * B,  Q_c = (1-q) * (B+1) + q * B,  B ~ Bin(c, 1/2),  q in [1/2, 1].
@@ -58,10 +65,14 @@ def clone_pair_log_delta(c: IntArray, q: FloatArray, eps: float, *, tail: bool =
     increasing in v, so the positive part of P - e^eps Q is a tail {v >= v*}:
         delta = q Fbar(v*-1) + (1-q) Fbar(v*) - e^eps [(1-q) Fbar(v*-1) + q Fbar(v*)],
     Fbar(y) = P(B >= y). q = 1 is a shift pair with an infinite-loss atom at v = c+1.
+    `q_c` is 1 - q computed by the caller without cancellation: where q is within ~1e-9 of 1
+    (binary randomized response from eps0 ~ 20), the float 1 - q keeps only a few digits, and
+    delta just below the maximal loss, q - e^eps (1 - q), would come out below the truth.
     """
     c = np.asarray(c, dtype=np.int64)
     q = np.asarray(q, dtype=np.float64)
-    c, q = np.broadcast_arrays(c, q)
+    qc = 1.0 - q if q_c is None else np.asarray(q_c, dtype=np.float64)
+    c, q, qc = np.broadcast_arrays(c, q, qc)
     up = np.full(c.shape, NEG_INF)
     lo = np.full(c.shape, NEG_INF)
     if eps < 0:
@@ -73,16 +84,18 @@ def clone_pair_log_delta(c: IntArray, q: FloatArray, eps: float, *, tail: bool =
     live = q > 0.5
     if not np.any(live):
         return Bounds(up, lo)
-    cl, ql = c[live], q[live]
+    cl, ql, qcl = c[live], q[live], qc[live]
     lq = np.log(ql)
     with np.errstate(divide="ignore"):
-        l1q = np.log1p(-ql)
+        l1q = np.log(qcl)
     lmax = lq - l1q  # maximal loss (inf when q == 1)
     e = math.exp(eps)
     # threshold r* on r = v/(c+1-v): loss > eps  <=>  r > r*
-    denom = ql - e * (1.0 - ql)
+    # q - e^eps (1 - q) = -q expm1(eps - lmax): no cancellation as eps approaches lmax
+    denom = -ql * np.expm1(eps - lmax)
     ok = (lmax > eps) if not tail else (lmax >= eps)
-    rstar = np.where(denom > 0, (e * ql - (1.0 - ql)) / np.where(denom > 0, denom, 1.0), np.inf)
+    with np.errstate(over="ignore"):  # r* beyond a float (eps0 ~ 700, eps near it): inf
+        rstar = np.where(denom > 0, (e * ql - qcl) / np.where(denom > 0, denom, 1.0), np.inf)
     fin = np.isfinite(rstar)
     beta = np.where(fin, np.where(fin, rstar, 0.0) / (1.0 + np.where(fin, rstar, 0.0)), 1.0)
     x = beta * (cl + 1.0)
@@ -289,23 +302,26 @@ def add_clone_mixture_atoms(
     log_wc: FloatArray,
     q: FloatArray,
     *,
+    q_c: FloatArray | None = None,
     k_sd: float = 9.0,
     chunk_atoms: int = 2_000_000,
 ) -> None:
     """Add the atoms of sum_c w_c * (P_c, Q_c) (clone pairs) to `acc`.
 
     For each c only v within k_sd standard deviations of Bin(c, 1/2) are kept; the exact P-mass
-    outside (binomial tails) is added as infinite loss, as an upper bound must.
+    outside (binomial tails) is added as infinite loss, as an upper bound must. `q_c` is 1 - q
+    without cancellation (see `clone_pair_log_delta`).
     """
     cs = np.asarray(cs, dtype=np.int64)
     log_wc = np.asarray(log_wc, dtype=np.float64)
     q = np.broadcast_to(np.asarray(q, dtype=np.float64), cs.shape)
+    qc = 1.0 - q if q_c is None else np.broadcast_to(np.asarray(q_c, dtype=np.float64), cs.shape)
     half_w = np.ceil(k_sd * np.sqrt(cs) / 2.0).astype(np.int64) + 2
     vlo = np.maximum(0, cs // 2 - half_w)
     vhi = np.minimum(cs + 1, cs // 2 + half_w + 1)
     lq = np.log(q)
     with np.errstate(divide="ignore"):
-        l1q = np.log1p(-q)
+        l1q = np.log(qc)
     # exact mass of P_c outside [vlo, vhi]: P_c(v) = q B(v-1) + (1-q) B(v)
     out_lo = np.logaddexp(lq + log_cdf(vlo - 2, cs, 0.5), l1q + log_cdf(vlo - 1, cs, 0.5))
     out_hi = np.logaddexp(lq + log_sf(vhi, cs, 0.5), l1q + log_sf(vhi + 1, cs, 0.5))
@@ -343,15 +359,18 @@ def clone_mixture_log_delta(
     tail: bool = False,
     shift: float = 0.0,
     stop_below: float = NEG_INF,
+    q_c: float | None = None,
 ) -> MixtureResult:
-    """log delta(epsilon) of sum_c Bin(n_outer, p_outer)(c) (P_c, Q_c), all with the same q.
+    """log delta(epsilon) of sum_c Bin(n_outer, p_outer)(c) (P_c, Q_c), all with the same q
+    (and 1 - q = `q_c`, given without cancellation where q is near 1).
 
     `shift` is added to every log delta (a mixture weight, e.g. log(1 - gamma)); `tail` gives
     P(L >= eps) instead, which is not monotone in c (its truncated tails count with delta 1).
     """
 
     def component(cs: IntArray) -> Bounds:
-        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon, tail=tail)
+        qc = np.full(cs.shape, 1.0 - q if q_c is None else q_c)
+        return clone_pair_log_delta(cs, np.full(cs.shape, q), epsilon, tail=tail, q_c=qc)
 
     mr = mixture_log_delta(
         n_outer, p_outer, component, monotone=not tail, stop_below=stop_below - shift
@@ -367,6 +386,7 @@ def clone_mixture_atoms(
     tau: float,
     grid: float | None,
     shift: float = 0.0,
+    q_c: float | None = None,
 ) -> LossBinner:
     """The privacy-loss atoms of sum_c Bin(n_outer, p_outer)(c) (P_c, Q_c) (one q), collected.
 
@@ -386,5 +406,6 @@ def clone_mixture_atoms(
     if hi < n_outer:
         acc.add_inf(float(log_sf(hi + 1, n_outer, p_outer)) + shift)
     weights = log_pmf(cs, n_outer, p_outer) + shift
-    add_clone_mixture_atoms(acc, cs, weights, np.full(cs.shape, q))
+    qc = np.full(cs.shape, 1.0 - q if q_c is None else q_c)
+    add_clone_mixture_atoms(acc, cs, weights, np.full(cs.shape, q), q_c=qc)
     return acc

@@ -74,11 +74,18 @@ def _q(eps0: float) -> float:
     return krr(2, eps0).p
 
 
+def _q_c(eps0: float) -> float:
+    """1 - q, without cancellation (q rounds towards 1 as eps0 grows)."""
+    return krr(2, eps0).one_minus_p
+
+
 def clones_log_delta(
     n: int, eps0: float, epsilon: float, *, stop_below: float = NEG_INF
 ) -> MixtureResult:
     """log delta(epsilon) of the clones pair: rigorous upper bound and a lower estimate."""
-    return clone_mixture_log_delta(n - 1, math.exp(-eps0), _q(eps0), epsilon, stop_below=stop_below)
+    return clone_mixture_log_delta(
+        n - 1, math.exp(-eps0), _q(eps0), epsilon, stop_below=stop_below, q_c=_q_c(eps0)
+    )
 
 
 def fmt_closed_form_epsilon_log(n: int, eps0: float, log_delta: float) -> float:
@@ -164,7 +171,7 @@ def clones_pld(
     """
     check_query(mech)
     n, eps0 = mech.n, mech.eps0
-    acc = clone_mixture_atoms(n - 1, math.exp(-eps0), _q(eps0), tau=tau, grid=grid)
+    acc = clone_mixture_atoms(n - 1, math.exp(-eps0), _q(eps0), tau=tau, grid=grid, q_c=_q_c(eps0))
     return acc.build(
         f"Feldman-McMillan-Talwar clones pair, n={n}, eps0={eps0:g}"
         + (f", losses rounded up to a {acc.step:g} grid" if acc.step else "")
