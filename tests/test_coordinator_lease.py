@@ -23,7 +23,7 @@ from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import LedgerError, RoleHeld
+from shufflekit.base.errors import BudgetExceeded, LedgerError, RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from shufflekit.core.crypto import KeyPair
@@ -255,3 +255,29 @@ def test_budget_delete_names_the_running_coordinator_before_asking(tmp_path: Pat
     assert r.returncode == 2 and "running coordinator (root@host:42/ab)" in r.stderr, r.stderr
     assert "Delete the budget" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
     assert run_cli([*args, "--yes", "--force"], cwd=tmp_path).returncode == 0
+
+
+def test_a_coordinator_that_exits_with_an_error_gives_its_lease_back(tmp_path: Path) -> None:
+    """Its budget spent, the coordinator exits (BudgetExceeded): its lease went with it, so a
+    coordinator started next (after a `budget` change, say) need not wait it out."""
+    clock = VirtualClock()
+    cfg, led = _virtual_deployment(tmp_path, clock)
+    for i in range(10):  # the whole budget: ten committed rounds of eps0 = 1, summed
+        led.reserve("test", f"r{i}", k=4, eps0=1.0)
+        led.commit("test", f"r{i}", batch_size=10)
+    broker = MemoryBroker()
+    env = ServiceEnv(
+        connector=lambda _c, _n, _d: broker.connect,
+        clock=clock,
+        rng=SeededRandomness(1),
+        offload=inline,
+        peeler=lambda _w: InlinePeeler(),
+    )
+
+    async def main() -> None:
+        with pytest.raises(BudgetExceeded):
+            await serve_coordinator(cfg, asyncio.Event(), rounds=1, emit=lambda _o: None, env=env)
+
+    run_virtual(main(), clock)
+    assert led.lease_of("test", "coordinator") is None
+    led.close()

@@ -6,8 +6,9 @@ other's rounds as its own leftovers). A starting coordinator therefore takes the
 `coordinator` lease first. If another process holds it, it waits: a holder that died stops
 renewing, and its lease is free once it has run out (plus CLOCK_SKEW); a holder that renews it
 meanwhile is alive, and this one refuses to start (`RoleHeld`, one line). The running one
-renews a third of a lease's length before it runs out; one that finds the lease taken (it was
-cut off from the ledger for longer than a lease, and another started) stops.
+renews it every third of a lease, and gives it back when it stops or exits with an error; one
+that finds the lease taken (it was paused, or cut off from the ledger, for longer than a lease,
+and another started) stops, and the ledger refuses its reserves, goes and refunds meanwhile.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from shufflekit.base.errors import (
     BrokerTLSError,
     ConfigError,
     InvalidParameters,
+    RoleHeld,
     RoundAborted,
     TransportError,
 )
@@ -427,6 +428,12 @@ async def serve_coordinator(
         try:
             connect = env.connector(cfg, "coordinator", ())
             await with_reconnect("coordinator", connect, body, stop)
+        except RoleHeld:
+            raise  # another coordinator holds the lease now: nothing to give back
+        except Exception:
+            keeper.cancel()
+            await lease.release()  # it exits (its budget spent, say): the next starts at once
+            raise
         finally:
             keeper.cancel()
         if lease.lost is None:
