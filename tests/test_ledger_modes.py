@@ -225,3 +225,24 @@ def test_identical_one_bit_rounds_are_charged() -> None:
     charges = [(RoundType("bits", 1, 1.0), 1000)] * 3
     eps = policy.charges_epsilon("tight", charges, 1e-6)
     assert 0.0 < eps <= 3.0
+
+
+def test_a_larger_batch_never_raises_an_adaptive_total(tmp_path: Path) -> None:
+    """The k = 2 pair's Rényi curve is not monotone in n (n = 1020 has more mass at high loss
+    than n = 1000): committing a round reserved at n_min = 1000 with a batch of 1020 took the
+    committed total from 0.742 to 1.091, above the budget of 0.8, and refused every round
+    after. A pair for fewer users covers more, so the round keeps the reserved population."""
+    led = Ledger(f"sqlite:///{tmp_path / 'a.db'}")
+    led.init_budget(Budget("a", 0.8, 1e-12, n_min=1000, mode="adaptive"))
+    led.reserve("a", "r1", 2, 2.0)
+    reserved = led.status("a").epsilon_spent_or_reserved
+    assert reserved <= 0.8
+    rec = led.commit("a", "r1", 1020)
+    st = led.status("a")
+    assert st.epsilon_committed <= reserved
+    assert rec.n_accounted == 1000
+    led.reserve("a", "r2", 2, 0.01)  # the budget still has room
+    # where the larger batch's curve is below the floor's at every order, it is charged
+    led.init_budget(Budget("b", 5.0, 1e-6, n_min=1000, mode="adaptive"))
+    led.reserve("b", "r1", 10, 1.0)
+    assert led.commit("b", "r1", 5000).n_accounted == 5000

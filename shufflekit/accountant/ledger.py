@@ -43,7 +43,12 @@ from shufflekit.accountant.ledger_store import (
     find_round,
     running_refusal,
 )
-from shufflekit.accountant.policy import charges_epsilon, filter_level, mechanism_cost
+from shufflekit.accountant.policy import (
+    charges_epsilon,
+    filter_level,
+    mechanism_cost,
+    rdp_covered,
+)
 from shufflekit.accountant.rdp_filter import inf_budget
 from shufflekit.accountant.round_types import (
     KRR,
@@ -340,7 +345,7 @@ class Ledger(LedgerStore):
                 rec = find_round(recs, round_id, deployment)
                 if rec.status == "committed":
                     return rec
-                n_acc = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
+                n_acc = self._charged_n(b, rec, batch_size, recs)
                 eps_alone = self._total_fn(b)([(rec.round_type, n_acc)])  # unlocked
             with self._tx() as conn:
                 b2 = self._require_budget(conn, deployment, lock=True)
@@ -355,8 +360,9 @@ class Ledger(LedgerStore):
                     )
                 if last:
                     b, rec = b2, now_rec
-                    n_acc = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
                     with self.curves.memory_only():
+                        recs = self._rounds(conn, deployment)
+                        n_acc = self._charged_n(b, rec, batch_size, recs)
                         eps_alone = self._total_fn(b)([(rec.round_type, n_acc)])
                 elif b2 != b or now_rec != rec:
                     continue
@@ -401,6 +407,23 @@ class Ledger(LedgerStore):
                 )
         raise LedgerBusy(f"round {round_id!r} kept changing while its cost was computed; try again")
 
+    def _charged_n(
+        self, b: Budget, rec: RoundRecord, batch_size: int, recs: Sequence[RoundRecord]
+    ) -> int:
+        """The population a released round is charged at (`accounted_n`); in an adaptive budget
+        the reserved one unless the larger batch's Rényi curve is below it at every order and
+        its pair's infinite-loss mass keeps the counted rounds (`recs`) within their share."""
+        n = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
+        if b.mode != "adaptive" or b.cost_model == "ldp" or n == rec.n_accounted:
+            return n
+        others = [r.charge for r in recs if r.status in COUNTED and r.round_id != rec.round_id]
+        new = (rec.round_type, n)
+        if not rdp_covered(rec.round_type, n, rec.n_accounted, self.curves) or (
+            filter_level([*others, new], b.delta_total, self.curves)[1] > inf_budget(b.delta_total)
+        ):
+            return rec.n_accounted
+        return n
+
     def quote_commit(
         self, deployment: str, round_id: str, batch_size: int
     ) -> dict[str, float | str | None]:
@@ -411,7 +434,7 @@ class Ledger(LedgerStore):
         (`StaleQuote`) if another round was committed meanwhile."""
         b, recs = self._snapshot(deployment)
         rec = find_round(recs, round_id, deployment)
-        n_acc = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
+        n_acc = self._charged_n(b, rec, batch_size, recs)
         total = self._total_fn(b)
         if rec.status == "committed":
             n_acc = rec.n_accounted

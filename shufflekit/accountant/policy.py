@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from shufflekit.accountant.bits import BitsMechanism, bits_epsilon, bits_pld
 from shufflekit.accountant.composition import (
     ENGINES,
@@ -137,6 +139,17 @@ def filter_level(charges: Sequence[Charge], delta: float, cache: CurveCache) -> 
     curves = [cache.rdp(t, n, _pld_of(t, n, cache)) for t, n in charges]
     rho, d0 = accumulate(curves)
     return filter_epsilon(rho, delta), d0
+
+
+def rdp_covered(t: RoundType, n: int, floor: int, cache: CurveCache) -> bool:
+    """Whether a round of `t` at `n` users has a Rényi curve at most that at `floor` users at
+    every order (its infinite-loss mass, which may be larger, is the caller's to check). A
+    pair for fewer users also covers more, but the curves of the pairs are not monotone in n
+    (the certified k = 2 pair at n = 1020 puts more mass at high loss than at 1000), so a
+    released round is charged at its larger batch only where that cannot raise the total."""
+    rho = cache.rdp(t, n, _pld_of(t, n, cache))[0]
+    rho_floor = cache.rdp(t, floor, _pld_of(t, floor, cache))[0]
+    return bool(np.all(rho <= rho_floor))
 
 
 def _pld_of(t: RoundType, n: int, cache: CurveCache) -> Callable[[], PrivacyLossDistribution]:
