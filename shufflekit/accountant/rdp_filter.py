@@ -57,6 +57,7 @@ ORDERS: FloatArray = np.array(
         512.0,
     ]
 )
+_U = 2.0**-53  # the unit round-off of a double
 INF_SHARE = 1e-3  # the share of delta_total reserved for the pairs' infinite-loss masses
 #: Orders of a planned composition's Rényi bound (`planned_epsilon`): many rounds at a tiny
 #: delta want orders far above the filter's (whose grid is fixed in every budget's records).
@@ -73,11 +74,18 @@ def rdp_curve(
         return np.full(orders.shape, math.inf), delta0
     losses = np.asarray(pld.losses, dtype=np.float64)
     lp = np.asarray(pld.log_probs, dtype=np.float64)
+    # float round-off, rounded up: the exponents' errors (u per operation on |lp| and
+    # |(a-1) L|), numpy's pairwise sum (a relative error of u per level) and the log
+    max_lp = float(np.max(np.abs(lp[np.isfinite(lp)]), initial=0.0))
+    max_loss = float(np.max(np.abs(losses), initial=0.0))
+    levels = 32.0 + math.log2(max(losses.size, 1))
     rho = np.empty(orders.shape)
     for i, a in enumerate(orders):
         log_moment = logsumexp(lp + (a - 1.0) * losses)
+        slack = 4.0 * _U * (max_lp + 2.0 * (a - 1.0) * max_loss + levels + abs(log_moment))
         # P' = P_finite / m with m >= 1 - delta0: E_P'[e^((a-1)L')] <= (1-delta0)^(-a) E_P[...]
-        rho[i] = (log_moment - a * math.log1p(-delta0)) / (a - 1.0)
+        r = (log_moment + slack - a * math.log1p(-delta0)) / (a - 1.0)
+        rho[i] = r + 4.0 * _U * abs(r)  # the division's and the log1p's rounding
     return np.maximum(rho, 0.0), delta0
 
 
