@@ -139,6 +139,17 @@ def test_a_second_coordinator_does_not_stop_the_running_one(
     assert Ledger(ledger_url).lease_of(DEPLOYMENT, "coordinator") is None  # released on stop
 
 
+def _env(broker: MemoryBroker, clock: VirtualClock) -> ServiceEnv:
+    """A service's environment on the in-memory broker and `clock`, ledger calls inline."""
+    return ServiceEnv(
+        connector=lambda _c, _n, _d: broker.connect,
+        clock=clock,
+        rng=SeededRandomness(1),
+        offload=inline,
+        peeler=lambda _w: InlinePeeler(),
+    )
+
+
 def _virtual_deployment(tmp_path: Path, clock: VirtualClock) -> tuple[ServiceConfig, Ledger]:
     """A deployment of one mix on the in-memory broker, its ledger on `clock`; no hop runs."""
     keys = tmp_path / "keys"
@@ -172,13 +183,7 @@ def test_a_coordinator_that_lost_its_lease_does_not_refund_under_the_new_ones_go
     clock = VirtualClock()
     cfg, led = _virtual_deployment(tmp_path, clock)
     broker = MemoryBroker()
-    env = ServiceEnv(
-        connector=lambda _c, _n, _d: broker.connect,
-        clock=clock,
-        rng=SeededRandomness(1),
-        offload=inline,
-        peeler=lambda _w: InlinePeeler(),
-    )
+    env = _env(broker, clock)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -266,13 +271,7 @@ def test_a_coordinator_that_exits_with_an_error_gives_its_lease_back(tmp_path: P
         led.reserve("test", f"r{i}", k=4, eps0=1.0)
         led.commit("test", f"r{i}", batch_size=10)
     broker = MemoryBroker()
-    env = ServiceEnv(
-        connector=lambda _c, _n, _d: broker.connect,
-        clock=clock,
-        rng=SeededRandomness(1),
-        offload=inline,
-        peeler=lambda _w: InlinePeeler(),
-    )
+    env = _env(broker, clock)
 
     async def main() -> None:
         with pytest.raises(BudgetExceeded):
