@@ -4,13 +4,15 @@ is an upper bound, so float round-off must not leave it below the truth by even 
 from __future__ import annotations
 
 import itertools
+import math
 
 import mpmath as mp
 import numpy as np
 import pytest
 
 from shufflekit.accountant.bits import BitsMechanism, bits_pld
-from shufflekit.accountant.rdp_filter import ORDERS, WIDE_ORDERS, rdp_curve
+from shufflekit.accountant.rdp_filter import ORDERS, WIDE_ORDERS, rdp_curve, rdp_epsilon
+from shufflekit.base.errors import UnsoundResult
 
 
 def _exact_bits_renyi(n: int, eps0: float, alpha: float) -> mp.mpf:
@@ -52,3 +54,12 @@ def test_curve_is_never_below_the_exact_divergence(n: int, eps0: float) -> None:
         exact = _exact_bits_renyi(n, eps0, float(a))
         assert mp.mpf(float(r)) >= exact, (a, r, exact)
         assert float(r) <= float(exact) * (1 + 1e-12) + 1e-300  # and only ulps above
+
+
+def test_a_nan_curve_is_refused_not_read_as_free() -> None:
+    """max(0, nan) is 0: a curve broken by a registered mechanism read as epsilon 0."""
+    rho = np.zeros(ORDERS.size)
+    assert rdp_epsilon(rho + 0.1, 0.0, 1e-6) > 0
+    rho[3] = math.nan
+    with pytest.raises(UnsoundResult, match="NaN"):
+        rdp_epsilon(rho, 0.0, 1e-6)

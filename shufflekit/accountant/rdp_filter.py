@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.numerics.logspace import logsumexp
+from shufflekit.base.errors import UnsoundResult
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -109,6 +110,8 @@ def rdp_epsilon(
         return math.inf
     log_d = math.log(delta - delta0_sum)
     eps = rho_sum + np.log((orders - 1.0) / orders) - (log_d + np.log(orders)) / (orders - 1.0)
+    if np.isnan(eps).any():  # max(0, nan) is 0: a broken curve would read as free
+        raise UnsoundResult("a Rényi curve is NaN (a pair broke its contract): no epsilon")
     return max(0.0, float(np.min(eps)))
 
 
