@@ -33,7 +33,7 @@ from shufflekit.core.transport import MemoryBroker
 from tests.cli_run import run_cli
 from tests.pipeline_helpers import ManualClock
 from tests.service_procs import Procs
-from tests.test_services import DEPLOYMENT, run_clients, start_hops, write_deployment
+from tests.test_services import DEPLOYMENT, start_hops, write_deployment
 
 
 def test_the_ledger_grants_a_role_to_one_holder_until_its_lease_runs_out(ledger: Ledger) -> None:
@@ -129,12 +129,12 @@ def test_a_second_coordinator_does_not_stop_the_running_one(
     assert f":{pid}/" in line  # it names the running one, as `budget status` does
     st = run_cli(["budget", "status", "--ledger", ledger_url, "--deployment", DEPLOYMENT, "--json"])
     assert f":{pid}/" in json.loads(st.stdout)["coordinator"]["holder"]
-    sent = run_clients(mosquitto, 40, bad_fraction=0.0, receipts=True)
+    settled = len(procs.lines("coordinator"))  # rounds without clients: each aborts in ~3 s
     end = time.monotonic() + 30
-    while not (released := [x for x in procs.lines("coordinator") if x.get("released")]):
+    while len(procs.lines("coordinator")) < settled + 2:  # it goes on running rounds
         assert time.monotonic() < end, procs.stderr("coordinator")
         time.sleep(0.2)
-    assert released[0]["round_id"] == sent["round_id"]
+    assert "reconnecting" not in procs.stderr("coordinator")  # its session was never taken
     assert procs.stop("coordinator") == 0, procs.stderr("coordinator")
     assert Ledger(ledger_url).lease_of(DEPLOYMENT, "coordinator") is None  # released on stop
 
