@@ -123,9 +123,9 @@ class Ledger(LedgerStore):
                     f"deployment {deployment!r} has {committed} committed round(s): its budget "
                     "records a promise made to participants; delete it anyway with --force"
                 )
-            running = self._live_holder(conn, deployment, COORDINATOR)
-            if running is not None and not force:
-                raise running_refusal(deployment, running)
+            running = self._lease(conn, deployment, COORDINATOR)
+            if running is not None and self._live(running) and not force:
+                raise running_refusal(deployment, running.holder)
             conn.execute(rounds.delete().where(rounds.c.deployment == deployment))
             conn.execute(leases.delete().where(leases.c.deployment == deployment))
             conn.execute(budgets.delete().where(budgets.c.deployment == deployment))

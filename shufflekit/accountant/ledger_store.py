@@ -162,21 +162,21 @@ class LedgerStore:
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)  # one writer per deployment
             key = (leases.c.deployment == deployment, leases.c.role == role)
-            row = conn.execute(sa.select(leases).where(*key)).first()
+            held = self._lease(conn, deployment, role)
             now = self.clock.time()
-            if row is not None and row.holder != holder and now <= row.until + CLOCK_SKEW:
-                return Lease(role, row.holder, row.since, row.until)
-            if row is not None and row.holder == holder:
+            if held is not None and held.holder != holder and self._live(held):
+                return held
+            if held is not None and held.holder == holder:
                 conn.execute(leases.update().where(*key).values(until=now + seconds))
-                return Lease(role, holder, row.since, now + seconds)
+                return dataclasses.replace(held, until=now + seconds)
             values = {"holder": holder, "since": now, "until": now + seconds}
-            if row is None:
+            if held is None:
                 conn.execute(leases.insert().values(deployment=deployment, role=role, **values))
             else:
                 conn.execute(leases.update().where(*key).values(**values))
             detail: dict[str, Any] = {"holder": holder}
-            if row is not None:  # the previous holder stopped renewing it (it died)
-                detail |= {"lapsed": row.holder, "lapsed_until": row.until}
+            if held is not None:  # the previous holder stopped renewing it (it died)
+                detail |= {"lapsed": held.holder, "lapsed_until": held.until}
             self._audit(conn, deployment, None, role, "lease", "granted", detail)
             return Lease(role, holder, now, now + seconds)
 
@@ -189,32 +189,31 @@ class LedgerStore:
         """RoleHeld unless `holder` holds `role`'s lease (run out or not: nobody took it). The
         fence of a process that may have lost its lease unawares (paused, or cut off from the
         ledger, for longer than the lease): checked in the transaction of the write it guards."""
-        row = conn.execute(
-            sa.select(leases.c.holder).where(
-                leases.c.deployment == deployment, leases.c.role == role
-            )
-        ).first()
-        if row is None or row.holder != holder:
-            now = "nobody holds it now" if row is None else f"{row.holder} holds it now"
+        held = self._lease(conn, deployment, role)
+        if held is None or held.holder != holder:
+            now = "nobody holds it now" if held is None else f"{held.holder} holds it now"
             raise RoleHeld(
                 f"[{role}] {holder} lost its lease of deployment {deployment!r} ({now}): it "
                 f"stops, and leaves its rounds to the {role} holding the lease"
             )
 
-    def _live_holder(self, conn: Connection, deployment: str, role: str) -> str | None:
-        """Who holds `role`'s lease and may still renew it (its lease, plus CLOCK_SKEW, has not
-        run out), or None."""
+    def _lease(self, conn: Connection, deployment: str, role: str) -> Lease | None:
+        """The lease of `role` as recorded (it may have run out), or None."""
         row = conn.execute(
             sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
         ).first()
-        if row is None or self.clock.time() > row.until + CLOCK_SKEW:
-            return None
-        return str(row.holder)
+        return None if row is None else Lease(role, row.holder, row.since, row.until)
 
-    def running(self, deployment: str, role: str = COORDINATOR) -> str | None:
-        """The holder of `role` that may be running (`_live_holder`), or None."""
+    def _live(self, lease: Lease) -> bool:
+        """Whether its holder may still renew it: it has not run out, plus CLOCK_SKEW (the
+        rule a starting coordinator waits by)."""
+        return self.clock.time() <= lease.until + CLOCK_SKEW
+
+    def running(self, deployment: str, role: str = COORDINATOR) -> Lease | None:
+        """The lease of the `role` that may be running (`_live`), or None."""
         with self._tx(write=False) as conn:
-            return self._live_holder(conn, deployment, role)
+            held = self._lease(conn, deployment, role)
+        return held if held is not None and self._live(held) else None
 
     def release_role(self, deployment: str, role: str, holder: str) -> None:
         """Give up `holder`'s lease of `role` (nothing if another holds it now)."""
@@ -230,10 +229,7 @@ class LedgerStore:
     def lease_of(self, deployment: str, role: str) -> Lease | None:
         """The lease of `role` as recorded (it may have run out), or None."""
         with self._tx(write=False) as conn:
-            row = conn.execute(
-                sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
-            ).first()
-        return None if row is None else Lease(role, row.holder, row.since, row.until)
+            return self._lease(conn, deployment, role)
 
     def unpublished(self, deployment: str) -> list[tuple[str, str]]:
         """(round id, stored result) of committed rounds whose result is not marked published."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import time
 from typing import Annotated
 
 import typer
@@ -23,7 +22,6 @@ from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
-from shufflekit.base.clock import CLOCK_SKEW
 from shufflekit.base.errors import InvalidInput
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
@@ -151,17 +149,14 @@ def status(
     """The budget's policy and guarantee, committed and reserved epsilon, and every round."""
     led = open_ledger(ledger, deployment)
     st = led.status(deployment)
-    lease = led.lease_of(deployment, "coordinator")
-    if lease is not None and lease.until + CLOCK_SKEW < time.time():
-        lease = None  # run out (as a starting coordinator judges it): its holder died
+    lease = led.running(deployment)  # None once its lease ran out: its holder died
     if json_out:
         print_json(st.as_dict() | {"coordinator": dataclasses.asdict(lease) if lease else None})
         return
     for line in _policy_lines(st):
         _say(line)
     if lease is not None:
-        since = dt.datetime.fromtimestamp(lease.since, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        _say(f"coordinator: {lease.holder}, running since {since}")
+        _say(f"coordinator: {lease.holder}, running since {_utc(lease.since)} UTC")
     else:
         _say("coordinator: none running")
     t = Table()
@@ -201,11 +196,14 @@ def history(
         whole = col == "round"  # ids are needed whole (`budget refund`)
         t.add_column(col, no_wrap=whole, min_width=widest if whole else None, overflow="fold")
     for r in rows:
-        when = dt.datetime.fromtimestamp(r["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        t.add_row(
-            when, r["round_id"] or "-", r["who"], r["action"], r["decision"], _detail(r["detail"])
-        )
+        row = (r["round_id"] or "-", r["who"], r["action"], r["decision"], _detail(r["detail"]))
+        t.add_row(_utc(r["at"]), *row)
     console.print(t)
+
+
+def _utc(t: float) -> str:
+    """A ledger stamp (Unix seconds) as a UTC date and time."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _detail(detail: object) -> str:
@@ -290,7 +288,7 @@ def delete(
         )
     running = led.running(deployment)
     if running is not None and not force:  # (the ledger refuses it too) before asking
-        raise running_refusal(deployment, running)
+        raise running_refusal(deployment, running.holder)
     if not yes:
         if json_out:
             raise InvalidInput("--json cannot ask for confirmation: add --yes")
