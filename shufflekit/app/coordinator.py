@@ -100,7 +100,8 @@ class Coordinator:
         """`result_key` (base64) is the analyzer's result public key: a result it did not
         sign is refused (counted as bad_signature); None accepts unsigned results. `holder`
         is this coordinator's lease in the ledger (app/services/lease.py): once another
-        coordinator took it, the ledger refuses this one's goes and refunds (RoleHeld)."""
+        coordinator took it, the ledger refuses this one's reserves, goes and refunds, and it
+        announces and aborts nothing more (RoleHeld)."""
         if not mix_keys:
             raise ConfigError("a cascade needs at least one mix")
         self.transport = transport

@@ -52,10 +52,9 @@ class RoleLease:
         )
 
     def _held_by(self, other: Lease) -> RoleHeld:
-        ago = self.clock.time() - (other.until - self.seconds)
         return RoleHeld(
             f"[{self.role}] deployment {self.deployment!r} already has a running {self.role}: "
-            f"{other.holder} (it renewed its lease {max(0.0, ago):.0f}s ago); stop that one "
+            f"{other.holder} (it renewed its lease while this one waited); stop that one "
             f"first (one {self.role} per deployment)"
         )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.rounds import HopOutcome, RoundReport
@@ -415,7 +416,7 @@ async def serve_coordinator(
     lease = RoleLease(
         ledger,
         cfg.deployment,
-        "coordinator",
+        COORDINATOR,
         c.lease,
         env.clock,
         retrying(env.offload, env.clock),
