@@ -501,7 +501,8 @@ class World:
         if "coordinator_pause" in self.spec.faults and srng.random() < 0.4:
             at, seconds = span * srng.random(), 5.0 + 55.0 * srng.random()
             loop.call_later(at, self.pause, "coordinator", seconds)
-            lease = self.cfg.coordinator.lease if self.cfg.coordinator else 15.0
+            assert self.cfg.coordinator is not None  # the world always configures it
+            lease = self.cfg.coordinator.lease
             if seconds > lease + 5.0 and srng.random() < 0.5:  # the operator fails over
                 loop.call_later(at + lease + 2.0, self.start_twin)
 
