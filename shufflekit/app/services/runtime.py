@@ -23,6 +23,7 @@ from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
+from shufflekit.app.retained import keep_clearing_aborts
 from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
@@ -363,7 +364,7 @@ async def serve_coordinator(
     coord: Coordinator | None = None
 
     async def body(transport: Transport) -> None:
-        nonlocal done, coord
+        nonlocal coord
         if coord is None:
             coord = wiring.coordinator(
                 transport,
@@ -381,6 +382,19 @@ async def serve_coordinator(
         log.info(
             "coordinator: deployment %s, %d mixes, on %s", cfg.deployment, cfg.mixes, _redacted(cfg)
         )
+        # aborts of long-settled rounds are cleared from the broker's retained store
+        sweeper = asyncio.create_task(
+            keep_clearing_aborts(transport, ledger, cfg.deployment, env.clock, env.offload)
+        )
+        try:
+            await drive(coord)
+        finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+
+    async def drive(coord: Coordinator) -> None:
+        """Settle what a previous life left, then run rounds until stopped or done."""
+        nonlocal done
         for rep in await coord.recover(stop):  # rounds a killed or cut-off coordinator left
             done += 1
             emit(round_json(rep) | {"recovered": True})
