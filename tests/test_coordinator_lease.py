@@ -22,7 +22,7 @@ from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
-from shufflekit.base.clock import VirtualClock
+from shufflekit.base.clock import SystemClock, VirtualClock
 from shufflekit.base.errors import BudgetExceeded, LedgerError, RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
@@ -280,3 +280,38 @@ def test_a_coordinator_that_exits_with_an_error_gives_its_lease_back(tmp_path: P
     run_virtual(main(), clock)
     assert led.lease_of("test", "coordinator") is None
     led.close()
+
+
+class _HostClock(SystemClock):
+    """The wall clock of a host whose clock is `offset` seconds off."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def time(self) -> float:
+        return super().time() + self.offset
+
+
+def test_coordinators_on_hosts_with_skewed_clocks_share_the_databases_clock(pg_url: str) -> None:
+    """The lease compared the hosts' wall clocks: a coordinator started on a host whose clock
+    ran 30 s ahead found the live one's lease run out, took it, and the live one stopped; one
+    on a host 30 s behind waited half a minute more for a dead one's. On PostgreSQL the lease
+    is now stamped and judged by the database server's clock."""
+    live = Ledger(pg_url, clock=_HostClock(0.0))
+    live.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive"))
+    ahead, behind = Ledger(pg_url, clock=_HostClock(30.0)), Ledger(pg_url, clock=_HostClock(-30.0))
+    try:
+        assert live.hold_role("test", "coordinator", "live", 15.0).holder == "live"
+        lease = ahead.hold_role("test", "coordinator", "ahead", 15.0)
+        assert lease.holder == "live" and 10.0 < lease.left <= 15.0  # refused, as seen by it
+        held = ahead.running("test")
+        assert held is not None and held.holder == "live"
+        with pytest.raises(LedgerError, match="live"):
+            ahead.delete_budget("test")
+        assert live.hold_role("test", "coordinator", "live", 0.5).holder == "live"  # then dies
+        time.sleep(0.5 + 1.0 + 0.3)  # its lease and the clock skew margin
+        assert behind.hold_role("test", "coordinator", "behind", 15.0).holder == "behind"
+        assert live.hold_role("test", "coordinator", "live", 15.0).holder == "behind"
+    finally:
+        for led in (live, ahead, behind):
+            led.close()

@@ -124,7 +124,7 @@ class Ledger(LedgerStore):
                     "records a promise made to participants; delete it anyway with --force"
                 )
             running = self._lease(conn, deployment, COORDINATOR)
-            if running is not None and self._live(running) and not force:
+            if running is not None and self._live(running, self.lease_now(conn)) and not force:
                 raise running_refusal(deployment, running.holder)
             conn.execute(rounds.delete().where(rounds.c.deployment == deployment))
             conn.execute(leases.delete().where(leases.c.deployment == deployment))

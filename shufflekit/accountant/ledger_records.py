@@ -145,6 +145,8 @@ class Lease:
     holder: str
     since: float
     until: float
+    # seconds until it runs out, as the ledger measured it when it was read (its own clock)
+    left: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ from shufflekit.accountant.ledger_schema import (
     transaction,
 )
 from shufflekit.accountant.round_types import schedule_from_json
-from shufflekit.base.clock import CLOCK_SKEW, Clock, system_clock
+from shufflekit.base.clock import CLOCK_SKEW, Clock, SystemClock, system_clock
 from shufflekit.base.errors import LedgerError, RoleHeld
 
 COORDINATOR = "coordinator"  # the role whose lease fences go grants and settled refunds
+SERVER_EPOCH = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"  # PostgreSQL's own wall clock
 
 
 class LedgerStore:
@@ -163,12 +164,12 @@ class LedgerStore:
             self._require_budget(conn, deployment, lock=True)  # one writer per deployment
             key = (leases.c.deployment == deployment, leases.c.role == role)
             held = self._lease(conn, deployment, role)
-            now = self.clock.time()
-            if held is not None and held.holder != holder and self._live(held):
+            now = self.lease_now(conn)
+            if held is not None and held.holder != holder and self._live(held, now):
                 return held
             if held is not None and held.holder == holder:
                 conn.execute(leases.update().where(*key).values(until=now + seconds))
-                return dataclasses.replace(held, until=now + seconds)
+                return dataclasses.replace(held, until=now + seconds, left=seconds)
             values = {"holder": holder, "since": now, "until": now + seconds}
             if held is None:
                 conn.execute(leases.insert().values(deployment=deployment, role=role, **values))
@@ -178,7 +179,7 @@ class LedgerStore:
             if held is not None:  # the previous holder stopped renewing it (it died)
                 detail |= {"lapsed": held.holder, "lapsed_until": held.until}
             self._audit(conn, deployment, None, role, "lease", "granted", detail)
-            return Lease(role, holder, now, now + seconds)
+            return Lease(role, holder, now, now + seconds, left=seconds)
 
     def require_holder(self, deployment: str, role: str, holder: str) -> None:
         """RoleHeld unless `holder` holds `role`'s lease (a read: see `_require_holder`)."""
@@ -197,23 +198,36 @@ class LedgerStore:
                 f"stops, and leaves its rounds to the {role} holding the lease"
             )
 
+    def lease_now(self, conn: Connection) -> float:
+        """The time leases are stamped and judged by. On PostgreSQL (services on several
+        hosts) the server's clock, so that a host whose clock runs ahead cannot find a live
+        coordinator's lease run out and take it over; else `clock` (SQLite: one host; a
+        simulation's virtual clock, which is not a host's wall clock, stays in charge)."""
+        if isinstance(self.clock, SystemClock) and conn.dialect.name == "postgresql":
+            return float(conn.execute(sa.text(SERVER_EPOCH)).scalar_one())
+        return self.clock.time()
+
     def _lease(self, conn: Connection, deployment: str, role: str) -> Lease | None:
-        """The lease of `role` as recorded (it may have run out), or None."""
+        """The lease of `role` as recorded (it may have run out), or None; `left` is measured
+        by `lease_now`."""
         row = conn.execute(
             sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
         ).first()
-        return None if row is None else Lease(role, row.holder, row.since, row.until)
+        if row is None:
+            return None
+        return Lease(role, row.holder, row.since, row.until, left=row.until - self.lease_now(conn))
 
-    def _live(self, lease: Lease) -> bool:
-        """Whether its holder may still renew it: it has not run out, plus CLOCK_SKEW (the
-        rule a starting coordinator waits by)."""
-        return self.clock.time() <= lease.until + CLOCK_SKEW
+    def _live(self, lease: Lease, now: float) -> bool:
+        """Whether its holder may still renew it at `now` (`lease_now`): it has not run out,
+        plus CLOCK_SKEW (the rule a starting coordinator waits by)."""
+        return now <= lease.until + CLOCK_SKEW
 
     def running(self, deployment: str, role: str = COORDINATOR) -> Lease | None:
         """The lease of the `role` that may be running (`_live`), or None."""
         with self._tx(write=False) as conn:
             held = self._lease(conn, deployment, role)
-        return held if held is not None and self._live(held) else None
+            live = held is not None and self._live(held, self.lease_now(conn))
+        return held if live else None
 
     def release_role(self, deployment: str, role: str, holder: str) -> None:
         """Give up `holder`'s lease of `role` (nothing if another holds it now)."""

@@ -4,7 +4,8 @@ Two coordinators of one deployment connect under the same MQTT client id and tak
 broker session in turns, so neither ever announced a round (and each would also settle the
 other's rounds as its own leftovers). A starting coordinator therefore takes the deployment's
 `coordinator` lease first. If another process holds it, it waits: a holder that died stops
-renewing, and its lease is free once it has run out (plus CLOCK_SKEW); a holder that renews it
+renewing, and its lease is free once it has run out (plus CLOCK_SKEW; on PostgreSQL by the
+database server's clock, whatever the hosts' clocks say); a holder that renews it
 meanwhile is alive, and this one refuses to start (`RoleHeld`, one line). The running one
 renews it every third of a lease, and gives it back when it stops or exits with an error; one
 that finds the lease taken (it was paused, or cut off from the ledger, for longer than a lease,
@@ -75,12 +76,12 @@ class RoleLease:
                     self.deployment,
                     lease.holder,
                     self.role,
-                    max(0.0, lease.until + CLOCK_SKEW - self.clock.time()),
+                    max(0.0, lease.left + CLOCK_SKEW),
                     self.role,
                 )
             elif lease.holder != first.holder or lease.until > first.until:
                 raise self._held_by(lease)
-            left = lease.until + CLOCK_SKEW - self.clock.time()
+            left = lease.left + CLOCK_SKEW  # by the ledger's clock, not this host's
             await sleep_unless(stop, max(0.05, min(left + 0.05, self.seconds / 6)), self.clock)
         return False
 
