@@ -226,6 +226,7 @@ class MixNode(Hop[MixOutcome]):
         return self._with_dropped(out)
 
     def abandoned(self, round_id: str) -> MixOutcome | None:
+        self._round_ingest(round_id)  # a round that is over (aborted elsewhere): state dropped
         out = super().abandoned(round_id)
         return None if out is None else self._with_dropped(out)
 
@@ -363,7 +364,7 @@ class MixNode(Hop[MixOutcome]):
         """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
         spool after a restart); None for a round it does not know or has finished. `state`:
         the round's spool state if the caller just read it (one query per envelope, not two)."""
-        state = state or self.spool.state(round_id)
+        state = (state or self.spool.state(round_id)) if self.index == 0 else None
         if state not in ("open", "output"):
             self.ingests.pop(round_id, None)
             return None
