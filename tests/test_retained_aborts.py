@@ -9,15 +9,30 @@ settled for longer than `ABORT_RETAIN` (a day), and of rounds its ledger does no
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
-from shufflekit.app.retained import ABORT_RETAIN
+import pytest
+
+from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.app.retained import ABORT_RETAIN, clear_settled_aborts, retained_aborts
 from shufflekit.app.services.runtime import serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
-from shufflekit.base.clock import VirtualClock
+from shufflekit.base.clock import VirtualClock, system_clock
+from shufflekit.base.offload import inline
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
+from tests.broker_security import SecureBroker, require_secure_broker, secure_broker
+from tests.test_broker_security import transport
 from tests.test_coordinator_lease import _env, _virtual_deployment
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """Mosquitto with deploy/mosquitto's config and ACL, and an account per role."""
+    require_secure_broker()
+    with secure_broker(tmp_path_factory.mktemp("secure-broker")) as b:
+        yield b
 
 
 def _retained_aborts(broker: MemoryBroker) -> set[str]:
@@ -54,4 +69,28 @@ def test_the_coordinator_clears_retained_aborts_a_day_after_their_round_settled(
         await asyncio.wait_for(task, 300.0)
 
     run_virtual(main(), clock)
+    led.close()
+
+
+@pytest.mark.services
+@pytest.mark.mqtt
+async def test_the_shipped_acl_lets_the_coordinator_clear_retained_aborts(
+    broker: SecureBroker, tmp_path: Path
+) -> None:
+    """On Mosquitto with deploy/mosquitto's ACL: the coordinator account reads the aborts the
+    hops and it left retained, and clears those of settled rounds."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("pilot", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    for rid in ("r-settled", "r-running"):
+        led.reserve("pilot", rid, 4, 1.0, "coordinator")
+    led.refund("pilot", "r-settled", "coordinator", "test")
+    topics = Topics("pilot")
+    async with transport(broker, "mix0") as mix0, transport(broker, "coordinator") as coord:
+        for rid in ("r-settled", "r-running", "r-unknown"):
+            await mix0.publish(topics.abort(rid), b'{"aborted": true}', retain=True)
+        await asyncio.sleep(0.3)
+        cleared = await clear_settled_aborts(coord, led, "pilot", system_clock, inline, 0.0)
+        assert cleared == 2
+        assert set(await retained_aborts(coord, topics)) == {"r-running"}
+        await coord.publish(topics.abort("r-running"), b"", retain=True)
     led.close()
