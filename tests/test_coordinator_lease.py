@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.services.config import CoordinatorSettings, ServiceConfig
@@ -23,7 +24,7 @@ from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import SystemClock, VirtualClock
-from shufflekit.base.errors import BudgetExceeded, LedgerError, RoleHeld
+from shufflekit.base.errors import BudgetExceeded, LedgerError, LedgerUpgraded, RoleHeld
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from shufflekit.core.crypto import KeyPair
@@ -262,6 +263,23 @@ def test_budget_delete_names_the_running_coordinator_before_asking(tmp_path: Pat
     assert run_cli([*args, "--yes", "--force"], cwd=tmp_path).returncode == 0
 
 
+def test_a_coordinator_whose_ledger_a_newer_shufflekit_upgraded_stops(ledger: Ledger) -> None:
+    """Between rounds only the lease's renewal writes: it finds the upgrade and stops."""
+    ledger.clock = clock = VirtualClock()
+    mine = _lease(ledger, clock, 1)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        assert await mine.acquire(stop)
+        with ledger.engine.begin() as c:
+            c.execute(sa.text("update sk_schema_version set version = version + 1"))
+        await asyncio.wait_for(mine.keep(stop), 10)
+        assert stop.is_set() and mine.lost is None
+        assert "stop this process" in str(mine.upgraded)
+
+    run_virtual(run(), clock)
+
+
 def test_a_coordinator_that_exits_with_an_error_gives_its_lease_back(tmp_path: Path) -> None:
     """Its budget spent, the coordinator exits (BudgetExceeded): its lease went with it, so a
     coordinator started next (after a `budget` change, say) need not wait it out."""
@@ -315,3 +333,35 @@ def test_coordinators_on_hosts_with_skewed_clocks_share_the_databases_clock(pg_u
     finally:
         for led in (live, ahead, behind):
             led.close()
+
+
+@pytest.mark.parametrize("at", [0.0, 100.0])  # between rounds, and in the middle of one
+def test_a_coordinator_stops_when_a_newer_shufflekit_upgrades_its_ledger(
+    tmp_path: Path, at: float
+) -> None:
+    """A newer shufflekit brings the ledger forward while this coordinator runs: the ledger
+    refuses its writes from then on, and it stops with one line instead of warning forever."""
+    clock = VirtualClock()
+    cfg, led = _virtual_deployment(tmp_path, clock)
+    env = _env(MemoryBroker(), clock)
+    upgraded = asyncio.Event()
+    t0 = clock.monotonic()
+
+    async def upgrade() -> None:
+        await clock.sleep(at + 1)
+        with led.engine.begin() as c:  # what the newer shufflekit's migration leaves
+            c.execute(sa.text("update sk_schema_version set version = version + 1"))
+        upgraded.set()
+
+    async def main() -> None:
+        task = asyncio.create_task(upgrade())
+        with pytest.raises(LedgerUpgraded, match="stop this process"):
+            await serve_coordinator(
+                cfg, asyncio.Event(), rounds=None, emit=lambda _o: None, env=env
+            )
+        assert upgraded.is_set()
+        await task
+
+    run_virtual(main(), clock)
+    assert clock.monotonic() - t0 < at + 1 + 60  # within a few lease renewals of the upgrade
+    led.close()

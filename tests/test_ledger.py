@@ -492,3 +492,25 @@ def test_a_shuffled_guarantee_says_it_assumes_mix_0_follows_the_protocol() -> No
         tight = Budget("d", 1.0, 1e-6, n_min=100, cost_model="tight", mode=mode)
         assert "assumes mix 0 follows the protocol" in tight.guarantee()
     assert "mix 0" not in Budget("d", 1.0, 1e-6, n_min=100, cost_model="ldp").guarantee()
+
+
+def test_a_ledger_upgraded_under_a_running_service_refuses_its_writes(ledger_url: str) -> None:
+    """A newer shufflekit that brings the ledger forward while an older service has it open:
+    every write of the older one is then refused (its rules may be stale), and nothing changes."""
+    led = Ledger(ledger_url)
+    led.init_budget(Budget("d", epsilon_total=5.0, delta_total=1e-6, n_min=100))
+    led.reserve("d", "r1", 4, 1.0)
+    engine = sa.create_engine(ledger_url)
+    try:
+        with engine.begin() as c:  # what the newer shufflekit's migration leaves
+            c.execute(sa.text("update sk_schema_version set version = version + 1"))
+        before = led.status("d")  # reads go on
+        with pytest.raises(LedgerError, match=r"brought to schema version 7 while this"):
+            led.reserve("d", "r2", 4, 1.0)
+        with pytest.raises(LedgerError, match="stop this process"):
+            led.commit("d", "r1", batch_size=200)
+        assert led.status("d") == before
+        assert [r.status for r in before.rounds] == ["reserved"]
+    finally:
+        engine.dispose()
+        led.close()

@@ -25,7 +25,13 @@ from shufflekit.accountant.round_types import (
     schedule_from_types,
     schedule_to_json,
 )
-from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerNotFound, LedgerUnavailable
+from shufflekit.base.errors import (
+    LedgerBusy,
+    LedgerError,
+    LedgerNotFound,
+    LedgerUnavailable,
+    LedgerUpgraded,
+)
 
 SCHEMA_VERSION = 6
 _META = sa.MetaData()
@@ -213,6 +219,18 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
         raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
     except sa.exc.DBAPIError as exc:
         raise LedgerError(f"ledger {redact(url)} refused the write: {_said(exc)}") from exc
+
+
+def require_current(conn: Connection, url: str) -> None:
+    """Refuse a write to a ledger that a newer shufflekit brought forward since this one opened
+    it: its rules (what a round costs, who may settle it) may no longer be the ones in force."""
+    version = int(conn.execute(sa.select(schema_version.c.version)).scalar_one())
+    if version != SCHEMA_VERSION:
+        raise LedgerUpgraded(
+            f"ledger {redact(url)} was brought to schema version {version} while this "
+            f"shufflekit (schema {SCHEMA_VERSION}) had it open: stop this process and run the "
+            "shufflekit that upgraded it"
+        )
 
 
 def outdated(url: str, version: int) -> LedgerError:

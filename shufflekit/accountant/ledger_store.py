@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Self
 
 import sqlalchemy as sa
@@ -27,6 +27,7 @@ from shufflekit.accountant.ledger_schema import (
     make_engine,
     open_schema,
     redact,
+    require_current,
     rounds,
     transaction,
 )
@@ -65,9 +66,14 @@ class LedgerStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _tx(self, write: bool = True) -> AbstractContextManager[Connection]:
-        """One transaction; database failures become a LedgerError naming the ledger."""
-        return transaction(self.engine, self.url, write=write)
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Connection]:
+        """One transaction; database failures become a LedgerError naming the ledger. A write
+        first checks the schema is still this shufflekit's (`require_current`)."""
+        with transaction(self.engine, self.url, write=write) as conn:
+            if write:
+                require_current(conn, self.url)
+            yield conn
 
     # ---------------------------------------------------------------- curve cache storage
     def _curve_load(self, key: str) -> bytes | None:

@@ -51,6 +51,7 @@ from shufflekit.base.errors import (
     ConfigError,
     InvalidReport,
     LedgerError,
+    LedgerUpgraded,
     RoleHeld,
     RoundAborted,
     TransportError,
@@ -349,7 +350,7 @@ class Coordinator:
             await self.offload(
                 self.ledger.require_holder, self.deployment, COORDINATOR, self.holder
             )
-        except RoleHeld:
+        except (RoleHeld, LedgerUpgraded):
             raise
         except LedgerError as exc:
             log.warning("coordinator: its lease not checked: %s", exc)

@@ -144,6 +144,11 @@ class RoleHeld(LedgerError):
     started while the first runs): this one does not start, or stops."""
 
 
+class LedgerUpgraded(LedgerError):
+    """A newer shufflekit brought the ledger's schema forward while this process had it open:
+    its writes are refused (its rules may be stale), and a service stops."""
+
+
 class StaleQuote(LedgerBusy):
     """A round's result was priced before another round was committed: price it again."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.ledger_records import Lease, principal
 from shufflekit.base.clock import CLOCK_SKEW, Clock
-from shufflekit.base.errors import LedgerError, RoleHeld
+from shufflekit.base.errors import LedgerError, LedgerUpgraded, RoleHeld
 from shufflekit.base.offload import Offload
 from shufflekit.base.random import Randomness
 from shufflekit.core.waiting import sleep_unless
@@ -42,6 +42,7 @@ class RoleLease:
     rng: Randomness
     holder: str = field(init=False)
     lost: Lease | None = field(default=None, init=False)  # who took it, if `keep` lost it
+    upgraded: LedgerUpgraded | None = field(default=None, init=False)  # `keep` found that
 
     def __post_init__(self) -> None:
         # the pid alone does not tell two lives apart (pid 1 in every container)
@@ -86,12 +87,18 @@ class RoleLease:
         return False
 
     async def keep(self, stop: asyncio.Event) -> None:
-        """Renew until cancelled; if another process took the lease, record it in `lost` and
-        set `stop`. An unreachable ledger is tried again at the next renewal."""
+        """Renew until cancelled; if another process took the lease (or a newer shufflekit
+        upgraded the ledger), record it in `lost` (`upgraded`) and set `stop`. An unreachable
+        ledger is tried again at the next renewal."""
         while True:
             await self.clock.sleep(self.seconds / 3)
             try:
                 lease = await self._hold()
+            except LedgerUpgraded as exc:
+                self.upgraded = exc
+                log.error("%s: %s", self.role, exc)
+                stop.set()
+                return
             except LedgerError as exc:
                 log.warning("%s: lease not renewed: %s", self.role, exc)
                 continue

@@ -451,13 +451,15 @@ async def serve_coordinator(
             raise
         finally:
             keeper.cancel()
-        if lease.lost is None:
+        if lease.lost is None and lease.upgraded is None:  # (the ledger refuses it then)
             await lease.release()
     finally:
         if metrics is not None:
             metrics.close()
     if lease.lost is not None:
         raise lease.lost_error()
+    if lease.upgraded is not None:
+        raise lease.upgraded
     log.info("coordinator: stopped after %d round(s)", done)
     return 0
 
