@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.app.retained import ABORT_RETAIN, clear_settled_aborts, retained_aborts
+from shufflekit.app.retained import ABORT_RETAIN, AbortSweeper, retained_aborts
 from shufflekit.app.services.runtime import serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock, system_clock
@@ -89,7 +89,7 @@ async def test_the_shipped_acl_lets_the_coordinator_clear_retained_aborts(
         for rid in ("r-settled", "r-running", "r-unknown"):
             await mix0.publish(topics.abort(rid), b'{"aborted": true}', retain=True)
         await asyncio.sleep(0.3)
-        cleared = await clear_settled_aborts(coord, led, "pilot", system_clock, inline, 0.0)
+        cleared = await AbortSweeper(coord, led, "pilot", system_clock, inline, 0.0).clear()
         assert cleared == 2
         assert set(await retained_aborts(coord, topics)) == {"r-running"}
         await coord.publish(topics.abort("r-running"), b"", retain=True)

@@ -12,6 +12,7 @@ holds as settled for more than `ABORT_RETAIN` seconds (or does not know at all).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.app.rounds import next_message
@@ -43,51 +44,49 @@ async def retained_aborts(transport: Transport, topics: Topics) -> dict[str, str
     return found
 
 
-async def clear_settled_aborts(
-    transport: Transport,
-    ledger: Ledger,
-    deployment: str,
-    clock: Clock,
-    offload: Offload,
-    retain: float = ABORT_RETAIN,
-) -> int:
-    """Clear the retained abort of every round settled more than `retain` seconds ago (or
-    unknown to the ledger); a reserved round's stays. Returns how many were cleared."""
-    found = await retained_aborts(transport, Topics(deployment))
-    if not found:
-        return 0
-    records = {r.round_id: r for r in await offload(ledger.rounds_of, deployment)}
-    before = clock.time() - retain
-    cleared = 0
-    for rid, topic in sorted(found.items()):
-        rec = records.get(rid)
-        if rec is None or (rec.status != "reserved" and rec.updated_at <= before):
-            await transport.publish(topic, b"", retain=True)
-            cleared += 1
-    if cleared:
-        log.info("coordinator: cleared %d retained abort(s) of settled rounds", cleared)
-    return cleared
+@dataclass(frozen=True)
+class AbortSweeper:
+    """The coordinator's sweep of a deployment's retained aborts over one connection."""
+
+    transport: Transport
+    ledger: Ledger
+    deployment: str
+    clock: Clock
+    offload: Offload
+    retain: float = ABORT_RETAIN
+
+    async def clear(self) -> int:
+        """Clear the retained abort of every round settled more than `retain` seconds ago (or
+        unknown to the ledger); a reserved round's stays. Returns how many were cleared."""
+        found = await retained_aborts(self.transport, Topics(self.deployment))
+        if not found:
+            return 0
+        records = {
+            r.round_id: r for r in await self.offload(self.ledger.rounds_of, self.deployment)
+        }
+        before = self.clock.time() - self.retain
+        cleared = 0
+        for rid, topic in sorted(found.items()):
+            rec = records.get(rid)
+            if rec is None or (rec.status != "reserved" and rec.updated_at <= before):
+                await self.transport.publish(topic, b"", retain=True)
+                cleared += 1
+        if cleared:
+            log.info("coordinator: cleared %d retained abort(s) of settled rounds", cleared)
+        return cleared
+
+    async def keep(self) -> None:
+        """`clear` now and every `SWEEP_EVERY` seconds, until cancelled or the connection is
+        lost (the next connection starts again); a ledger error skips one sweep."""
+        while True:
+            try:
+                await self.clear()
+            except TransportError as exc:
+                log.info("coordinator: retained aborts not swept on this connection: %s", exc)
+                return
+            except LedgerError as exc:
+                log.warning("coordinator: retained aborts not swept: %s", exc)
+            await self.clock.sleep(SWEEP_EVERY)
 
 
-async def keep_clearing_aborts(
-    transport: Transport,
-    ledger: Ledger,
-    deployment: str,
-    clock: Clock,
-    offload: Offload,
-    retain: float = ABORT_RETAIN,
-) -> None:
-    """`clear_settled_aborts` now and every `SWEEP_EVERY` seconds, until cancelled or the
-    connection is lost (the next connection starts again); a ledger error skips one sweep."""
-    while True:
-        try:
-            await clear_settled_aborts(transport, ledger, deployment, clock, offload, retain)
-        except TransportError as exc:
-            log.info("coordinator: retained aborts not swept on this connection: %s", exc)
-            return
-        except LedgerError as exc:
-            log.warning("coordinator: retained aborts not swept: %s", exc)
-        await clock.sleep(SWEEP_EVERY)
-
-
-__all__ = ["ABORT_RETAIN", "clear_settled_aborts", "keep_clearing_aborts", "retained_aborts"]
+__all__ = ["ABORT_RETAIN", "AbortSweeper", "retained_aborts"]

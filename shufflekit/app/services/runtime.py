@@ -23,7 +23,7 @@ from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.retained import keep_clearing_aborts
+from shufflekit.app.retained import AbortSweeper
 from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
@@ -384,7 +384,7 @@ async def serve_coordinator(
         )
         # aborts of long-settled rounds are cleared from the broker's retained store
         sweeper = asyncio.create_task(
-            keep_clearing_aborts(transport, ledger, cfg.deployment, env.clock, env.offload)
+            AbortSweeper(transport, ledger, cfg.deployment, env.clock, env.offload).keep()
         )
         try:
             await drive(coord)
