@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -26,8 +25,9 @@ import numpy as np
 
 from shufflekit.accountant.compose_dpa import compose_dpa
 from shufflekit.accountant.compose_fft import compose_fft
+from shufflekit.accountant.compose_inputs import check_counts, group_rounds, rounds_and_counts
 from shufflekit.accountant.composed import DEFAULT_MAX_ERROR_FRACTION, ComposedBounds, ComposedPLD
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, ldp_epsilon, mechanisms
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, ldp_epsilon
 from shufflekit.accountant.curve_cells import MAX_CELLS, steps_that_fit
 from shufflekit.accountant.curve_pld import (
     CurvePLD,
@@ -48,7 +48,6 @@ from shufflekit.accountant.numerics.grid import (
 from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.rdp_filter import planned_epsilon
 from shufflekit.accountant.tight_upper import tight_pld
-from shufflekit.base.checks import whole
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ENGINES = ("dp_accounting", "fft")
@@ -140,7 +139,7 @@ def _normalise_inputs(
             raise InvalidParameters(
                 f"expected accountant.core.PrivacyLossDistribution, got {type(p).__name__}"
             )
-    cs = _check_counts(counts, len(plds), "PLDs")
+    cs = check_counts(counts, len(plds), "PLDs")
     if grid is None:
         step = default_grid(sum(cs), plds)
     else:
@@ -148,20 +147,6 @@ def _normalise_inputs(
             raise InvalidParameters(f"grid (loss step) must be in (0, 1], got {grid!r}")
         step = float(grid)
     return plds, cs, step
-
-
-def _check_counts(counts: Sequence[int] | None, n: int, what: str) -> list[int]:
-    """counts as ints (default one each): one per item, integers >= 0 adding up to >= 1."""
-    if counts is None:
-        return [1] * n
-    cs = list(counts)
-    if len(cs) != n:
-        raise InvalidParameters(f"{n} {what} but {len(cs)} counts")
-    for c in cs:
-        whole("counts", c, 0, error=InvalidParameters)
-    if sum(cs) < 1:
-        raise InvalidParameters("counts must add up to at least one round")
-    return [int(c) for c in cs]
 
 
 def _group(
@@ -416,27 +401,11 @@ def clear_caches() -> None:
     clear_dp_cache()
 
 
-def _grouped(
-    rounds: Sequence[Mechanism], counts: Sequence[int] | None
-) -> OrderedDict[tuple[int, int, float], int]:
-    """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order."""
-    rounds = mechanisms(rounds)
-    if not rounds:
-        raise InvalidParameters("nothing to compose: no rounds")
-    if counts is not None and len(counts) != len(rounds):
-        raise InvalidParameters(f"{len(rounds)} rounds but {len(counts)} counts")
-    grouped: OrderedDict[tuple[int, int, float], int] = OrderedDict()
-    for m, c in zip(rounds, [1] * len(rounds) if counts is None else counts, strict=True):
-        key = (int(m.n), int(m.k), float(m.eps0))
-        grouped[key] = grouped.get(key, 0) + int(c)
-    return grouped
-
-
 def _round_plds(
     rounds: Sequence[Mechanism], counts: Sequence[int] | None, pld_fn: PldFn
 ) -> tuple[list[PrivacyLossDistribution], list[int]]:
     """One (cached) PLD per distinct mechanism (n, k, eps0), with its total count."""
-    grouped = _grouped(rounds, counts)
+    grouped = group_rounds(rounds, counts)
     plds = [round_pld(Mechanism(n, k, e), pld_fn) for (n, k, e) in grouped]
     return plds, list(grouped.values())
 
@@ -456,6 +425,7 @@ def compose_rounds(
     `curve_pld.composition_pld`)
     and are cached by (pld_fn, n, k, eps0). Capped by the sum of eps0 (`ldp_epsilon`).
     """
+    rounds, counts = rounds_and_counts(rounds, counts)
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     composed = compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
     return dataclasses.replace(composed, ldp_cap=ldp_epsilon(rounds, counts))
@@ -473,11 +443,12 @@ def rounds_epsilon(
     """`compose_rounds(...).epsilon(delta)`, or where the PLD composition's numerics cannot
     certify `delta` (many rounds, tiny delta) the `fallback_epsilon` of the same rounds; both
     capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is."""
+    rounds, counts = rounds_and_counts(rounds, counts)
     plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     try:
         eps = compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
     except AccuracyError as exc:
-        mechs = [Mechanism(n, k, e) for (n, k, e) in _grouped(rounds, counts)]  # as `plds`
+        mechs = [Mechanism(n, k, e) for (n, k, e) in group_rounds(rounds, counts)]  # as `plds`
         eps = fallback_epsilon(plds, cs, delta, exc, mechs, grid=grid)[0]
     return min(eps, ldp_epsilon(rounds, counts))
 
@@ -578,6 +549,7 @@ def compose_rounds_bounds(
     """Composed upper bound (dominating pairs, `pld_fn`, default `composition_pld`) and composed
     attack (`attack_fn`, default `default_attack_fn(rounds)`: one fixed dataset's attack PLD),
     side by side. with_attack=False skips the lower side. Per-round PLDs are cached."""
+    rounds, counts = rounds_and_counts(rounds, counts)
     if grid is None:  # one grid for both sides, from the dominating pairs
         plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
         grid = default_grid(sum(cs), plds, max(m.eps0 for m in rounds))
