@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.fft as sfft
 
+from shufflekit.accountant.compose_fft import MAX_FFT_POINTS
 from shufflekit.accountant.engine import ComposedGrid, fp_error_estimate, grid_rounds
 from shufflekit.accountant.numerics.grid import GridPLD
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
@@ -43,6 +44,20 @@ if TYPE_CHECKING:  # imported where used: dp_accounting (with scipy.signal) take
 
 #: Total mass dp_accounting may move to +inf by truncating tails, split over its operations.
 DEFAULT_TRUNCATION_TOTAL = 1e-14
+
+#: Most grid points of one composed PLD, the FFT engine's limit (its convolutions hold a few
+#: complex arrays of 0.5 GiB): beyond it AccuracyError before anything is allocated (1e8 rounds
+#: tried to allocate 11 GiB, 1e12 rounds 55 TiB).
+MAX_DPA_POINTS = MAX_FFT_POINTS
+
+
+def _check_points(points: int, step: float, rounds: str) -> None:
+    """AccuracyError if a composition of `rounds` would span more than MAX_DPA_POINTS."""
+    if points > MAX_DPA_POINTS:
+        raise AccuracyError(
+            f"{rounds} composed need {points} grid points at step {step:g} (limit "
+            f"{MAX_DPA_POINTS}); compose fewer rounds or use a coarser grid"
+        )
 
 
 class _Tracker:
@@ -132,6 +147,7 @@ def self_compose_upper(
     probs = np.asarray(pmf._probs, dtype=np.float64)
     lo, hi = _chernoff_window(probs, count, tau)
     out_len = hi - lo + 1
+    _check_points(max(out_len, probs.size), pmf._discretization, f"{count} identical rounds")
     fast = sfft.next_fast_len(max(out_len, probs.size))
     conv = np.real(sfft.ifft(sfft.fft(probs, fast) ** count))
     out = np.array(np.roll(conv, -lo)[:out_len])
@@ -147,6 +163,9 @@ def _self_compose(
 ) -> dpa_pld.PrivacyLossDistribution:
     if count == 1:
         return p
+    pmf = _dense(p)  # the composed window (squaring ends at about it too), checked up front
+    lo, hi = _chernoff_window(np.asarray(pmf._probs, dtype=np.float64), count, tr.tau)
+    _check_points(hi - lo + 1, pmf._discretization, f"{count} identical rounds")
     if upper and not squaring:
         a_l2 = _l2(p)
         out = self_compose_upper(p, count, tr.tau)
@@ -178,6 +197,8 @@ def _compose2(
     b: dpa_pld.PrivacyLossDistribution,
     tr: _Tracker,
 ) -> dpa_pld.PrivacyLossDistribution:
+    size = _size(a) + _size(b) - 1
+    _check_points(size, _dense(a)._discretization, "the rounds")
     a_l2, b_l2 = _l2(a), _l2(b)
     out = a.compose(b, tail_mass_truncation=tr.tau)
     # upper side: right tail (<= tau/2) to +inf, left tail (<= tau/2) moved up: looser by <= tau
