@@ -10,6 +10,7 @@ populations and explicit channels are in `accountant.leakage_channels`. See docs
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -20,19 +21,22 @@ from shufflekit.accountant.core import check_delta, check_epsilon
 from shufflekit.accountant.leakage_insider import MAX_EPS0, insider_vulnerability
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.maxload import expected_max_excess
+from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 MAX_N_GENERAL_K = 30_000_000
 """Largest cohort evaluated for k >= 3 (the expected maximum load costs about n / 1e6 seconds)."""
 
 
-def _check(n: int | None, k: int, eps0: float | None = None) -> None:
-    if n is not None and (not isinstance(n, int) or n < 1):
-        raise InvalidParameters(f"n must be a whole number >= 1 (got {n!r})")
-    if not isinstance(k, int) or k < 2:
-        raise InvalidParameters(f"k must be a whole number >= 2 (got {k!r})")
-    if eps0 is not None and not 0 < eps0 <= MAX_EPS0:
-        raise InvalidParameters(f"eps0 must be a number in (0, {MAX_EPS0:g}] (got {eps0!r})")
+def _check(n: int | None, k: int, eps0: float | None = None) -> tuple[Any, int, Any]:
+    """(n, k, eps0) as int, int, float (numpy numbers taken; a bool, a float n or k, a string
+    refused by name), each None where not given."""
+    bad = InvalidParameters
+    return (
+        None if n is None else whole("n", n, 1, error=bad),
+        whole("k", k, 2, error=bad),
+        None if eps0 is None else real("eps0", eps0, 0, MAX_EPS0, low_open=True, error=bad),
+    )
 
 
 def central_binomial_ratio(n: int) -> float:
@@ -54,7 +58,7 @@ def shuffle_only_excess(n: int, k: int) -> float:
 
     k = 2: the closed form a_n; k >= 3: (E[max load] - n/k) / n, exact (numerics.maxload).
     """
-    _check(n, k)
+    n, k, _ = _check(n, k)
     if k == 2:
         return central_binomial_ratio(n)
     if n > MAX_N_GENERAL_K:
@@ -71,7 +75,7 @@ def shuffle_only_vulnerability(n: int, k: int) -> float:
 
 def local_only_vulnerability(k: int, eps0: float) -> float:
     """k-RR alone (no shuffle): the adversary guesses the reported value, right with p (Prop 15)."""
-    _check(None, k, eps0)
+    _, k, eps0 = _check(None, k, eps0)
     return krr(k, eps0).p
 
 
@@ -83,7 +87,7 @@ def signal_factor(k: int, eps0: float) -> float:
 
 def outsider_excess(n: int, k: int, eps0: float) -> float:
     """V_out - 1/k = (V_S - 1/k) (p - q), factorised so tiny leakages keep their digits."""
-    _check(n, k, eps0)
+    n, k, eps0 = _check(n, k, eps0)
     return shuffle_only_excess(n, k) * signal_factor(k, eps0)
 
 
@@ -120,7 +124,9 @@ class Leakage:
 def leakage_report(n: int, k: int, eps0: float, *, insider_work: float | None = None) -> Leakage:
     """Every vulnerability of one round (see `Leakage`); `insider_work` caps the exact insider
     computation (elementary steps; beyond it the sound bound is used)."""
-    _check(n, k, eps0)
+    n, k, eps0 = _check(n, k, eps0)
+    if insider_work is not None:
+        insider_work = real("insider_work", insider_work, 0, error=InvalidParameters)
     s_excess = shuffle_only_excess(n, k)
     add = s_excess * signal_factor(k, eps0)
     v_in, exact = insider_vulnerability(n, k, eps0, max_work=insider_work)
@@ -186,9 +192,12 @@ def min_cohort(
     between them), observed for k >= 3 (tests scan every n up to a few hundred). `progress`
     receives the number of evaluations so far.
     """
-    _check(None, k, eps0)
-    if not (max_excess > 0 and math.isfinite(max_excess)):
-        raise InvalidParameters(f"the target excess must be a number > 0 (got {max_excess!r})")
+    _, k, eps0 = _check(None, k, eps0)
+    ok = isinstance(max_excess, numbers.Real) and not isinstance(max_excess, bool)
+    if not (ok and max_excess > 0 and math.isfinite(max_excess)):
+        raise InvalidParameters(
+            f"max_excess, the target excess, must be a number > 0 (got {max_excess!r})"
+        )
     calls = [0]
 
     def gap(n: int) -> float:
@@ -294,7 +303,7 @@ def approximate_outsider(n: int, k: int, eps0: float | None, method: str = "pape
     """Approximations of V_out, for comparison with the exact value only: "paper" is eqs. (15)-(16)
     with f = 1 (1/k + sqrt(ln k / (k n)), a heuristic that over-states the excess by +48 % at
     k = 2); "clt" replaces sqrt(ln k) by E[max of k normals]. eps0 None: the shuffle alone."""
-    _check(n, k, eps0)
+    n, k, eps0 = _check(n, k, eps0)
     if method == "paper":
         c = math.sqrt(math.log(k))
     elif method == "clt":
