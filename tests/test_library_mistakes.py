@@ -20,6 +20,7 @@ from shufflekit.accountant import (
     tight_delta,
     tight_epsilon,
 )
+from shufflekit.accountant.calibrate import calibrate_n
 from shufflekit.app.local import LocalDeployment
 from shufflekit.app.rounds import RoundParams
 from shufflekit.base.errors import InvalidInput, InvalidParameters
@@ -160,6 +161,9 @@ def test_the_inversion_checks_its_histogram() -> None:
         (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, eps0_max="5"), "eps0_max"),
         (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, bogus=1), "unknown option"),
         (lambda m: calibrate_eps0(10_000, 10, 1, 1.0, 1e-6, spent=m), r"\[mech\]"),
+        (lambda m: tight_epsilon(m, 1e-6, rtol="x"), "rtol"),
+        (lambda m: calibrate_n(2.0, 10, 1, 1.0, 1e-6, rtol="x"), "rtol"),
+        (lambda m: calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_max=1e6), "n_max"),
     ],
 )
 def test_the_accountant_refuses_in_its_own_words(call: Any, says: str) -> None:
@@ -231,3 +235,9 @@ def test_numpy_numbers_are_taken_by_the_accountant_too() -> None:
     assert tight_delta(Mechanism(1000, 4, 1.0), np.int64(1)).delta >= 0
     with pytest.raises(InvalidParameters, match=r"got 700\.0000001"):  # not "got 700"
         RoundParams(4, 700.0000001, 10)
+
+
+def test_calibrate_n_takes_numpy_bounds() -> None:
+    """n_max=np.int64(...) was refused as 'need integers'."""
+    plain = calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_max=10**6)
+    assert calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_min=np.int64(1), n_max=np.int64(10**6)) == plain

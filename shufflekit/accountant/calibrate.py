@@ -296,10 +296,9 @@ def calibrate_n_detailed(
     t0 = time.perf_counter()
     _check_common(rounds, epsilon, delta)
     Mechanism(1, k, eps0)  # validates k and eps0
-    if not (0 <= rtol < 1):
-        raise InvalidParameters(f"rtol must be in [0, 1), got {rtol!r}")
-    if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
-        raise InvalidParameters("need integers 1 <= n_min <= n_max")
+    rtol = real("rtol", rtol, 0, 1, high_open=True, error=InvalidParameters)
+    n_min = whole("n_min", n_min, 1, error=InvalidParameters)
+    n_max = whole("n_max", n_max, n_min, error=InvalidParameters)
     ev = _Evaluator(lambda x: Mechanism(int(x), k, eps0), rounds, delta, **composition)
     if n_start is None:
         law = _law_n(eps0, k, rounds, epsilon, delta, ev.spent)

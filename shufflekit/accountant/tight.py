@@ -70,6 +70,7 @@ from shufflekit.accountant.tight_upper import (
     upper_bound,
     upper_log_delta,
 )
+from shufflekit.base.checks import real
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 __all__ = [
@@ -238,8 +239,7 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     check_query(mech)
     check_supported(mech)
     delta = check_delta(delta)
-    if not (0 < rtol < 0.1):
-        raise InvalidParameters(f"rtol must be in (0, 0.1), got {rtol!r}")
+    rtol = real("rtol", rtol, 0, 0.1, low_open=True, high_open=True, error=InvalidParameters)
     t0 = time.perf_counter()
     ld = math.log(float(delta))
     eps0 = mech.eps0
