@@ -241,3 +241,14 @@ def test_calibrate_n_takes_numpy_bounds() -> None:
     """n_max=np.int64(...) was refused as 'need integers'."""
     plain = calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_max=10**6)
     assert calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_min=np.int64(1), n_max=np.int64(10**6)) == plain
+
+
+def test_a_population_is_a_population(ledger: Ledger) -> None:
+    """A list passed where a Population goes was a raw AttributeError, None a raw TypeError."""
+    broker = MemoryBroker()
+    dep = LocalDeployment(lambda _name: broker.connect(), "pilot", ledger)
+    with pytest.raises(InvalidInput, match="population must be a Population"):
+        asyncio.run(dep.run_round(RoundParams(k=10, eps0=2.0, n_min=100), [1] * 300))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="values must be a list"):
+        Population(None)  # type: ignore[arg-type]
+    assert ledger.status("pilot").rounds == []

@@ -20,7 +20,7 @@ from shufflekit.app.rounds import (
 )
 from shufflekit.app.wiring import Wiring
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import TransportError
+from shufflekit.base.errors import InvalidInput, TransportError
 from shufflekit.base.names import check_name
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.client.population import Population
@@ -76,6 +76,11 @@ class LocalDeployment:
         before the close: it may publish hostile traffic.
         """
         rid = check_name("round id", round_id or new_round_id(self.wiring.clock, self.wiring.rng))
+        if not isinstance(population, Population):
+            raise InvalidInput(
+                f"population must be a Population (Population(values)), got "
+                f"{type(population).__name__}"
+            )
         population.check_fits(params.k)  # refused before anything is reserved
         conns = [self.connect(f"mix{i}") for i in range(len(self.mix_keys))]
         conns += [self.connect("analyzer"), self.connect("coordinator"), self.connect("clients")]

@@ -7,7 +7,7 @@ the OS CSPRNG) serves every agent, so a seeded one makes the whole population re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from shufflekit.base.checks import whole
 from shufflekit.base.errors import InvalidInput
@@ -23,6 +23,8 @@ class Population:
     def __init__(
         self, values: Sequence[int], id_prefix: str = "user", *, rng: Randomness | None = None
     ) -> None:
+        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+            raise InvalidInput(f"values must be a list of whole numbers, got {values!r}")
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.agents = [
             ClientAgent(f"{id_prefix}-{i}", whole(f"value of user {i}", v, 0), rng=self.rng)
