@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 
@@ -24,7 +25,13 @@ from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.runtime import ServiceEnv, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import SystemClock, VirtualClock
-from shufflekit.base.errors import BudgetExceeded, LedgerError, LedgerUpgraded, RoleHeld
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    InvalidParameters,
+    LedgerError,
+    LedgerUpgraded,
+    RoleHeld,
+)
 from shufflekit.base.offload import inline
 from shufflekit.base.random import SeededRandomness
 from shufflekit.core.crypto import KeyPair
@@ -365,3 +372,31 @@ def test_a_coordinator_stops_when_a_newer_shufflekit_upgrades_its_ledger(
     run_virtual(main(), clock)
     assert clock.monotonic() - t0 < at + 1 + 60  # within a few lease renewals of the upgrade
     led.close()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda led: led.hold_role("test", "coordinator", "me", math.nan),
+        lambda led: led.hold_role("test", "coordinator", "me", -1.0),
+        lambda led: led.hold_role("test", "coordinator", "me", math.inf),
+        lambda led: led.hold_role("test", "", "me", 15.0),
+        lambda led: led.hold_role("test", "coordinator", "", 15.0),
+        lambda led: led.hold_role("test", "coordinator", "x" * 256, 15.0),
+        lambda led: led.grant_go("test", "r1", math.nan),
+        lambda led: led.grant_go("test", "r1", math.inf),
+        lambda led: led.reserve("test", "", 4, 1.0),
+        lambda led: led.reserve("test", 5, 4, 1.0),
+        lambda led: led.reserve("test", None, 4, 1.0),
+        lambda led: led.reserve("test", "a/b", 4, 1.0),
+    ],
+)
+def test_leases_goes_and_round_ids_no_process_can_have_are_refused(ledger: Ledger, call) -> None:  # type: ignore[no-untyped-def]
+    """A NaN go (SQLite stores NaN as NULL: no go at all for a later refund to wait for), a
+    lease without end or holder, a round id no coordinator makes: refused, nothing written."""
+    ledger.reserve("test", "r1", 4, 1.0)
+    before = (ledger.status("test"), ledger.round_of("test", "r1"), ledger.history("test"))
+    with pytest.raises(InvalidParameters):
+        call(ledger)
+    after = (ledger.status("test"), ledger.round_of("test", "r1"), ledger.history("test"))
+    assert after == before and ledger.lease_of("test", "coordinator") is None

@@ -68,6 +68,7 @@ from shufflekit.base.errors import (
     ScheduleViolation,
     StaleQuote,
 )
+from shufflekit.base.names import check_name
 
 __all__ = ["COUNTED", "Budget", "BudgetStatus", "Ledger", "RoundRecord", "check_budget"]
 
@@ -159,6 +160,7 @@ class Ledger(LedgerStore):
         `holder`: the reserving coordinator's lease; RoleHeld if another coordinator holds it
         (one paused past its lease would start a round beside the one that took over)."""
         bad = InvalidParameters
+        check_name("round id", round_id, bad)  # what every coordinator makes (new_round_id)
         rt = RoundType(mechanism, whole("k", k, 0, error=bad), real("eps0", eps0, error=bad))
         mechanism_cost(mechanism)  # InvalidParameters for a tag nobody can charge
         check_entry(ScheduleEntry(rt, None))  # k, L and eps0 in the ranges a round can have

@@ -32,8 +32,10 @@ from shufflekit.accountant.ledger_schema import (
     transaction,
 )
 from shufflekit.accountant.round_types import schedule_from_json
+from shufflekit.base.checks import real
 from shufflekit.base.clock import CLOCK_SKEW, Clock, SystemClock, system_clock
-from shufflekit.base.errors import LedgerError, RoleHeld
+from shufflekit.base.errors import InvalidParameters, LedgerError, RoleHeld
+from shufflekit.base.names import check_name
 
 COORDINATOR = "coordinator"  # the role whose lease fences go grants and settled refunds
 SERVER_EPOCH = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"  # PostgreSQL's own wall clock
@@ -145,6 +147,7 @@ class LedgerStore:
         statement with the status check, so no lease is ever granted after a refund.
         `holder`: the granting coordinator's lease (`hold_role`); RoleHeld if another holds it
         now (a coordinator that took over counts only the goes the ledger recorded)."""
+        until = real("go until", until, error=InvalidParameters)  # NaN is NULL in SQLite
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)
             if holder is not None:
@@ -166,6 +169,8 @@ class LedgerStore:
         """Take or renew `holder`'s lease of `role` for `seconds`: granted if the role is free,
         already `holder`'s, or its lease ran out (plus CLOCK_SKEW) unrenewed. Returns the lease
         as it now stands: another holder's, unchanged, when refused. Taking it is audited."""
+        _check_lease(role, holder)
+        seconds = real("lease", seconds, 0.0, 86_400.0, low_open=True, error=InvalidParameters)
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)  # one writer per deployment
             key = (leases.c.deployment == deployment, leases.c.role == role)
@@ -425,3 +430,10 @@ def find_round(recs: Sequence[RoundRecord], round_id: str, deployment: str) -> R
         if r.round_id == round_id:
             return r
     raise LedgerError(f"round {round_id!r} is not recorded in deployment {deployment!r}")
+
+
+def _check_lease(role: str, holder: str) -> None:
+    """InvalidParameters for a role or holder that no process's lease can have."""
+    check_name("role", role, InvalidParameters)
+    if not isinstance(holder, str) or not 1 <= len(holder) <= 255:
+        raise InvalidParameters(f"a lease holder is 1-255 characters, got {holder!r:.80}")

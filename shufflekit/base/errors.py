@@ -192,6 +192,7 @@ __all__ = [
     "LedgerError",
     "LedgerNotFound",
     "LedgerUnavailable",
+    "LedgerUpgraded",
     "MetricInputError",
     "NotApplicable",
     "RoleHeld",
