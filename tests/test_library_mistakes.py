@@ -17,6 +17,7 @@ from shufflekit.accountant import (
     Ledger,
     calibrate_eps0,
     compose_rounds,
+    participant_statement,
     tight_delta,
     tight_epsilon,
 )
@@ -164,6 +165,11 @@ def test_the_inversion_checks_its_histogram() -> None:
         (lambda m: tight_epsilon(m, 1e-6, rtol="x"), "rtol"),
         (lambda m: calibrate_n(2.0, 10, 1, 1.0, 1e-6, rtol="x"), "rtol"),
         (lambda m: calibrate_n(2.0, 10, 1, 1.0, 1e-6, n_max=1e6), "n_max"),
+        (lambda m: compose_rounds([m], rounding="x"), "rounding must be"),
+        (lambda m: compose_rounds([m], tail_mass=-1), "tail_mass"),
+        (lambda m: compose_rounds([m], tail_mass="x"), "tail_mass"),
+        (lambda m: participant_statement(None), "takes a Leakage, got NoneType"),
+        (lambda m: Ledger("sqlite://").init_budget({"deployment": "d"}), "got dict"),
     ],
 )
 def test_the_accountant_refuses_in_its_own_words(call: Any, says: str) -> None:

@@ -41,6 +41,7 @@ from shufflekit.accountant.k2_dp import clear_cache as clear_dp_cache
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
+    check_gridding,
     clear_cache,
     discretise,
     pld_fingerprint,
@@ -240,6 +241,7 @@ def _compose_side(
     squaring: bool = False,
 ) -> ComposedPLD:
     """`compose` (upper) and `compose_lower` (lower): grid every round, run the engine, wrap."""
+    check_gridding(upper, rounding, tail_mass)  # (rounds with exact curves never read them)
     if not (0.0 < max_error_fraction <= 1.0):
         raise InvalidParameters(f"max_error_fraction must be in (0, 1], got {max_error_fraction}")
     t0 = time.perf_counter()

@@ -157,6 +157,8 @@ def participant_statement(
     With (epsilon, delta) it says "at most e^epsilon times as likely (plus delta)": a bare
     factor would be false when delta > 0. The e^eps0 cap holds always (each report is eps0-LDP).
     """
+    if not isinstance(lk, Leakage):
+        raise InvalidParameters(f"participant_statement takes a Leakage, got {type(lk).__name__}")
     if epsilon is not None:
         check_epsilon(epsilon)
     if delta is not None:

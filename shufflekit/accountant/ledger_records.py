@@ -214,6 +214,8 @@ def check_budget(b: Budget) -> Budget:
     """The budget with its numbers as Python's (a numpy int64 n_min was stored as a BLOB);
     InvalidParameters for one that cannot be enforced. Call it before writing anything."""
     bad = InvalidParameters
+    if not isinstance(b, Budget):
+        raise bad(f"a budget is a shufflekit.accountant.Budget, got {type(b).__name__}")
     check_name("deployment", b.deployment, bad)
     cost_model(b.cost_model)  # InvalidParameters if unknown
     check_mode(b.mode)

@@ -50,6 +50,7 @@ from shufflekit.accountant.numerics.logspace import (
     logsumexp_rows,
 )
 from shufflekit.accountant.numerics.lru import BoundedLRU
+from shufflekit.base.checks import real
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 #: Largest number of grid points one round may span (a finer grid raises AccuracyError).
@@ -173,6 +174,19 @@ def validate_pld(pld: PrivacyLossDistribution) -> tuple[FloatArray, FloatArray, 
     return losses, lps, min(lim, 0.0)
 
 
+def check_gridding(upper: bool, method: str | None, tail_mass: object) -> tuple[str, float]:
+    """(rounding method, tail mass) of a gridding, checked: every composition checks them up
+    front, also where its rounds grid themselves (exact curves) and never read them."""
+    if method is None:
+        method = "split" if upper else "down"
+    if upper and method not in ("split", "up"):
+        raise InvalidParameters(f"upper-bound rounding must be 'split' or 'up', got {method!r}")
+    if not upper and method != "down":
+        raise InvalidParameters(f"lower-bound rounding must be 'down', got {method!r}")
+    mass = real("tail_mass", tail_mass, 0.0, 1.0, high_open=True, error=InvalidParameters)
+    return method, mass
+
+
 def discretise(
     pld: PrivacyLossDistribution,
     step: float,
@@ -202,18 +216,11 @@ def discretise(
     if side not in ("upper", "lower"):
         raise InvalidParameters(f"side must be 'upper' or 'lower', got {side!r}")
     upper = side == "upper"
-    if method is None:
-        method = "split" if upper else "down"
-    if upper and method not in ("split", "up"):
-        raise InvalidParameters(f"upper-bound rounding must be 'split' or 'up', got {method!r}")
-    if not upper and method != "down":
-        raise InvalidParameters(f"lower-bound rounding must be 'down', got {method!r}")
+    method, tail_mass = check_gridding(upper, method, tail_mass)
     if keep_inf is None:
         keep_inf = upper
     if upper and not keep_inf:
         raise InvalidParameters("an upper bound must keep the infinite-loss mass")
-    if not (0.0 <= tail_mass < 1.0):
-        raise InvalidParameters(f"tail_mass must be in [0, 1), got {tail_mass!r}")
 
     fp = fingerprint if fingerprint is not None else pld_fingerprint(pld)
     key = f"{fp}:{step!r}:{side}:{method}:{keep_inf}:{tail_mass!r}"
