@@ -70,7 +70,9 @@ class LocalDeployment:
         progress: Callable[[int], None] | None = None,
         tamper: Callable[[Transport, Announcement], Any] | None = None,
     ) -> RoundReport:
-        """One full round. BudgetExceeded is raised before any client is contacted.
+        """One full round. BudgetExceeded is raised before any client is contacted. A round
+        that releases nothing (fewer than n_min reports, a hop that aborts) is refunded and
+        returned with `released` False, `result` None and `abort` saying why (also logged).
 
         `tamper(transport, announcement)`, for tests, is awaited after the honest clients and
         before the close: it may publish hostile traffic.
