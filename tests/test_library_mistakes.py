@@ -168,7 +168,7 @@ def test_the_inversion_checks_its_histogram() -> None:
         (lambda m: compose_rounds([m], rounding="x"), "rounding must be"),
         (lambda m: compose_rounds([m], tail_mass=-1), "tail_mass"),
         (lambda m: compose_rounds([m], tail_mass="x"), "tail_mass"),
-        (lambda m: participant_statement(None), "takes a Leakage, got NoneType"),
+        (lambda m: participant_statement(None), "expected a Leakage, got NoneType"),
         (lambda m: Ledger("sqlite://").init_budget({"deployment": "d"}), "got dict"),
     ],
 )

@@ -156,17 +156,18 @@ def ldp_epsilon(rounds: Sequence[Mechanism], counts: Sequence[int] | None = None
 
 
 def check_query(
-    mech: Mechanism,
+    mech: object,
     epsilon: float | None = None,
     *,
     delta: float | None = None,
     zero_delta: bool = True,
+    of: type = Mechanism,
 ) -> None:
-    """InvalidParameters unless `mech` is a Mechanism (not, e.g., a bare (n, k, eps0) tuple) and
-    the epsilon (`check_epsilon`) or delta (`check_delta`; 0 allowed with `zero_delta`: most
-    bounds answer it with the LDP epsilon) asked about is valid."""
-    if not isinstance(mech, Mechanism):
-        raise InvalidParameters(f"expected a Mechanism, got {type(mech).__name__}")
+    """InvalidParameters unless `mech` is a Mechanism (or an `of`; not, e.g., a bare (n, k,
+    eps0) tuple) and the epsilon (`check_epsilon`) or delta (`check_delta`; 0 allowed with
+    `zero_delta`: most bounds answer it with the LDP epsilon) asked about is valid."""
+    if not isinstance(mech, of):
+        raise InvalidParameters(f"expected a {of.__name__}, got {type(mech).__name__}")
     if epsilon is not None:
         check_epsilon(epsilon)
     if delta is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from scipy.special import gammaln
 
-from shufflekit.accountant.core import check_delta, check_epsilon
+from shufflekit.accountant.core import check_query
 from shufflekit.accountant.leakage_insider import MAX_EPS0, insider_vulnerability
 from shufflekit.accountant.numerics.krr import krr
 from shufflekit.accountant.numerics.maxload import expected_max_excess
@@ -157,12 +157,7 @@ def participant_statement(
     With (epsilon, delta) it says "at most e^epsilon times as likely (plus delta)": a bare
     factor would be false when delta > 0. The e^eps0 cap holds always (each report is eps0-LDP).
     """
-    if not isinstance(lk, Leakage):
-        raise InvalidParameters(f"participant_statement takes a Leakage, got {type(lk).__name__}")
-    if epsilon is not None:
-        check_epsilon(epsilon)
-    if delta is not None:
-        check_delta(delta, allow_zero=True)
+    check_query(lk, epsilon, delta=delta, of=Leakage)
     k = lk.k
     words = (
         f"someone who sees the published counts guesses your answer with probability "
