@@ -22,7 +22,9 @@ from shufflekit.app.cli import app
 from shufflekit.app.loadtest import run as loadtest_run
 from shufflekit.app.loadtest.report import Latencies, RoundFacts, build_report
 from shufflekit.app.loadtest.run import (
+    LoadTestOptions,
     _check_stack,
+    _follow,
     _load_progress,
     _signals_held,
     interrupted_line,
@@ -112,6 +114,46 @@ def test_a_service_or_broker_that_stops_during_the_load_fails_the_run(tmp_path: 
             _check_stack(_stack(tmp_path, alive, mix0=done))  # it said nothing was wrong
         with pytest.raises(LoadTestFailed, match="the broker stopped"):
             _check_stack(_stack(tmp_path, done, mix0=alive))
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_round_the_coordinator_never_announced_ends_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round aborted before its announcement (mix 1 not ready within 30 s: a paused or busy
+    hop) is one of the coordinator's rounds, so it exits, while the users wait for an
+    announcement that never comes: the run sat on "0/1 rounds released" until its time limit
+    (38 minutes for 3 rounds). Once the coordinator is gone the wait ends, saying why."""
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(
+        loadtest_run, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep)
+    )
+    progress = tmp_path / "load" / "progress"
+    progress.mkdir(parents=True)
+    for slot in range(2):  # connected, waiting for round 1
+        (progress / f"{slot}.json").write_text(
+            json.dumps({"sent": 0, "acked": 0, "receipted": 0, "rounds_seen": 0})
+        )
+    reason = "hop(s) [1] not ready within 30s; nothing was announced"
+    line = {"round_id": "r1", "released": False, "abort": {"reason": reason}}
+    alive = subprocess.Popen(["sleep", "30"])
+    done = subprocess.Popen(["true"])
+    done.wait()
+    stack: Any = _stack(tmp_path, alive, coordinator=done, mix0=alive)
+    stack.lines = lambda name: [line] if name == "coordinator" else []
+    try:
+        with pytest.raises(
+            LoadTestFailed, match=r"announced only 0 of the 1 .*not ready within 30s"
+        ):
+            _follow(
+                tmp_path, stack, LoadTestOptions(rounds=1, deadline=30), 2, [alive], lambda _s: None
+            )
     finally:
         alive.kill()
         alive.wait()

@@ -314,6 +314,7 @@ def _follow(
     limit = opts.rounds * (opts.deadline + 120) + 120
     done_dir = work / "load" / "users"
     rate_state: list[tuple[float, float]] = []
+    ended: float | None = None  # when the coordinator was first seen gone (its rounds done)
     while True:
         done = len(list(done_dir.glob("*.json"))) if done_dir.exists() else 0
         if done >= connections:
@@ -325,6 +326,10 @@ def _follow(
         if stack is not None:
             _check_stack(stack)
             released = str(sum(1 for x in stack.lines("coordinator") if x.get("released")))
+            if ended is None and stack.procs["coordinator"].poll() is not None:
+                ended = time.monotonic()
+            if ended is not None and time.monotonic() - ended >= SETTLE:
+                _check_announced(stack, work / "load" / "progress", opts.rounds)
         sent, receipted, rate = _load_progress(work / "load" / "progress", rate_state)
         progress(
             f"{released}/{opts.rounds} rounds released; {sent:,} reports sent, {receipted:,} "
@@ -333,6 +338,33 @@ def _follow(
         if time.monotonic() - started > limit:
             raise LoadTestFailed(f"the load did not finish within {limit:.0f}s")
         time.sleep(0.5)
+
+
+SETTLE = 5.0
+"""Seconds after the coordinator exits before the announcements the users saw are judged
+final (each connection writes its progress once a second)."""
+
+
+def _check_announced(stack: LocalStack, progress: Path, rounds: int) -> None:
+    """LoadTestFailed if the coordinator, gone after its rounds, announced fewer than the users
+    wait for: a round aborted before its announcement (a hop not ready in time) is one of the
+    coordinator's `--rounds` but never reaches the users, who would wait until the time limit."""
+    seen = 0
+    for f in progress.glob("*.json") if progress.exists() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            seen = max(seen, int(json.loads(f.read_text())["rounds_seen"]))
+    if seen >= rounds:
+        return
+    lines = stack.lines("coordinator")
+    why = "; ".join(
+        f"{x.get('round_id')}: {(x.get('abort') or {}).get('reason') or x.get('error')}"
+        for x in lines
+        if not x.get("released")
+    )
+    raise LoadTestFailed(
+        f"the coordinator ended after {len(lines)} round(s) but announced only {seen} of the "
+        f"{rounds} the load waits for ({why or 'no reason given'})"
+    )
 
 
 def _check_workers(work: Path) -> None:
