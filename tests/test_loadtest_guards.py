@@ -169,32 +169,43 @@ def test_signals_are_held_while_the_stack_is_cleaned_up() -> None:
 
 def test_an_interrupted_run_says_what_it_did_until_then(tmp_path: Path) -> None:
     """Ctrl-C said only where the logs were: nothing of the rounds released or the reports
-    receipted by then (the report is written at the end of a run)."""
-    import json
+    receipted by then (the report is written at the end of a run). The rounds are read from
+    the ledger once everything stopped: the coordinator, stopped, closes the round it drives
+    and the analyzer may release it then (it said "0 round(s) released" of a run whose ledger
+    held a round of 6,629 reports committed), or it is killed before printing its line."""
+    from shufflekit.accountant.ledger import Budget, Ledger
+    from shufflekit.app.loadtest.stack import DEPLOYMENT, ledger_url
 
     progress = tmp_path / "load" / "progress"
     progress.mkdir(parents=True)
     for i, (sent, receipted) in enumerate([(600, 590), (400, 380)]):
         state = {"sent": sent, "receipted": receipted, "acked": sent}
         (progress / f"{i}.json").write_text(json.dumps(state))
-    lines = [
-        {"released": True, "result": {"batch_size": 500}},
-        {"released": False, "result": None},
-        {"released": True, "result": {"batch_size": 460}},
-    ]
-    stack: Any = SimpleNamespace(lines=lambda name: lines if name == "coordinator" else [])
+    with Ledger(ledger_url(tmp_path)) as led:
+        led.init_budget(Budget(DEPLOYMENT, 1e9, 1e-6, n_min=100, cost_model="ldp"))
+        for rid in ("r1", "r2", "r3", "r4"):
+            led.reserve(DEPLOYMENT, rid, 10, 2.0, "operator")
+        led.commit(DEPLOYMENT, "r1", 500, "analyzer")
+        led.refund(DEPLOYMENT, "r2", "operator")
+        led.commit(DEPLOYMENT, "r3", 460, "analyzer")  # its coordinator printed nothing
+    # what the coordinator printed before it was stopped: not the source of the facts
+    lines = [{"released": True, "result": {"batch_size": 500}}]
+    stack: Any = SimpleNamespace(
+        folder=tmp_path, lines=lambda name: lines if name == "coordinator" else []
+    )
     facts = so_far(tmp_path, stack)
     assert facts == {
         "interrupted": True,
         "rounds_released": 2,
         "rounds_aborted": 1,
+        "rounds_unsettled": 1,
         "reports_counted": 960,
         "reports_sent": 1000,
         "reports_receipted": 970,
     }
     assert interrupted_line(facts) == (
-        "until then: 2 round(s) released (960 reports counted), 1 aborted; 1,000 reports sent, "
-        "970 receipted"
+        "until then: 2 round(s) released (960 reports counted), 1 aborted, 1 stopped before "
+        "its outcome; 1,000 reports sent, 970 receipted"
     )
     assert interrupted_line(so_far(tmp_path, None)).startswith("until then: 1,000 reports sent")
 

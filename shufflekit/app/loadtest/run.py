@@ -19,20 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shufflekit.accountant.ledger import Ledger
 from shufflekit.app.loadtest.broker import free_port
 from shufflekit.app.loadtest.floor import measure_floor
 from shufflekit.app.loadtest.plan import PLAN_ENV, LoadSettings
 from shufflekit.app.loadtest.report import build_report, gather_rounds, write_html
 from shufflekit.app.loadtest.stack import (
+    DEPLOYMENT,
     LoadTestFailed,
     LocalStack,
     RssMonitor,
     build_stack,
+    ledger_url,
     start_coordinator,
     start_services,
 )
 from shufflekit.app.state import writable
-from shufflekit.base.errors import ConfigError, TransportError
+from shufflekit.base.errors import ConfigError, ShufflekitError, TransportError
 
 Progress = Callable[[str], None]
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")  # run by Locust, never imported here
@@ -149,7 +152,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     monitor = RssMonitor()
     stack: LocalStack | None = None
     procs: list[Any] = []
-    ok = False
+    ok = interrupted = False
     restore = _terminate_as_interrupt()
     try:
         progress(f"measuring the crypto floor on {cores} cores")
@@ -217,13 +220,8 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     except LoadTestFailed as exc:
         raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
     except KeyboardInterrupt:
-        facts = so_far(work, stack)
-        sys.stderr.write(f"loadtest: interrupted; {interrupted_line(facts)}\n")
-        if opts.report_dir is not None:  # what the run did until then, for the record
-            with contextlib.suppress(OSError):
-                partial = opts.report_dir / "report.json"
-                partial.write_text(json.dumps(facts | {"logs": str(work)}, indent=2) + "\n")
-        sys.stderr.write(f"loadtest: stopping everything (logs kept in {work})\n")
+        interrupted = True
+        sys.stderr.write(f"loadtest: interrupted; stopping everything (logs kept in {work})\n")
         raise
     finally:
         restore()
@@ -237,19 +235,34 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
                 stack.stop(grace=30.0 if ok else 5.0)
             if ok:
                 shutil.rmtree(owned, ignore_errors=True)
+            if interrupted:  # once stopped: the stopped coordinator may still release a round
+                facts = so_far(work, stack)
+                sys.stderr.write(f"loadtest: {interrupted_line(facts)}\n")
+                if opts.report_dir is not None:  # what the run did until then, for the record
+                    with contextlib.suppress(OSError):
+                        partial = opts.report_dir / "report.json"
+                        partial.write_text(json.dumps(facts | {"logs": str(work)}, indent=2) + "\n")
 
 
 def so_far(work: Path, stack: LocalStack | None) -> dict[str, Any]:
-    """What an interrupted run did: the rounds the coordinator settled (here on loopback) and
-    the reports the load generator sent and had receipted, from the files they keep."""
+    """What an interrupted run did: the rounds its ledger settled (here on loopback; read once
+    every service stopped) and the reports the load generator sent and had receipted, from the
+    files they keep."""
     sent, receipted, _rate = _load_progress(work / "load" / "progress", [])
-    lines = stack.lines("coordinator") if stack is not None else []
-    released = [x for x in lines if x.get("released")]
+    records: list[Any] = []
+    if stack is not None:
+        with contextlib.suppress(ShufflekitError), Ledger(ledger_url(stack.folder)) as led:
+            records = list(led.rounds_of(DEPLOYMENT))
+    released = [r for r in records if r.status == "committed"]
+    known = stack is not None
     return {
         "interrupted": True,
-        "rounds_released": len(released) if stack is not None else None,
-        "rounds_aborted": sum(1 for x in lines if x.get("released") is False),
-        "reports_counted": sum(int((x.get("result") or {}).get("batch_size", 0)) for x in released),
+        "rounds_released": len(released) if known else None,
+        "rounds_aborted": sum(1 for r in records if r.status == "refunded") if known else None,
+        "rounds_unsettled": (
+            sum(1 for r in records if r.status in ("reserved", "expired")) if known else None
+        ),
+        "reports_counted": sum(r.batch_size or 0 for r in released),
         "reports_sent": sent,
         "reports_receipted": receipted,
     }
@@ -257,11 +270,14 @@ def so_far(work: Path, stack: LocalStack | None) -> dict[str, Any]:
 
 def interrupted_line(facts: dict[str, Any]) -> str:
     """One line of `so_far`'s facts."""
+    unsettled = facts["rounds_unsettled"]
     rounds = (
         ""
         if facts["rounds_released"] is None
         else f"{facts['rounds_released']} round(s) released ({facts['reports_counted']:,} "
-        f"reports counted), {facts['rounds_aborted']} aborted; "
+        f"reports counted), {facts['rounds_aborted']} aborted"
+        + (f", {unsettled} stopped before its outcome" if unsettled else "")
+        + "; "
     )
     return (
         f"until then: {rounds}{facts['reports_sent']:,} reports sent, "

@@ -24,6 +24,11 @@ from shufflekit.core.transport.mqtt import ENV_CA_FILE, ENV_PASSWORD, ENV_USERNA
 DEPLOYMENT = "loadtest"
 
 
+def ledger_url(folder: Path) -> str:
+    """The throwaway SQLite ledger of the load test started in `folder`."""
+    return f"sqlite:///{folder / 'ledger.db'}"
+
+
 def _tree(pid: int) -> list[int]:
     """`pid` and its descendants (from /proc)."""
     out, todo = [], [pid]
@@ -186,8 +191,8 @@ def build_stack(
         write_key_pair(KeyFiles.of(keys, f"mix{i}"))
     write_key_pair(KeyFiles.of(keys, "analyzer"))
     enrol = write_enrollment_key(KeyFiles.of(keys, "enrollment"))
-    ledger_url = f"sqlite:///{folder / 'ledger.db'}"
-    led = Ledger(ledger_url)
+    url = ledger_url(folder)
+    led = Ledger(url)
     # ldp cost model: the budget only has to hold the rounds; the load test measures the
     # pipeline, not the accountant (whose cost is part of the ledger stage either way)
     led.init_budget(Budget(DEPLOYMENT, 1e9, 1e-6, n_min=n_min, cost_model="ldp"))
@@ -197,7 +202,7 @@ def build_stack(
     cfg.write_text(
         f'broker = "{scheme}://127.0.0.1:{broker.port}"\n'
         f'deployment = "{DEPLOYMENT}"\nmixes = {mixes}\n'
-        f'keys_dir = "keys"\nstate_dir = "state"\nledger = "{ledger_url}"\n'
+        f'keys_dir = "keys"\nstate_dir = "state"\nledger = "{url}"\n'
         'client_id_prefix = "lt"\n\n'
         f"[mix]\nbatch_timeout = {deadline}\nper_chunk = 2000\npeel_workers = {peel_workers}\n"
         'enrollment_key = "keys/enrollment.pub"\n\n'
