@@ -32,7 +32,7 @@ from shufflekit.app.loadtest.run import (
 )
 from shufflekit.app.loadtest.stack import LoadTestFailed
 from shufflekit.app.state import writable
-from shufflekit.base.errors import ConfigError
+from shufflekit.base.errors import ConfigError, TransportError
 
 # never import locust here: it patches threading with gevent, and the test worker hangs
 pytestmark = pytest.mark.skipif(
@@ -60,6 +60,49 @@ def test_options_that_would_fail_late_are_refused_first(
     assert out.exit_code not in (0, 70), out.output
     assert says in out.output and "Traceback" not in out.output, out.output
     assert not report.exists()  # refused before anything, its folder included
+
+
+def test_a_deployment_it_cannot_drive_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--config without the client account (or the enrollment private key), or a machine
+    without Mosquitto, failed only after the crypto floor had kept every core busy, and left a
+    folder in the temp dir each time (without Mosquitto: with the run's private keys), which
+    the one-line error did not name."""
+    import shutil
+
+    from shufflekit.app.services.keys import KeyFiles, write_enrollment_key
+
+    write_enrollment_key(KeyFiles.of(tmp_path / "keys", "enrollment"))
+    cfg = tmp_path / "shufflekit.toml"
+    cfg.write_text(
+        'broker = "mqtt://127.0.0.1:1"\ndeployment = "pilot"\nmixes = 2\nkeys_dir = "keys"\n'
+        '[mix]\nenrollment_key = "keys/enrollment.pub"\n'
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(loadtest_run.tempfile, "tempdir", str(temp))
+    floors: list[int] = []
+    monkeypatch.setattr(loadtest_run, "measure_floor", lambda mixes, **_kw: floors.append(mixes))
+    monkeypatch.delenv("SHUFFLEKIT_MQTT_USERNAME", raising=False)
+    monkeypatch.delenv("SHUFFLEKIT_BROKER", raising=False)
+    with pytest.raises(TransportError, match="SHUFFLEKIT_MQTT_USERNAME"):
+        loadtest_run.run_loadtest(LoadTestOptions(users=10, rounds=1, config=cfg))
+    monkeypatch.setenv("SHUFFLEKIT_MQTT_USERNAME", "client")
+    shutil.move(tmp_path / "keys" / "enrollment.key", tmp_path / "elsewhere.key")
+    with pytest.raises(ConfigError, match=r"enrollment\.key"):
+        loadtest_run.run_loadtest(LoadTestOptions(users=10, rounds=1, config=cfg))
+    assert floors == [] and list(temp.iterdir()) == []
+    # likewise without Mosquitto, here: it wrote the keys and the ledger first, and kept them
+    from shufflekit.app.loadtest import broker
+
+    def missing(name: str) -> str:
+        raise ConfigError(f"{name} is not installed")
+
+    monkeypatch.setattr(broker, "_binary", missing)
+    with pytest.raises(ConfigError, match="mosquitto is not installed"):
+        loadtest_run.run_loadtest(LoadTestOptions(users=10, rounds=1))
+    assert floors == [] and list(temp.iterdir()) == []
 
 
 def test_an_unwritable_report_folder_is_refused_before_the_run(tmp_path: Path) -> None:

@@ -47,6 +47,13 @@ def _binary(name: str) -> str:
     return path
 
 
+def require_mosquitto() -> None:
+    """ConfigError unless Mosquitto and mosquitto_passwd are installed (checked before a load
+    test measures anything)."""
+    _binary("mosquitto")
+    _binary("mosquitto_passwd")
+
+
 def acl_for(mixes: int, shipped: str) -> str:
     """The shipped ACL (written for 2 mixes) for a cascade of `mixes`: mix i > 0 gets mix 1's
     block with its hop numbers, the analyzer reads hop L (the file's own instructions)."""

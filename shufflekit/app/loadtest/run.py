@@ -5,6 +5,7 @@ report."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
-from shufflekit.app.loadtest.broker import free_port
+from shufflekit.app.loadtest.broker import free_port, require_mosquitto
 from shufflekit.app.loadtest.floor import measure_floor
 from shufflekit.app.loadtest.plan import PLAN_ENV, LoadSettings
 from shufflekit.app.loadtest.report import build_report, gather_rounds, write_html
@@ -145,6 +146,10 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     # validates the fractions before anything starts (no folder, no broker yet)
     probe = _settings(opts, connections, Path("."), "127.0.0.1", 1, False, None, None, None, "x")
     good = probe.counts()["good"]
+    # an existing deployment's account and keys: before the floor keeps every core busy
+    existing = _existing(opts, connections) if opts.config is not None else None
+    if existing is None:
+        require_mosquitto()
     if opts.report_dir is not None:  # after every other check: a refused run leaves no folder
         writable(opts.report_dir, ConfigError)
     owned = tempfile.mkdtemp(prefix="shufflekit-loadtest-")
@@ -157,8 +162,8 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     try:
         progress(f"measuring the crypto floor on {cores} cores")
         floor = measure_floor(opts.mixes, seconds=opts.floor_seconds)
-        if opts.config is not None:
-            settings = _existing(opts, connections, work)
+        if existing is not None:
+            settings = dataclasses.replace(existing, out_dir=str(work / "load"))
         else:
             progress("starting Mosquitto and the services")
             stack = build_stack(
@@ -430,9 +435,10 @@ def _load_progress(folder: Path, state: list[tuple[float, float]]) -> tuple[int,
     return sent, acked, max(rate, 0.0)
 
 
-def _existing(opts: LoadTestOptions, connections: int, work: Path) -> LoadSettings:
+def _existing(opts: LoadTestOptions, connections: int) -> LoadSettings:
     """The settings for an existing deployment: broker and deployment from its config, the
-    client account from the environment, the enrollment key next to the configured public one."""
+    client account from the environment, the enrollment key next to the configured public one
+    (`out_dir` is set once the run has its folder)."""
     from shufflekit.app.services.config import load_config
     from shufflekit.core.transport.mqtt import BrokerAddress
 
@@ -451,7 +457,7 @@ def _existing(opts: LoadTestOptions, connections: int, work: Path) -> LoadSettin
         raise TransportError("the client account: set SHUFFLEKIT_MQTT_USERNAME and _PASSWORD")
     ca = str(addr.ca_file) if addr.ca_file else None
     return _settings(
-        opts, connections, work, addr.host, addr.port, addr.tls, ca,
+        opts, connections, Path("."), addr.host, addr.port, addr.tls, ca,
         addr.username, addr.password, cfg.deployment, enrol,
     )  # fmt: skip
 
