@@ -181,3 +181,24 @@ def test_a_service_reconnects_when_the_broker_comes_back(procs: Procs, tmp_path:
     finally:
         b.kill()
         b.wait(10)
+
+
+def test_clients_show_what_they_wait_for_on_a_terminal_only(mosquitto: str, tmp_path: Path) -> None:
+    """`shufflekit clients` printed nothing until it was done: up to --wait seconds for a
+    round, then until the deadline for receipts. On a terminal it now says what it waits for;
+    piped, stderr holds only the one-line error (no round opened here)."""
+    from tests.cli_run import run_cli_tty
+
+    args = ["clients", "--broker", mosquitto, "--deployment", "nobody", "--users", "5"]
+    args += ["--wait", "1"]
+    tty = run_cli_tty(args, tmp_path)
+    assert tty.returncode == 2, tty.stdout
+    assert "waiting up to 1 s for an open round of deployment 'nobody'" in tty.stdout, tty.stdout
+    piped = subprocess.run(
+        [sys.executable, "-m", "shufflekit", *args], capture_output=True, text=True, timeout=60
+    )
+    assert piped.returncode == 2 and "waiting up to" not in piped.stderr, piped.stderr
+    assert piped.stderr.strip().splitlines() == [
+        "error: no open round of deployment 'nobody' was announced within 1s: is `shufflekit "
+        "serve coordinator` running?"
+    ]

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from shufflekit.app.cli_common import JsonOpt, count, refuse
-from shufflekit.app.render import console, print_json
+from shufflekit.app.render import console, err_console, print_json
 from shufflekit.app.services.config import ServiceConfig, load_config
 from shufflekit.app.services.keys import (
     RECEIPT_KEY,
@@ -296,26 +296,35 @@ def clients(
     json_out: JsonOpt = False,
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
-    from shufflekit.app.services.clients import run_clients
+    from shufflekit.app.services.clients import ClientsSummary, run_clients
 
     if users < 1:
         refuse(f"--users must be at least 1, got {users}")
 
     authority = load_enrollment_key(enrollment_key) if enrollment_key else None
-    summary = asyncio.run(
-        run_clients(
-            broker,
-            deployment,
-            users,
-            bad_fraction=bad_fraction,
-            seed=seed,
-            connections=connections,
-            wait=wait,
-            id_prefix=id_prefix,
-            enrollment=authority,
-            receipts=receipts,
+
+    def run(progress: Callable[[str], None]) -> ClientsSummary:
+        return asyncio.run(
+            run_clients(
+                broker,
+                deployment,
+                users,
+                bad_fraction=bad_fraction,
+                seed=seed,
+                connections=connections,
+                wait=wait,
+                id_prefix=id_prefix,
+                enrollment=authority,
+                receipts=receipts,
+                progress=progress,
+            )
         )
-    )
+
+    if not json_out and err_console.is_terminal:  # what it waits for, on a terminal only
+        with err_console.status("starting") as status:
+            summary = run(lambda s: status.update(s, spinner="dots"))
+    else:
+        summary = run(lambda _s: None)
     out = summary.as_dict()
     if json_out:
         print_json(out)

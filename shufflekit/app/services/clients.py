@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,9 +92,11 @@ async def run_clients(
     id_prefix: str = "sim",
     enrollment: EnrollmentKey | None = None,
     receipts: bool = False,
+    progress: Callable[[str], None] = lambda _s: None,
 ) -> ClientsSummary:
     """`users` simulated clients answer the current round; returns what was sent. With
-    `enrollment`, each client is enrolled (given its credential) and sends it with its report."""
+    `enrollment`, each client is enrolled (given its credential) and sends it with its report.
+    `progress` is told what it is doing (waiting, building, sending), for a terminal."""
     check_name("deployment", deployment)
     if users < 1:
         raise ConfigError("--users must be at least 1")
@@ -103,6 +106,7 @@ async def run_clients(
         raise ConfigError("--connections must be at least 1")
     addr = BrokerAddress.parse(broker)
     started = time.monotonic()
+    progress(f"waiting up to {wait:g} s for an open round of deployment {deployment!r}")
     async with MqttTransport(addr) as first:
         try:
             ann = await current_announcement(first, deployment, wait, open_only=True)
@@ -122,6 +126,8 @@ async def run_clients(
     good: list[list[bytes]] = [[] for _ in range(connections)]
     junk: list[bytes] = []
     for i in range(users):
+        if i % 500 == 0:
+            progress(f"building reports for round {ann.round_id}: {i:,} of {users:,}")
         cid = f"{id_prefix}-{i}"
         cred = enrollment.issue(deployment, cid) if enrollment is not None else None
         if i in bad:
@@ -134,9 +140,17 @@ async def run_clients(
             good[j].append(wrap_envelope(cid, build_onion(int(values[i]), ann), ann, cred, reply))
     summary.bad = n_bad
     sends = [send_until_acked(addr, topic, junk[j::connections], ann) for j in range(connections)]
+    progress(f"round {ann.round_id}: sending {users:,} reports")
     if receipts:
-        counts = [send_until_receipted(addr, replies[j], good[j], ann) for j in range(connections)]
-        got, _ = await asyncio.gather(asyncio.gather(*counts), asyncio.gather(*sends))
+        boxes: list[ReceiptBox] = []
+        counts = [
+            send_until_receipted(addr, replies[j], good[j], ann, boxes) for j in range(connections)
+        ]
+        ticker = asyncio.create_task(_tell_receipted(progress, ann, boxes, users - n_bad))
+        try:
+            got, _ = await asyncio.gather(asyncio.gather(*counts), asyncio.gather(*sends))
+        finally:
+            ticker.cancel()
         summary.receipted = sum(got)
     else:
         sends += [send_until_acked(addr, topic, part, ann) for part in good]
@@ -147,12 +161,28 @@ async def run_clients(
     return summary
 
 
+async def _tell_receipted(
+    progress: Callable[[str], None], ann: Announcement, boxes: list[ReceiptBox], good: int
+) -> None:
+    """Every half second: how many well-formed reports hold mix 0's receipt, and time left."""
+    while True:
+        await asyncio.sleep(0.5)
+        got = sum(b.receipted for b in boxes)
+        left = max(ann.seconds_left(), 0.0)
+        progress(f"{got:,} of {good:,} reports receipted by mix 0; {left:.0f} s to the deadline")
+
+
 async def send_until_receipted(
-    addr: BrokerAddress, reply: str, payloads: list[bytes], ann: Announcement
+    addr: BrokerAddress,
+    reply: str,
+    payloads: list[bytes],
+    ann: Announcement,
+    boxes: list[ReceiptBox] | None = None,
 ) -> int:
     """Send every payload on one connection (MQTT client id `reply`) until mix 0's receipt for
     it arrives or the round's deadline passes; returns how many hold a receipt. A lost
-    connection is opened again under the same client id (its receipts keep coming there)."""
+    connection is opened again under the same client id (its receipts keep coming there).
+    Its ReceiptBox is added to `boxes`, where progress reads the receipts held so far."""
     conn: MqttTransport | None = None
     opened = asyncio.Lock()
 
@@ -167,6 +197,8 @@ async def send_until_receipted(
 
     try:
         async with ReceiptBox(connect, ann, reply) as box:
+            if boxes is not None:
+                boxes.append(box)
             await asyncio.gather(*(box.deliver(p, resend=5.0) for p in payloads))
             if box.receipted < len(payloads):
                 log.warning(
