@@ -105,6 +105,39 @@ def test_a_deployment_it_cannot_drive_is_refused_before_anything_runs(
     assert floors == [] and list(temp.iterdir()) == []
 
 
+def test_a_run_leaves_no_folder_its_error_does_not_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typed error after the run's folder was made (Mosquitto exiting at start, say) left
+    the folder, keys and ledger included, in the temp dir without naming it; Ctrl-C while the
+    crypto floor was measured named an empty one as "logs kept"."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(loadtest_run.tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(loadtest_run, "require_mosquitto", lambda: None)
+    monkeypatch.setattr(loadtest_run, "measure_floor", lambda mixes, **_kw: None)
+
+    def broker_fails(folder: Path, **_kw: Any) -> None:
+        (folder / "keys").mkdir()
+        (folder / "keys" / "mix0.key").write_text("secret")
+        raise TransportError("mosquitto exited at start: Error: Unable to open pwfile")
+
+    monkeypatch.setattr(loadtest_run, "build_stack", broker_fails)
+    with pytest.raises(TransportError, match="exited at start"):
+        loadtest_run.run_loadtest(LoadTestOptions(users=10, rounds=1))
+    assert list(temp.iterdir()) == []
+
+    def interrupted(mixes: int, **_kw: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loadtest_run, "measure_floor", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loadtest_run.run_loadtest(LoadTestOptions(users=10, rounds=1, report_dir=tmp_path / "r"))
+    assert list(temp.iterdir()) == []
+    assert "logs kept" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["logs"] is None
+
+
 def test_an_unwritable_report_folder_is_refused_before_the_run(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="cannot write to"):

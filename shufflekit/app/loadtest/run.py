@@ -157,7 +157,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     monitor = RssMonitor()
     stack: LocalStack | None = None
     procs: list[Any] = []
-    ok = interrupted = False
+    ok = interrupted = kept = False  # kept: the folder is named in what the run says
     restore = _terminate_as_interrupt()
     try:
         progress(f"measuring the crypto floor on {cores} cores")
@@ -223,10 +223,13 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         ok = True
         return report
     except LoadTestFailed as exc:
+        kept = True
         raise LoadTestFailed(f"{exc} (logs kept in {work})") from None
     except KeyboardInterrupt:
         interrupted = True
-        sys.stderr.write(f"loadtest: interrupted; stopping everything (logs kept in {work})\n")
+        kept = any(work.iterdir())  # still measuring the crypto floor: nothing to keep
+        where = f" (logs kept in {work})" if kept else ""
+        sys.stderr.write(f"loadtest: interrupted; stopping everything{where}\n")
         raise
     finally:
         restore()
@@ -238,15 +241,17 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
                     p.wait(10)
             if stack is not None:
                 stack.stop(grace=30.0 if ok else 5.0)
-            if ok:
+            # once stopped: the stopped coordinator may still release a round
+            facts = so_far(work, stack) if interrupted else None
+            if ok or not kept:  # a folder the error does not name would only pile up
                 shutil.rmtree(owned, ignore_errors=True)
-            if interrupted:  # once stopped: the stopped coordinator may still release a round
-                facts = so_far(work, stack)
+            if facts is not None:
                 sys.stderr.write(f"loadtest: {interrupted_line(facts)}\n")
                 if opts.report_dir is not None:  # what the run did until then, for the record
                     with contextlib.suppress(OSError):
                         partial = opts.report_dir / "report.json"
-                        partial.write_text(json.dumps(facts | {"logs": str(work)}, indent=2) + "\n")
+                        logs = {"logs": str(work) if kept else None}
+                        partial.write_text(json.dumps(facts | logs, indent=2) + "\n")
 
 
 def so_far(work: Path, stack: LocalStack | None) -> dict[str, Any]:
