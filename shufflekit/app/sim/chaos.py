@@ -13,10 +13,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shufflekit.app.sim.invariants import INVARIANTS
-from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome, SimSpec, run_seed
+from shufflekit.app.sim.world import (
+    FAULT_KINDS,
+    LOSSLESS,
+    SMALL_ROUNDS,
+    SeedOutcome,
+    SimSpec,
+    run_seed,
+)
 from shufflekit.base.errors import InvalidInput
 
 QUIET_EVERY = 8  # seeds 7, 15, 23, ... run without faults
+LOSSLESS_AT = 3  # seeds 3, 11, 19, ... run with only the faults that lose nothing
+# the share of those seeds' rounds with n_min to n_min + 4 users: where every report must be
+# counted, a threshold off by one (a round of exactly n_min refused) shows
+EDGE_ROUNDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,18 +63,26 @@ class ChaosConfig:
             )
 
     def spec(self, seed: int, keep_trace: bool = False) -> SimSpec:
-        """Seed `seed`'s simulation. One seed in QUIET_EVERY runs with no fault at all, so
-        that `quiet_rounds_release` judges every sweep: a bug that only ever refunds (a hop
-        that drops a chunk) broke no other promise under faults."""
-        quiet = seed % QUIET_EVERY == QUIET_EVERY - 1
+        """Seed `seed`'s simulation. One seed in QUIET_EVERY runs with no fault at all, and
+        one with only those of `--faults` that lose nothing (LOSSLESS), so that
+        `quiet_rounds_release` judges every sweep: a bug that only ever refunds (a hop that
+        drops a chunk, or takes a batch before its last chunk came) broke no other promise
+        under faults. Half their rounds are at n_min's edge (EDGE_ROUNDS)."""
+        faults = frozenset(self.faults)
+        judged = seed % QUIET_EVERY in (QUIET_EVERY - 1, LOSSLESS_AT)
+        if seed % QUIET_EVERY == QUIET_EVERY - 1:
+            faults = frozenset()
+        elif seed % QUIET_EVERY == LOSSLESS_AT:
+            faults &= LOSSLESS
         return SimSpec(
             seed=seed,
             users=self.users,
             mixes=self.mixes,
             rounds=self.rounds,
-            faults=frozenset() if quiet else frozenset(self.faults),
+            faults=faults,
             real_crypto=self.real_crypto,
             keep_trace=keep_trace,
+            small_rounds=EDGE_ROUNDS if judged else SMALL_ROUNDS,
         )
 
     def replay_command(self, seed: int) -> str:

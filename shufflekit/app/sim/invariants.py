@@ -13,15 +13,24 @@ charged_round_published     a round whose cost was committed has its result publ
 budget_never_exceeded       spent plus reserved epsilon never passes the budget
 nothing_below_n_min         no result releases a batch smaller than n_min
 quiet_rounds_release        in a seed where no fault fired, every round the operator asked for
-                            ran and released (a bug that only ever refunds breaks no other)
+                            ran and released every client's report, receipted, as sent (a bug
+                            that only ever refunds, or loses reports nobody holds a receipt
+                            for, breaks no other)
+committed_before_release    no result goes out before the ledger committed its round's cost
+mixes_permute               no mix forwards a batch in the order its input came in (the sim
+                            peels each onion with the keys it holds: `order.py`)
+clients_randomize           the clients' reports keep their true value as often as k-RR says
+                            (e^eps0 / (e^eps0 + k - 1)), within 6 standard deviations
 no_forward_after_refund     no hop forwards, and the analyzer publishes nothing, for a round
                             the ledger refunded
 progress                    the deployment never stalls or spins: some timer or message is
-                            always pending, and virtual time moves
+                            always pending, and virtual time moves; and it runs every round the
+                            operator asked for, unless the budget has no room for another
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +42,14 @@ INVARIANTS = (
     "nothing_below_n_min",
     "quiet_rounds_release",
     "no_forward_after_refund",
+    "committed_before_release",
+    "mixes_permute",
+    "clients_randomize",
     "progress",
 )
 EPS_SLACK = 1e-9
+RANDOMIZED_MIN = 50  # honest reports a seed needs before `clients_randomize` judges it
+RANDOMIZED_SDS = 6.0  # its tolerance, in standard deviations (a false alarm: ~1e-9)
 
 
 @dataclass
@@ -54,6 +68,7 @@ class RoundFacts:
     deadline: float | None = None  # virtual seconds
     receipted: dict[str, float] = field(default_factory=dict)  # logical client -> receipt time
     sent: dict[str, int] = field(default_factory=dict)  # logical client -> randomized value sent
+    kept: int = 0  # honest reports whose randomized value is the client's true value
     extra_sent: list[int] = field(default_factory=list)  # values of misbehaving clients' extras
     users: int = 0  # logical clients that answered
     results: list[int] = field(default_factory=list)  # batch sizes published
@@ -71,9 +86,11 @@ class RoundFacts:
 class Checker:
     """Collects facts as events happen and reports the first violation of each invariant."""
 
-    def __init__(self, n_min: int, epsilon_total: float) -> None:
+    def __init__(self, n_min: int, epsilon_total: float, k: int, eps0: float) -> None:
         self.n_min = n_min
         self.epsilon_total = epsilon_total
+        self.k, self.eps0 = k, eps0
+        self.spent = 0.0  # the ledger's spent plus reserved epsilon, as last seen
         self.rounds: dict[str, RoundFacts] = {}
         self.violations: list[Violation] = []
 
@@ -90,12 +107,23 @@ class Checker:
         if rid is None or rid not in self.rounds:
             return
         forwarding = parts.get("kind") in ("data", "manifest") and parts.get("hop", 0) >= 1
-        if (forwarding or parts.get("kind") == "result") and self.rounds[rid].status == "refunded":
+        status = self.rounds[rid].status
+        if (forwarding or parts.get("kind") == "result") and status == "refunded":
             self._fail(
                 "no_forward_after_refund",
                 f"{client} published {parts.get('kind')} of round {rid} after its refund",
                 t,
             )
+        elif parts.get("kind") == "result" and status != "committed":
+            self._fail(
+                "committed_before_release",
+                f"{client} published the result of round {rid} while it is {status}",
+                t,
+            )
+
+    def unpermuted(self, t: float, detail: str) -> None:
+        """A mix forwarded a batch in its input's order (`Order.published` says which)."""
+        self._fail("mixes_permute", detail, t)
 
     def on_result(self, t: float, rid: str, batch_size: int, histogram: list[int]) -> None:
         facts = self.round(rid)
@@ -130,6 +158,7 @@ class Checker:
         for rid, (status, batch_size) in statuses.items():
             facts = self.round(rid)
             facts.status, facts.batch_size = status, batch_size
+        self.spent = reserved_total
         if reserved_total > self.epsilon_total + EPS_SLACK:
             self._fail(
                 "budget_never_exceeded",
@@ -153,19 +182,60 @@ class Checker:
                 t,
             )
 
+    def _all_counted(self, t: float, rid: str, facts: RoundFacts) -> None:
+        """`quiet_rounds_release` of one round of a seed where no fault fired: every client
+        was receipted, and the round released exactly the values its clients sent."""
+        sent = [facts.sent_of(v) for v in range(len(facts.histogram or []))]
+        if len(facts.receipted) < facts.users:
+            what = f"{len(facts.receipted)} of its {facts.users} clients were receipted"
+        elif facts.results and facts.histogram != sent:
+            what = f"it released {facts.histogram}; its clients sent {sent}"
+        else:
+            return
+        self._fail("quiet_rounds_release", f"no lossy fault fired, yet in round {rid} {what}", t)
+
     # ------------------------------------------------------------------ at the end
-    def at_end(self, t: float, quiet_rounds: int | None = None) -> None:
-        """The promises only the whole run can judge; `quiet_rounds`: the rounds asked for,
-        in a seed where no fault fired (each must have run and released)."""
+    def _randomized(self, t: float) -> None:
+        """`clients_randomize`: over the seed, the share of honest reports that kept their
+        client's true value is k-RR's (a client sending its true value releases counts that
+        add up all the same)."""
+        n = sum(len(f.sent) for f in self.rounds.values())
+        kept = sum(f.kept for f in self.rounds.values())
+        if n < RANDOMIZED_MIN:
+            return
+        p = math.exp(self.eps0) / (math.exp(self.eps0) + self.k - 1)
+        if abs(kept - n * p) > RANDOMIZED_SDS * math.sqrt(n * p * (1 - p)):
+            self._fail(
+                "clients_randomize",
+                f"{kept} of {n} reports kept their client's value; k-RR keeps {p:.3f} of them",
+                t,
+            )
+
+    def at_end(
+        self, t: float, asked: int, round_epsilon: float, quiet_rounds: int | None = None
+    ) -> None:
+        """The promises only the whole run can judge: `asked` rounds of `round_epsilon` each
+        were asked for; `quiet_rounds`: the rounds asked for, in a seed where no fault fired
+        (each must have run and released)."""
+        self._randomized(t)
+        ran = sum(1 for f in self.rounds.values() if f.status is not None)
+        if ran < asked and self.spent + round_epsilon <= self.epsilon_total + EPS_SLACK:
+            self._fail(
+                "progress",
+                f"{ran} of the {asked} rounds asked for ran, and the budget has room for more",
+                t,
+            )
         if quiet_rounds is not None:
             released = sum(1 for f in self.rounds.values() if f.status == "committed")
             if released < quiet_rounds:
                 self._fail(
                     "quiet_rounds_release",
-                    f"no fault fired, yet {released} of {quiet_rounds} rounds released "
+                    f"no lossy fault fired, yet {released} of {quiet_rounds} rounds released "
                     f"({len(self.rounds)} ran)",
                     t,
                 )
+            for rid, facts in sorted(self.rounds.items()):
+                self._all_counted(t, rid, facts)
         for rid, facts in sorted(self.rounds.items()):
             if facts.status == "reserved":
                 self._fail("charged_round_published", f"round {rid} is still reserved", t)
