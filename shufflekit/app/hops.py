@@ -12,6 +12,7 @@ from typing import Any
 
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.errors import ConfigError, InvalidReport, RoundSuspended, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Abort, Announcement, Ready
@@ -23,6 +24,7 @@ from shufflekit.shuffler.mix import MixNode
 
 log = logging.getLogger("shufflekit.hops")
 RETAINED_WAIT = 1.0  # seconds a resumed round waits for a retained abort
+READY_PATIENCE = 10.0  # seconds a lost ready is sent again (then: resumed on reconnect)
 
 
 class HopRunner:
@@ -110,7 +112,17 @@ class HopRunner:
                     if isinstance(pool, ProcessPeeler):  # its workers up before the clock runs
                         await asyncio.to_thread(pool.start)
                     msg = Ready(round_id=ann.round_id, hop=hop, key=self.node.key.public_b64())
-                    await self.transport.publish(self.topics.ready(ann.round_id), msg.to_bytes())
+                    topic, data = self.topics.ready(ann.round_id), msg.to_bytes()
+                    # a ready the broker did not take is sent again: the round is already
+                    # started here, so the coordinator's repeated prepare is not answered
+                    await with_backoff(
+                        lambda: self.transport.publish(topic, data),
+                        TransportError,
+                        clock=self.node.clock,
+                        patience=READY_PATIENCE,
+                        first=0.1,
+                        cap=1.0,
+                    )
                 watcher = asyncio.create_task(aborted_elsewhere(abort_sub, ann.round_id, hop))
                 try:
                     await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
-from shufflekit.base.errors import InvalidReport, RoundAborted
+from shufflekit.base.errors import InvalidReport, RoundAborted, TransportError
 from shufflekit.core.counters import RejectionCounter
 from shufflekit.core.messages import Manifest
 from shufflekit.core.spool import Inbox, Spool
@@ -20,6 +21,9 @@ from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import Chunk, batch_digest, split_chunks
 
 DEFAULT_CHUNK = 500
+# seconds a lost chunk or manifest publish is sent again without a go (a go's end bounds it):
+# one lost publish left the round stranded until the coordinator refunded it
+RESEND_PATIENCE = 30.0
 
 
 async def send_batch(
@@ -35,17 +39,26 @@ async def send_batch(
     clock: Clock = system_clock,
 ) -> Manifest:
     """Publish `items` (already permuted) to hop `hop`: the chunks first, then the manifest.
-    With `until` (unix time on `clock`: the end of the coordinator's go), nothing is published
-    after it: RoundAborted instead (the next hop then refuses the incomplete batch)."""
+    A publish the broker did not take (no PUBACK) is sent again with backoff, until `until`
+    or for RESEND_PATIENCE seconds; then TransportError. With `until` (unix time on `clock`:
+    the end of the coordinator's go), nothing is published after it: RoundAborted instead
+    (the next hop then refuses the incomplete batch)."""
 
     def in_time() -> None:
         if until is not None and clock.time() >= until:
             raise RoundAborted("the coordinator's go ran out before the batch was out")
 
+    async def out(topic: str, payload: bytes) -> None:
+        async def once() -> None:
+            in_time()
+            await transport.publish(topic, payload)
+
+        patience = RESEND_PATIENCE if until is None else max(0.0, until - clock.time())
+        await with_backoff(once, TransportError, clock=clock, patience=patience, first=0.1, cap=2.0)
+
     chunks = split_chunks(items, hop, per_chunk)
     for chunk in chunks:
-        in_time()
-        await transport.publish(topics.data(round_id, hop), chunk.encode(item_size))
+        await out(topics.data(round_id, hop), chunk.encode(item_size))
     manifest = Manifest(
         round_id=round_id,
         hop=hop,
@@ -54,8 +67,7 @@ async def send_batch(
         item_size=item_size,
         digest=batch_digest(items),
     )
-    in_time()
-    await transport.publish(topics.manifest(round_id, hop), manifest.to_bytes())
+    await out(topics.manifest(round_id, hop), manifest.to_bytes())
     return manifest
 
 
