@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.ledger import Budget, Ledger, RoundRecord
 from shufflekit.app.go_keeper import GoKeeper
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
@@ -159,6 +159,33 @@ def test_a_refund_from_outside_waits_for_the_go_a_mix_holds(ledger_url: str) -> 
     led.reserve("d", "r2", k=4, eps0=1.0)
     assert run_virtual(keeper.verdict("r2", 0), clock).verdict == "go"
     assert led.refund("d", "r2", goes_settled=True).status == "refunded"
+    led.close()
+
+
+class _RefundedAfterTheRead(Ledger):
+    """An operator's `budget refund` lands between the keeper's read of the round and its
+    grant (no go was recorded yet, so the ledger lets it through)."""
+
+    def round_of(self, deployment: str, round_id: str) -> RoundRecord | None:
+        rec = super().round_of(deployment, round_id)
+        self.refund(deployment, round_id, actor="operator")
+        return rec
+
+
+def test_a_refund_between_the_read_and_the_grant_gets_no_go(ledger_url: str) -> None:
+    """The keeper read the round as reserved, but the ledger's grant (its status check and the
+    lease in one statement) finds it refunded: the mix is refused, and no lease is kept."""
+    clock = VirtualClock()
+    led = _RefundedAfterTheRead(ledger_url, clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    led.reserve("d", "r1", k=4, eps0=1.0)
+    keeper = GoKeeper(led, "d", LEASE, clock, inline, RejectionCounter())
+    go = run_virtual(keeper.verdict("r1", 0), clock)
+    assert go.verdict == "refused" and go.until is None, go
+    assert go.reason == "the round is no longer reserved in the ledger"
+    assert keeper.leases.get("r1", {}) == {}
+    rec = Ledger.round_of(led, "d", "r1")
+    assert rec is not None and rec.status == "refunded" and rec.go_until is None
     led.close()
 
 
