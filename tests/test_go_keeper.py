@@ -12,16 +12,20 @@ from typing import Any
 import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger, RoundRecord
+from shufflekit.app.coordinator import Coordinator
 from shufflekit.app.go_keeper import GoKeeper
+from shufflekit.app.rounds import RoundParams, RoundReport, RoundTopics
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import LedgerBusy
 from shufflekit.base.offload import inline
 from shufflekit.core.counters import RejectionCounter
-from shufflekit.core.go import GO_MARGIN, return_go
-from shufflekit.core.messages import GoRequest
+from shufflekit.core.crypto import KeyPair
+from shufflekit.core.go import GO_MARGIN, await_go, return_go
+from shufflekit.core.messages import Announcement, Go, GoRequest, Ready
 from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
+from shufflekit.core.transport.base import Transport
 from tests.cli_run import run_cli
 
 LEASE = 60.0
@@ -230,4 +234,62 @@ def test_a_restarted_coordinator_waits_for_the_go_its_earlier_life_recorded(
 
     assert run_virtual(main(), clock) == pytest.approx(300.0 - 10.0 + GO_MARGIN, abs=0.01)
     assert led.refund("d", "r1", goes_settled=True).status == "refunded"
+    led.close()
+
+
+def test_a_coordinator_refunds_a_round_it_gave_up_on_only_once_its_last_go_ran_out(
+    ledger_url: str,
+) -> None:
+    """Every hop says ready; mix 0 asks for its go late (just before the coordinator gives the
+    round up: deadline plus two batch timeouts) and then hangs, never returning it. The
+    coordinator aborts the round, but refunds it only once that go ran out: until then the mix
+    may still forward the batch of a round whose cost was given back."""
+    clock = VirtualClock()
+    batch = 10.0
+    led = Ledger(ledger_url, clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    keys = [KeyPair.generate().public_b64() for _ in range(2)]
+    topics = RoundTopics("d")
+    goes: list[Go] = []
+
+    async def late_mix(conn: Transport) -> None:
+        async with conn.subscribe(topics.prepare) as prep:
+            ann = Announcement.from_bytes((await prep.get()).payload)
+            assert isinstance(ann, Announcement)
+            async with conn.subscribe(topics.close(ann.round_id)) as close:
+                for hop, key in enumerate(keys):
+                    ready = Ready(round_id=ann.round_id, hop=hop, key=key)
+                    await conn.publish(topics.ready(ann.round_id), ready.to_bytes())
+                await close.get()
+        await asyncio.sleep(1.5 * batch)  # the coordinator gives up at 2 batch timeouts
+        goes.append(await await_go(conn, topics, ann.round_id, 0, 5.0, clock=clock))
+
+    async def main() -> RoundReport:
+        broker = MemoryBroker()
+        async with broker.connect() as mix_conn, broker.connect() as coord_conn:
+            mix = asyncio.create_task(late_mix(mix_conn))
+            await asyncio.sleep(0)
+            coord = Coordinator(
+                coord_conn,
+                "d",
+                led,
+                keys[:1],
+                keys[1],
+                batch_timeout=batch,
+                clock=clock,
+                offload=inline,
+            )
+            params = RoundParams(k=4, eps0=1.0, n_min=5, deadline_seconds=5.0)
+            report = await coord.run_round(params)
+            await mix
+            return report
+
+    report = run_virtual(main(), clock)
+    assert not report.released and report.abort is not None
+    assert "no result or abort" in report.abort.reason, report.abort
+    [go] = goes
+    assert go.verdict == "go" and go.until is not None
+    rec = led.round_of("d", report.round_id)
+    assert rec is not None and rec.status == "refunded" and rec.go_until == go.until
+    assert rec.updated_at >= go.until + GO_MARGIN  # the refund came after the go ran out
     led.close()
