@@ -1,0 +1,73 @@
+"""De-duplication after mix 0: a hop past mix 0 receives a batch whose manifest matches it (so
+the chunk checks pass) but that holds one report several times, as a faulty or compromised
+previous mix would send it. Each report is counted, and forwarded, once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from shufflekit.analyzer.service import Analyzer
+from shufflekit.client.agent import seal_report
+from shufflekit.core.batch import send_batch
+from shufflekit.core.crypto import KeyPair, onion_size, peel
+from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.topics import Topics
+from shufflekit.core.transport import MemoryBroker
+from shufflekit.core.wire import REPORT_SIZE, Report
+
+VALUES = [0, 1, 1, 2, 3]  # one report each of five clients
+REPEATED = 0  # the index of the report sent three times
+
+
+def _announcement(mixes: list[KeyPair], analyzer: KeyPair) -> Announcement:
+    return Announcement(
+        deployment="t",
+        round_id="r1",
+        k=4,
+        eps0=1.0,
+        n_min=5,
+        deadline=time.time() + 60,
+        mix_keys=[m.public_b64() for m in mixes],
+        analyzer_key=analyzer.public_b64(),
+    )
+
+
+def _peeled(ann: Announcement, mixes: list[KeyPair], upto: int) -> list[bytes]:
+    """The clients' onions as hop `upto` receives them: the layers of mixes 0..upto-1 peeled."""
+    out = []
+    for value in VALUES:
+        onion = seal_report(Report(k=ann.k, value=value).encode(), ann)
+        for hop in range(upto):
+            onion = peel(onion, mixes[hop].private, ann.deployment, ann.round_id, hop)
+        out.append(onion)
+    return out
+
+
+async def _release(unpriced: Result, seal: Callable[[Result], Result]) -> Result:
+    return seal(unpriced)
+
+
+async def test_the_analyzer_counts_a_report_the_last_mix_forwarded_three_times_once() -> None:
+    """Only the analyzer stands between a last mix that repeats a report and the histogram:
+    the batch is consistent with its manifest, so no chunk check refuses it."""
+    mix, analyzer_key = KeyPair.generate(), KeyPair.generate()
+    ann = _announcement([mix], analyzer_key)
+    items = _peeled(ann, [mix], 1)
+    forwarded = [*items, items[REPEATED], items[REPEATED]]
+    broker = MemoryBroker()
+    async with broker.connect() as a_conn, broker.connect() as last_mix:
+        analyzer = Analyzer(a_conn, "t", analyzer_key, on_release=_release, batch_timeout=5.0)
+        ready = asyncio.Event()
+        task = asyncio.create_task(analyzer.run_round(ann, ready=ready))
+        await ready.wait()
+        await send_batch(
+            last_mix, Topics("t"), "r1", 1, forwarded, onion_size(REPORT_SIZE, 1), per_chunk=3
+        )
+        out = await asyncio.wait_for(task, 30)
+    assert out.abort_reason is None and out.result is not None, out
+    assert out.result.batch_size == len(VALUES)
+    assert out.result.histogram == [1, 2, 1, 1]
+    assert out.counters.accepted == len(VALUES)
+    assert out.counters.as_dict() == {"replayed": 2}
