@@ -8,26 +8,29 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pytest
+
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.client.agent import seal_report
 from shufflekit.core.batch import send_batch
 from shufflekit.core.crypto import KeyPair, onion_size, peel
-from shufflekit.core.messages import Announcement, Result
+from shufflekit.core.messages import Announcement, Manifest, Result
 from shufflekit.core.topics import Topics
-from shufflekit.core.transport import MemoryBroker
-from shufflekit.core.wire import REPORT_SIZE, Report
+from shufflekit.core.transport import MemoryBroker, drain
+from shufflekit.core.wire import REPORT_SIZE, Chunk, Report
+from shufflekit.shuffler.mix import MixNode
 
 VALUES = [0, 1, 1, 2, 3]  # one report each of five clients
 REPEATED = 0  # the index of the report sent three times
 
 
-def _announcement(mixes: list[KeyPair], analyzer: KeyPair) -> Announcement:
+def _announcement(mixes: list[KeyPair], analyzer: KeyPair, n_min: int = 5) -> Announcement:
     return Announcement(
         deployment="t",
         round_id="r1",
         k=4,
         eps0=1.0,
-        n_min=5,
+        n_min=n_min,
         deadline=time.time() + 60,
         mix_keys=[m.public_b64() for m in mixes],
         analyzer_key=analyzer.public_b64(),
@@ -71,3 +74,45 @@ async def test_the_analyzer_counts_a_report_the_last_mix_forwarded_three_times_o
     assert out.result.histogram == [1, 2, 1, 1]
     assert out.counters.accepted == len(VALUES)
     assert out.counters.as_dict() == {"replayed": 2}
+
+
+@pytest.mark.parametrize("n_min", [5, 6])
+async def test_a_later_mix_forwards_a_report_mix_0_sent_three_times_once(n_min: int) -> None:
+    """Mix 1 of two receives five distinct reports, one of them three times: it forwards the
+    five (each once), and with n_min = 6 it aborts and forwards nothing, as the repeats must
+    not carry a batch past the release threshold."""
+    mixes, analyzer_key = [KeyPair.generate(), KeyPair.generate()], KeyPair.generate()
+    ann = _announcement(mixes, analyzer_key, n_min)
+    items = _peeled(ann, mixes, 1)
+    sent = [*items, items[REPEATED], items[REPEATED]]
+    broker = MemoryBroker()
+    async with (
+        broker.connect() as m_conn,
+        broker.connect() as mix0,
+        broker.connect() as spy,
+        spy.subscribe("shufflekit/t/round/r1/hop/2/+") as to_analyzer,
+    ):
+        mix1 = MixNode(m_conn, "t", 1, mixes[1], batch_timeout=5.0, per_chunk=3)
+        ready = asyncio.Event()
+        task = asyncio.create_task(mix1.run_round(ann, ready=ready))
+        await ready.wait()
+        await send_batch(mix0, Topics("t"), "r1", 1, sent, onion_size(REPORT_SIZE, 2))
+        out = await asyncio.wait_for(task, 30)
+        received = drain(to_analyzer)
+    assert out.counters.accepted == len(VALUES)
+    assert out.counters.as_dict() == {"replayed": 2}
+    size = onion_size(REPORT_SIZE, 1)
+    forwarded = [
+        item
+        for m in received
+        if m.topic.endswith("/data")
+        for item in Chunk.decode(m.payload, 2, size).items
+    ]
+    if n_min == 6:
+        assert not out.released and out.forwarded == 0 and received == []
+        assert out.abort_reason is not None and "below the release threshold" in out.abort_reason
+        return
+    assert out.released and out.forwarded == len(VALUES), out
+    manifests = [Manifest.from_bytes(m.payload) for m in received if m.topic.endswith("/manifest")]
+    assert [m.count for m in manifests if isinstance(m, Manifest)] == [len(VALUES)]
+    assert len(forwarded) == len(set(forwarded)) == len(VALUES)
