@@ -97,10 +97,11 @@ def _drain(sub: Any) -> list[Any]:
     return drain(sub)
 
 
-@pytest.mark.parametrize("forgery", ["manifest", "chunk"])
+@pytest.mark.parametrize("forgery", ["manifest", "chunk", "items"])
 async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) -> None:
     """Someone who can write to hop 1 (a forged manifest, or a chunk that wins the race):
-    hop 1 refuses the whole batch, the round aborts, nothing reaches the analyzer, refunded."""
+    hop 1 refuses the whole batch, the round aborts, nothing reaches the analyzer, refunded.
+    `items` has the batch's count and indices, so only the manifest's digest tells it apart."""
     from shufflekit.core.crypto import onion_size
     from shufflekit.core.messages import Manifest
     from shufflekit.core.topics import Topics
@@ -119,8 +120,11 @@ async def test_inconsistent_batch_is_refused_whole(tmp_path: Any, forgery: str) 
                 round_id=rid, hop=1, count=99, chunks=1, item_size=size, digest="0" * 64
             )
             await conn.publish(topics.manifest(rid, 1), fake.to_bytes())
-        else:  # chunk 0 with junk items, first on the topic: the digest cannot match
+        elif forgery == "chunk":  # chunk 0 with junk items, first on the topic
             await conn.publish(topics.data(rid, 1), Chunk(1, 0, [b"\x00" * size]).encode(size))
+        else:  # as many junk items as the real chunk 0 holds (all 100): only the digest differs
+            junk = Chunk(1, 0, [bytes([i]) * size for i in range(100)])
+            await conn.publish(topics.data(rid, 1), junk.encode(size))
 
     async with broker.connect() as spy, spy.subscribe("shufflekit/test/round/+/hop/2/+") as s:
         pop, _ = population(100, k=4)
