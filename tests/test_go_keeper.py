@@ -77,6 +77,15 @@ def _refund_delay(returns: list[int], hops: tuple[int, ...] = (0,)) -> float:
     return run_virtual(main(), clock)
 
 
+def _ledger(url: str, clock: VirtualClock, *, reserved: bool = True, cls: type = Ledger) -> Ledger:
+    """Deployment `d`'s ledger on `clock` (budget 10, n_min 5, ldp), round r1 reserved."""
+    led: Ledger = cls(url, clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    if reserved:
+        led.reserve("d", "r1", k=4, eps0=1.0)
+    return led
+
+
 def test_a_returned_go_lets_the_refund_go_ahead_at_once() -> None:
     assert _refund_delay([0]) < 5.5
 
@@ -141,9 +150,7 @@ def test_a_refund_from_outside_waits_for_the_go_a_mix_holds(ledger_url: str) -> 
     saw a round whose cost was given back. The go is now recorded in the ledger, and a refund
     by anyone but the coordinator that granted it (which waits on its own) waits it out."""
     clock = VirtualClock()
-    led = Ledger(ledger_url, clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
-    led.reserve("d", "r1", k=4, eps0=1.0)
+    led = _ledger(ledger_url, clock)
     keeper = GoKeeper(led, "d", LEASE, clock, inline, RejectionCounter())
     go = run_virtual(keeper.verdict("r1", 0), clock)
     assert go.verdict == "go" and go.until is not None
@@ -180,9 +187,7 @@ def test_a_refund_between_the_read_and_the_grant_gets_no_go(ledger_url: str) -> 
     """The keeper read the round as reserved, but the ledger's grant (its status check and the
     lease in one statement) finds it refunded: the mix is refused, and no lease is kept."""
     clock = VirtualClock()
-    led = _RefundedAfterTheRead(ledger_url, clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
-    led.reserve("d", "r1", k=4, eps0=1.0)
+    led = _ledger(ledger_url, clock, cls=_RefundedAfterTheRead)
     keeper = GoKeeper(led, "d", LEASE, clock, inline, RejectionCounter())
     go = run_virtual(keeper.verdict("r1", 0), clock)
     assert go.verdict == "refused" and go.until is None, go
@@ -219,9 +224,7 @@ def test_a_restarted_coordinator_waits_for_the_go_its_earlier_life_recorded(
     timeout refunded a round one of its own (shorter) leases after its start, while a go its
     earlier life granted could still run. It now waits for the go the ledger recorded."""
     clock = VirtualClock()
-    led = Ledger(ledger_url, clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
-    led.reserve("d", "r1", k=4, eps0=1.0)
+    led = _ledger(ledger_url, clock)
     earlier = GoKeeper(led, "d", 300.0, clock, inline, RejectionCounter())  # 5-minute leases
     assert run_virtual(earlier.verdict("r1", 0), clock).verdict == "go"
     clock.advance(10.0)
@@ -246,8 +249,7 @@ def test_a_coordinator_refunds_a_round_it_gave_up_on_only_once_its_last_go_ran_o
     may still forward the batch of a round whose cost was given back."""
     clock = VirtualClock()
     batch = 10.0
-    led = Ledger(ledger_url, clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=5, cost_model="ldp"))
+    led = _ledger(ledger_url, clock, reserved=False)
     keys = [KeyPair.generate().public_b64() for _ in range(2)]
     topics = RoundTopics("d")
     goes: list[Go] = []
