@@ -246,3 +246,21 @@ def test_a_larger_batch_never_raises_an_adaptive_total(tmp_path: Path) -> None:
     led.init_budget(Budget("b", 5.0, 1e-6, n_min=1000, mode="adaptive"))
     led.reserve("b", "r1", 10, 1.0)
     assert led.commit("b", "r1", 5000).n_accounted == 5000
+
+
+def test_corrupt_clients_are_not_counted_in_the_population_a_round_is_charged_at(
+    tmp_path: Path,
+) -> None:
+    """Up to max_corrupt clients may report what the adversary chose: their noise protects
+    nobody, so both the reservation and the commit price the round at the honest clients."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("d", 5.0, 1e-6, n_min=100, max_corrupt=10))
+    t = RoundType("krr", 4, 2.0)
+    reserved = led.reserve("d", "r1", k=4, eps0=2.0)
+    assert reserved.n_accounted == 90
+    assert reserved.epsilon_round == pytest.approx(policy.charges_epsilon("tight", [(t, 90)], 1e-6))
+    rec = led.commit("d", "r1", batch_size=150)
+    assert rec.n_accounted == 140
+    assert led.status("d").epsilon_committed == pytest.approx(
+        policy.charges_epsilon("tight", [(t, 140)], 1e-6)
+    )
