@@ -264,3 +264,18 @@ def test_corrupt_clients_are_not_counted_in_the_population_a_round_is_charged_at
     assert led.status("d").epsilon_committed == pytest.approx(
         policy.charges_epsilon("tight", [(t, 140)], 1e-6)
     )
+
+
+def test_a_batch_rounded_below_the_reservation_is_charged_at_the_reservation(
+    tmp_path: Path,
+) -> None:
+    """A batch's population is rounded down to 3 significant digits (1005 -> 1000), but never
+    below the n the round was reserved at: charged at 1000 users, the committed round would
+    cost more than the reservation the budget check admitted."""
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    led.init_budget(Budget("d", 5.0, 1e-6, n_min=1005))
+    reserved = led.reserve("d", "r1", k=4, eps0=2.0)
+    before = led.status("d").epsilon_spent_or_reserved
+    rec = led.commit("d", "r1", batch_size=1005)
+    assert reserved.n_accounted == rec.n_accounted == 1005
+    assert led.status("d").epsilon_committed <= before
