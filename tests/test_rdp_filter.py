@@ -63,3 +63,13 @@ def test_a_nan_curve_is_refused_not_read_as_free() -> None:
     rho[3] = math.nan
     with pytest.raises(UnsoundResult, match="NaN"):
         rdp_epsilon(rho, 0.0, 1e-6)
+
+
+def test_the_filter_orders_are_the_ones_adaptive_budgets_were_admitted_under() -> None:
+    """The filter's guarantee needs its orders fixed before a budget's first round: a build
+    that dropped some (to compute fewer curves) would judge rounds already admitted by another
+    union bound, and a budget half-spent under the old orders would no longer be sound."""
+    assert ORDERS.tolist() == [
+        *(1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0),
+        *(12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0, 512.0),
+    ]
