@@ -16,7 +16,7 @@ from bruteforce_oracle import _pairs
 from shufflekit.accountant import policy
 from shufflekit.accountant.bits import BitsMechanism, rounds_epsilon
 from shufflekit.accountant.composition import compose_rounds_bounds
-from shufflekit.accountant.core import Mechanism
+from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.rdp_filter import ORDERS, filter_epsilon, rdp_curve
 from shufflekit.accountant.round_types import RoundType, parse_round_type
@@ -279,3 +279,22 @@ def test_a_batch_rounded_below_the_reservation_is_charged_at_the_reservation(
     rec = led.commit("d", "r1", batch_size=1005)
     assert reserved.n_accounted == rec.n_accounted == 1005
     assert led.status("d").epsilon_committed <= before
+
+
+def test_an_adaptive_budget_refuses_a_round_past_its_infinite_loss_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filter drops each pair's infinite-loss mass from its Rényi curve and pays it from
+    a fixed share of delta (INF_SHARE): a round whose mass passes that share is refused even
+    when its Rényi epsilon is small, or the filter's delta would not hold."""
+    leak = 1e-4  # far above the share 1e-3 * 1e-6 of the budget below
+    pld = PrivacyLossDistribution(
+        np.array([0.0]), np.array([math.log1p(-leak)]), log_inf_mass=math.log(leak)
+    )
+    cost = policy.MechanismCost("leaky", lambda t, n: pld, lambda t, n, d: t.eps0, lambda t: t.eps0)
+    monkeypatch.setitem(policy.MECHANISMS, "leaky", cost)
+    led = Ledger(f"sqlite:///{tmp_path / 'a.db'}")
+    led.init_budget(Budget("a", 5.0, 1e-6, n_min=100, mode="adaptive"))
+    with pytest.raises(BudgetExceeded, match="infinite-loss mass"):
+        led.reserve("a", "r1", 1, 0.5, mechanism="leaky")
+    assert led.status("a").rounds == []
