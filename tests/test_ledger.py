@@ -514,3 +514,17 @@ def test_a_ledger_upgraded_under_a_running_service_refuses_its_writes(ledger_url
     finally:
         engine.dispose()
         led.close()
+
+
+def test_a_refund_refused_while_a_go_is_live_is_audited(ledger: Ledger) -> None:
+    """A refund that waits for a mix's go is a decision like any other: the audit log says
+    who asked, and until when the go held the round."""
+    ledger.clock = clock = ManualClock(1_000.0)
+    ledger.reserve("test", "r1", k=4, eps0=1.0)
+    assert ledger.grant_go("test", "r1", clock.now + 60.0)
+    with pytest.raises(LedgerError, match="cannot be refunded"):
+        ledger.refund("test", "r1", actor="operator", reason="stuck")
+    last = ledger.history("test")[-1]
+    assert (last["actor"], last["action"], last["decision"]) == ("operator", "refund", "refused")
+    assert last["detail"] == {"go_until": 1_060.0, "reason": "stuck"}
+    assert ledger.round_of("test", "r1").status == "reserved"  # type: ignore[union-attr]
