@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from shufflekit.accountant.bits import BitsMechanism, bits_pld
+from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.rdp_filter import ORDERS, WIDE_ORDERS, rdp_curve, rdp_epsilon
 from shufflekit.base.errors import UnsoundResult
 
@@ -73,3 +74,25 @@ def test_the_filter_orders_are_the_ones_adaptive_budgets_were_admitted_under() -
         *(1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0),
         *(12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 256.0, 512.0),
     ]
+
+
+def test_curve_pays_for_the_infinite_loss_mass() -> None:
+    """A pair with an output impossible under Q: P = (d0, (1-d0) a, (1-d0)(1-a)) against
+    Q = (0, b, 1-b). The curve of its finite part must bound the Rényi divergence of P given
+    a finite loss, (a, 1-a), against Q (50 digits): leaving out the (1-d0)^(-alpha)
+    renormalisation puts it alpha/(alpha-1) * 0.01 below that."""
+    d0, a, b = 0.01, 0.7, 0.3
+    pld = PrivacyLossDistribution(
+        losses=np.array([math.log((1 - d0) * a / b), math.log((1 - d0) * (1 - a) / (1 - b))]),
+        log_probs=np.array([math.log((1 - d0) * a), math.log((1 - d0) * (1 - a))]),
+        log_inf_mass=math.log(d0),
+    )
+    rho, delta0 = rdp_curve(pld)
+    assert delta0 == pytest.approx(d0, rel=1e-12)
+    with mp.workdps(50):
+        pa, qb = mp.mpf(a), mp.mpf(b)
+        for alpha, r in zip(ORDERS, rho, strict=True):
+            al = mp.mpf(float(alpha))
+            s = pa**al * qb ** (1 - al) + (1 - pa) ** al * (1 - qb) ** (1 - al)
+            exact = mp.log(s) / (al - 1)
+            assert mp.mpf(float(r)) >= exact, (alpha, r, exact)
