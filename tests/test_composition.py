@@ -667,3 +667,16 @@ def test_composed_rounds_never_answer_above_the_sum_of_eps0() -> None:
     assert math.isfinite(one.epsilon(1e-6)) and one.epsilon(1e-6) < 1.0  # the shuffle's gain
     counted = compose_rounds([Mechanism(n=50, k=2, eps0=4.0)], counts=[20])
     assert counted.ldp_cap == 80.0
+
+
+def test_dp_accounting_truncation_is_paid_as_infinite_loss() -> None:
+    """dp_accounting truncates each convolution's tails (`truncation_total`) into its infinity
+    mass; an upper bound must add that mass back, or its far tail falls below the exact
+    binomial sum (by e^-5 of it at truncation_total = 1e-6, eps near 0.95 R eps0)."""
+    eps0, rounds = 0.5123457, 40
+    c = compose(
+        [rr(eps0)], counts=[rounds], engine="dp_accounting", grid=1e-4, truncation_total=1e-6
+    )
+    pairs = [(1 / (1 + math.exp(-eps0)), 1 / (1 + math.exp(eps0)), rounds)]
+    for eps in np.linspace(0.0, 0.95 * rounds * eps0, 20):
+        assert c.log_delta(float(eps)) >= exact_log_delta(pairs, float(eps)) - 1e-12, eps
