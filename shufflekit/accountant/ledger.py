@@ -124,8 +124,9 @@ class Ledger(LedgerStore):
                     f"deployment {deployment!r} has {committed} committed round(s): its budget "
                     "records a promise made to participants; delete it anyway with --force"
                 )
-            running = self._lease(conn, deployment, COORDINATOR)
-            if running is not None and self._live(running, self.lease_now(conn)) and not force:
+            now = self.lease_now(conn)
+            running = self._lease(conn, deployment, COORDINATOR, now)
+            if running is not None and self._live(running, now) and not force:
                 raise running_refusal(deployment, running.holder)
             conn.execute(rounds.delete().where(rounds.c.deployment == deployment))
             conn.execute(leases.delete().where(leases.c.deployment == deployment))

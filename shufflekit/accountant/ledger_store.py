@@ -174,8 +174,8 @@ class LedgerStore:
         with self._tx() as conn:
             self._require_budget(conn, deployment, lock=True)  # one writer per deployment
             key = (leases.c.deployment == deployment, leases.c.role == role)
-            held = self._lease(conn, deployment, role)
             now = self.lease_now(conn)
+            held = self._lease(conn, deployment, role, now)
             if held is not None and held.holder != holder and self._live(held, now):
                 return held
             if held is not None and held.holder == holder:
@@ -218,15 +218,18 @@ class LedgerStore:
             return float(conn.execute(sa.text(SERVER_EPOCH)).scalar_one())
         return self.clock.time()
 
-    def _lease(self, conn: Connection, deployment: str, role: str) -> Lease | None:
+    def _lease(
+        self, conn: Connection, deployment: str, role: str, now: float | None = None
+    ) -> Lease | None:
         """The lease of `role` as recorded (it may have run out), or None; `left` is measured
-        by `lease_now`."""
+        from `now` (`lease_now`) where given (the fence needs only the holder)."""
         row = conn.execute(
             sa.select(leases).where(leases.c.deployment == deployment, leases.c.role == role)
         ).first()
         if row is None:
             return None
-        return Lease(role, row.holder, row.since, row.until, left=row.until - self.lease_now(conn))
+        left = 0.0 if now is None else row.until - now
+        return Lease(role, row.holder, row.since, row.until, left=left)
 
     def _live(self, lease: Lease, now: float) -> bool:
         """Whether its holder may still renew it at `now` (`lease_now`): it has not run out,
@@ -236,8 +239,9 @@ class LedgerStore:
     def running(self, deployment: str, role: str = COORDINATOR) -> Lease | None:
         """The lease of the `role` that may be running (`_live`), or None."""
         with self._tx(write=False) as conn:
-            held = self._lease(conn, deployment, role)
-            live = held is not None and self._live(held, self.lease_now(conn))
+            now = self.lease_now(conn)
+            held = self._lease(conn, deployment, role, now)
+            live = held is not None and self._live(held, now)
         return held if live else None
 
     def release_role(self, deployment: str, role: str, holder: str) -> None:
@@ -254,7 +258,7 @@ class LedgerStore:
     def lease_of(self, deployment: str, role: str) -> Lease | None:
         """The lease of `role` as recorded (it may have run out), or None."""
         with self._tx(write=False) as conn:
-            return self._lease(conn, deployment, role)
+            return self._lease(conn, deployment, role, self.lease_now(conn))
 
     def unpublished(self, deployment: str) -> list[tuple[str, str]]:
         """(round id, stored result) of committed rounds whose result is not marked published."""
