@@ -163,10 +163,7 @@ def _self_compose(
 ) -> dpa_pld.PrivacyLossDistribution:
     if count == 1:
         return p
-    pmf = _dense(p)  # the composed window (squaring ends at about it too), checked up front
-    lo, hi = _chernoff_window(np.asarray(pmf._probs, dtype=np.float64), count, tr.tau)
-    _check_points(hi - lo + 1, pmf._discretization, f"{count} identical rounds")
-    if upper and not squaring:
+    if upper and not squaring:  # (it checks its window's size before it allocates)
         a_l2 = _l2(p)
         out = self_compose_upper(p, count, tr.tau)
         # adds tau to +inf; the mass outside its Chernoff window (<= tau) is dropped or wraps
@@ -178,6 +175,9 @@ def _self_compose(
     # lower bound, or an upper bound by squaring: square-and-multiply with .compose, whose
     # truncation moves mass the bound's safe way (down for a lower bound; up or to +inf for a
     # pessimistic PLD, counted in `tr.trunc`)
+    pmf = _dense(p)  # the composed window (squaring ends at about it too), checked up front
+    lo, hi = _chernoff_window(np.asarray(pmf._probs, dtype=np.float64), count, tr.tau)
+    _check_points(hi - lo + 1, pmf._discretization, f"{count} identical rounds")
     result: dpa_pld.PrivacyLossDistribution | None = None
     base = p
     c = count

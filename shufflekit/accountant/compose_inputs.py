@@ -41,11 +41,12 @@ def rounds_and_counts(
 
 
 def group_rounds(
-    rounds: Sequence[Mechanism], counts: Sequence[int] | None
+    rounds: Sequence[Mechanism], counts: Sequence[int]
 ) -> OrderedDict[tuple[int, int, float], int]:
-    """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order."""
+    """Total count of each distinct mechanism, keyed (n, k, eps0), in first-seen order, of
+    rounds and counts as `rounds_and_counts` returned them."""
     grouped: OrderedDict[tuple[int, int, float], int] = OrderedDict()
-    for m, c in zip(*rounds_and_counts(rounds, counts), strict=True):
+    for m, c in zip(rounds, counts, strict=True):
         key = (int(m.n), int(m.k), float(m.eps0))
         grouped[key] = grouped.get(key, 0) + c
     return grouped

@@ -404,12 +404,13 @@ def clear_caches() -> None:
 
 
 def _round_plds(
-    rounds: Sequence[Mechanism], counts: Sequence[int] | None, pld_fn: PldFn
-) -> tuple[list[PrivacyLossDistribution], list[int]]:
-    """One (cached) PLD per distinct mechanism (n, k, eps0), with its total count."""
+    rounds: Sequence[Mechanism], counts: Sequence[int], pld_fn: PldFn
+) -> tuple[list[Mechanism], list[PrivacyLossDistribution], list[int]]:
+    """The distinct mechanisms (n, k, eps0) of checked rounds, one (cached) PLD each, and
+    each one's total count."""
     grouped = group_rounds(rounds, counts)
-    plds = [round_pld(Mechanism(n, k, e), pld_fn) for (n, k, e) in grouped]
-    return plds, list(grouped.values())
+    mechs = [Mechanism(n, k, e) for (n, k, e) in grouped]
+    return mechs, [round_pld(m, pld_fn) for m in mechs], list(grouped.values())
 
 
 def compose_rounds(
@@ -428,7 +429,7 @@ def compose_rounds(
     and are cached by (pld_fn, n, k, eps0). Capped by the sum of eps0 (`ldp_epsilon`).
     """
     rounds, counts = rounds_and_counts(rounds, counts)
-    plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
+    _, plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     composed = compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
     return dataclasses.replace(composed, ldp_cap=ldp_epsilon(rounds, counts))
 
@@ -446,11 +447,12 @@ def rounds_epsilon(
     certify `delta` (many rounds, tiny delta) the `fallback_epsilon` of the same rounds; both
     capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is."""
     rounds, counts = rounds_and_counts(rounds, counts)
-    plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
+    mechs, plds, cs = _round_plds(
+        rounds, counts, pld_fn if pld_fn is not None else default_pld_fn()
+    )
     try:
         eps = compose(plds, counts=cs, engine=engine, grid=grid).epsilon(delta)
     except AccuracyError as exc:
-        mechs = [Mechanism(n, k, e) for (n, k, e) in group_rounds(rounds, counts)]  # as `plds`
         eps = fallback_epsilon(plds, cs, delta, exc, mechs, grid=grid)[0]
     return min(eps, ldp_epsilon(rounds, counts))
 
@@ -553,13 +555,15 @@ def compose_rounds_bounds(
     side by side. with_attack=False skips the lower side. Per-round PLDs are cached."""
     rounds, counts = rounds_and_counts(rounds, counts)
     if grid is None:  # one grid for both sides, from the dominating pairs
-        plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
+        _, plds, cs = _round_plds(
+            rounds, counts, pld_fn if pld_fn is not None else default_pld_fn()
+        )
         grid = default_grid(sum(cs), plds, max(m.eps0 for m in rounds))
     upper = compose_rounds(rounds, pld_fn=pld_fn, counts=counts, engine=engine, grid=grid)
     if not with_attack:
         return ComposedBounds(upper=upper, lower=None)
     afn = attack_fn if attack_fn is not None else default_attack_fn(rounds)
-    attacks, cs = _round_plds(rounds, counts, afn)
+    _, attacks, cs = _round_plds(rounds, counts, afn)
     lower = compose_lower(attacks, counts=cs, engine=engine, grid=grid)
     return ComposedBounds(upper=upper, lower=lower, tightener=_tightener(rounds, cs, pld_fn))
 
