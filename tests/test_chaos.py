@@ -327,19 +327,19 @@ def test_a_mix_counting_a_client_twice_is_caught_by_hostile_clients(
     promise (an outside audit's mutation): every client sent one report. Now some send a
     second, distinct one, or another's onion, and the round counts more reports than
     clients."""
-    import shufflekit.shuffler.mix as mix
+    from shufflekit.shuffler.ingest import Ingest
 
     class Forgetful(dict[str, bytes]):
         def __contains__(self, _key: object) -> bool:
             return False  # `elif c.client_id in self.clients` never refuses
 
-    real_init = mix._Ingest.__init__
+    real_init = Ingest.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         real_init(self, *args, **kwargs)
         self.clients = Forgetful()
 
-    monkeypatch.setattr(mix._Ingest, "__init__", init)
+    monkeypatch.setattr(Ingest, "__init__", init)
     outs = [run_seed(SimSpec(seed=s, faults=frozenset({"hostile_clients"}))) for s in range(3)]
     found = [v for o in outs for v in o.violations]
     assert found and all(v.invariant == "receipted_counted" for v in found), found
@@ -523,7 +523,7 @@ def test_a_mix0_losing_unreceipted_reports_is_caught_by_the_quiet_seeds(
     """Mix 0 skipping an envelope now and then (never receipted, so never owed) released
     smaller rounds and broke a promise only when one fell below n_min (seed 39 of 40 in an
     audit). Where no fault fired, every client must now be receipted and counted, as sent."""
-    import shufflekit.shuffler.mix as mix
+    from shufflekit.shuffler.ingest import Ingest
 
     async def step(self: Any, spool: Any) -> bool:  # `after=self.last + 1`: one seq skipped
         async with self._lock:
@@ -534,7 +534,7 @@ def test_a_mix0_losing_unreceipted_reports_is_caught_by_the_quiet_seeds(
                 await self._take(batch)
             return bool(batch)
 
-    monkeypatch.setattr(mix._Ingest, "step", step)
+    monkeypatch.setattr(Ingest, "step", step)
     v = run_seed(SimSpec(seed=7, faults=frozenset())).violations[0]
     assert v.invariant == "quiet_rounds_release" and "receipted" in v.detail, v
 

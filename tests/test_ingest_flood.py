@@ -22,12 +22,8 @@ from shufflekit.core.topics import Topics
 from shufflekit.core.transport import MemoryBroker
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.wire import Envelope
-from shufflekit.shuffler.mix import (
-    MAX_ENVELOPES_PER_CLIENT,
-    MAX_ONIONS_PER_CLIENT,
-    MixNode,
-    MixOutcome,
-)
+from shufflekit.shuffler.ingest import MAX_ENVELOPES_PER_CLIENT, MAX_ONIONS_PER_CLIENT
+from shufflekit.shuffler.mix import MixNode, MixOutcome
 from tests.pipeline_helpers import hostile_traffic, mix0_announcement
 
 HONEST = 5

@@ -1,13 +1,13 @@
 """A mix node: the shuffler's hop i of a cascade of L mixes.
 
-Mix 0 takes client envelopes: it keeps at most one report per client and per ciphertext,
-peels its layer as they arrive (in the injected `Peeler`: worker processes in the services,
-inline in a simulation) and holds the batch until the deadline, the coordinator's close, or
-the round's `close_at` accepted reports, whichever comes first. Below
-`n_min` it aborts and releases nothing. Otherwise it permutes (with the OS CSPRNG unless another
-`Randomness` is injected) and forwards in chunks with a manifest. Later mixes receive a verified
-batch, peel, de-duplicate, check `n_min` again, permute and forward. The last mix forwards to
-the analyzer (hop L).
+Mix 0 takes client envelopes: it keeps at most one report per client and per ciphertext (its
+verdict: shufflekit.shuffler.ingest), peels its layer as they arrive (in the injected `Peeler`:
+worker processes in the services, inline in a simulation) and holds the batch until the
+deadline, the coordinator's close, or the round's `close_at` accepted reports, whichever comes
+first. Below `n_min` it aborts and releases nothing. Otherwise it permutes (with the OS CSPRNG
+unless another `Randomness` is injected) and forwards in chunks with a manifest. Later mixes
+receive a verified batch, peel, de-duplicate, check `n_min` again, permute and forward. The last
+mix forwards to the analyzer (hop L).
 
 Input is spooled before it is acknowledged (shufflekit.core.spool): mix 0's batch is exactly the
 envelopes spooled before the round's close marker, and the permuted output is stored before it
@@ -38,7 +38,7 @@ from shufflekit.base.errors import (
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.batch import DEFAULT_CHUNK, send_batch
 from shufflekit.core.counters import RejectionCounter
-from shufflekit.core.credentials import CredentialVerifier, admit
+from shufflekit.core.credentials import CredentialVerifier
 from shufflekit.core.crypto import KeyPair, onion_size
 from shufflekit.core.go import await_go, return_go
 from shufflekit.core.hop import Hop
@@ -56,16 +56,10 @@ from shufflekit.core.transport.base import Message, Transport
 from shufflekit.core.waiting import unless_stopped
 from shufflekit.core.wire import ENVELOPE_VERSION_REPLY, REPORT_SIZE, Envelope
 from shufflekit.shuffler.answers import ClosedRounds
+from shufflekit.shuffler.ingest import Ingest
 
 log = logging.getLogger("shufflekit.mix")
 
-INGEST_STEP = 4096  # envelopes mix 0 checks in one go
-# distinct reports mix 0 stores per client and round: the first valid one counts, and one more
-# lets a client whose first was garbled be counted; the rest of a flood is refused unstored
-MAX_ONIONS_PER_CLIENT = 2
-# distinct envelopes mix 0 stores per client and round, whatever they wrap: the same report
-# re-wrapped (another reply id after a reconnect, another signature) is new bytes to the spool
-MAX_ENVELOPES_PER_CLIENT = 4
 DRAIN_REPEAT = 1.0  # seconds between repeats of mix 0's own close while it drains its session
 
 
@@ -146,7 +140,7 @@ class MixNode(Hop[MixOutcome]):
         self.credentials = credentials
         self.rng: Randomness = rng if rng is not None else SystemRandomness()
         self.peeler: Peeler = peeler if peeler is not None else InlinePeeler()
-        self.ingests: dict[str, _Ingest] = {}  # mix 0: rounds it collects, by id
+        self.ingests: dict[str, Ingest] = {}  # mix 0: rounds it collects, by id
         self.dropped = RejectionCounter()  # mix 0: input of no open round, dropped, by reason
         self.early: dict[str, RejectionCounter] = {}  # mix 0: a round's input dropped unstored
         self.signer = ReceiptSigner(key.private_b64(), deployment) if index == 0 else None
@@ -178,7 +172,7 @@ class MixNode(Hop[MixOutcome]):
         )
         try:
             if self.index == 0:
-                ingest = self._round_ingest(ann.round_id, ann) or _Ingest(
+                ingest = self._round_ingest(ann.round_id, ann) or Ingest(
                     self._job(ann), self.peeler, self.clock
                 )
                 try:
@@ -299,7 +293,7 @@ class MixNode(Hop[MixOutcome]):
         return self._done(ann, out)
 
     async def _closed(
-        self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None, ingest: _Ingest
+        self, ann: Announcement, inbox: Inbox, stop: asyncio.Event | None, ingest: Ingest
     ) -> int:
         """Mix 0: the seq of the round's close marker, where its input is frozen; waits for
         the coordinator's close, the deadline or `close_at` accepted reports unless the spool
@@ -309,7 +303,7 @@ class MixNode(Hop[MixOutcome]):
             return close
         return await unless_stopped(self._until_closed(ann, inbox, ingest), stop, self.name)
 
-    async def _until_closed(self, ann: Announcement, inbox: Inbox, ingest: _Ingest) -> int:
+    async def _until_closed(self, ann: Announcement, inbox: Inbox, ingest: Ingest) -> int:
         """Peel what arrived, then wait for more, until the coordinator's close (spooled by the
         inbox), the deadline, or `close_at` accepted reports; then the round's input is frozen
         at its close marker, whose seq this returns."""
@@ -360,7 +354,7 @@ class MixNode(Hop[MixOutcome]):
 
     def _round_ingest(
         self, round_id: str, ann: Announcement | None = None, state: str | None = None
-    ) -> _Ingest | None:
+    ) -> Ingest | None:
         """Mix 0's running verdict on a round it serves and has not finished (rebuilt from the
         spool after a restart); None for a round it does not know or has finished. `state`:
         the round's spool state if the caller just read it (one query per envelope, not two)."""
@@ -373,7 +367,7 @@ class MixNode(Hop[MixOutcome]):
             ann = ann if ann is not None else self.spool.announcement(round_id)
             if ann is None:
                 return None
-            ingest = self.ingests[round_id] = _Ingest(self._job(ann), self.peeler, self.clock)
+            ingest = self.ingests[round_id] = Ingest(self._job(ann), self.peeler, self.clock)
         return ingest
 
     def classify(self, msg: Message) -> Arrival | None:
@@ -384,7 +378,8 @@ class MixNode(Hop[MixOutcome]):
             return arrival
         state = self.spool.state(arrival.round_id)
         ingest = self._round_ingest(arrival.round_id, state=state) if state == "open" else None
-        if ingest is not None and (reason := self._screen(arrival.payload, ingest)) is not None:
+        reason = ingest.screen(arrival.payload, self.credentials) if ingest is not None else None
+        if reason is not None:
             self.early.setdefault(arrival.round_id, RejectionCounter()).reject(reason)
             return None  # counted, never stored
         if state == "open":  # after the close too: a resend may still want its receipt
@@ -393,36 +388,6 @@ class MixNode(Hop[MixOutcome]):
         if state is not None and self.closed is not None:  # dropped, but owed its receipt
             self.closed.answer(arrival.round_id, arrival.payload)
         self.dropped.reject("unknown_round" if state is None else "round_closed")
-        return None
-
-    def _screen(self, payload: bytes, ingest: _Ingest) -> str | None:
-        """Why mix 0 refuses an envelope before storing it (None: store it): what the round
-        could never count, so that a flood from one account neither fills the round's spool
-        nor queues in front of honest reports to be peeled and receipted - a malformed
-        envelope, another round's, a missing or forged certificate, a client's report past
-        its first `MAX_ONIONS_PER_CLIENT`, or its envelope past its first
-        `MAX_ENVELOPES_PER_CLIENT` (one report re-wrapped: another reply id or signature).
-        The round's verdict is still taken from the spool alone (the same checks run again
-        there)."""
-        try:
-            env = Envelope.decode(payload, ingest.size)
-            admit(env, ingest.job.round_id, None)
-            if self.credentials is not None:  # the signature is the peeler's, off this loop
-                self.credentials.verify_certificate(env.client_id, env.credential)
-        except InvalidReport as exc:
-            return exc.reason
-        stored = ingest.envelopes.setdefault(env.client_id, set())
-        key = hashlib.sha256(payload).digest()
-        if key in stored:  # the same bytes again are a resend (or a replay): stored once
-            return None
-        onions = ingest.onions.setdefault(env.client_id, set())
-        digest = hashlib.sha256(env.onion).digest()
-        if digest not in onions and len(onions) >= MAX_ONIONS_PER_CLIENT:
-            return "client_flood"
-        if len(stored) >= MAX_ENVELOPES_PER_CLIENT:  # one report in ever new wrappings
-            return "client_flood"
-        onions.add(digest)
-        stored.add(key)
         return None
 
     async def after_spooled(self, arrivals: list[Arrival]) -> None:
@@ -445,7 +410,7 @@ class MixNode(Hop[MixOutcome]):
         due: dict[str, list[Receipt]] = {}
         if self.signer is None:
             return due
-        ingests: dict[str, _Ingest | None] = {}  # by round, looked up once per batch
+        ingests: dict[str, Ingest | None] = {}  # by round, looked up once per batch
         caught_up: set[str] = set()
         for a in arrivals:
             if a.kind != "data":
@@ -487,7 +452,7 @@ class MixNode(Hop[MixOutcome]):
                 except TransportError as exc:  # the client resends; it is answered again
                     log.info("mix 0: receipts to %s not sent: %s", reply, exc)
 
-    def _tally(self, ann: Announcement, ingest: _Ingest, outcome: MixOutcome) -> None:
+    def _tally(self, ann: Announcement, ingest: Ingest, outcome: MixOutcome) -> None:
         """Mix 0: the round's counts by reason (checked reports, input dropped unstored or
         past the spool's bounds, the same bytes delivered again, reports after the close,
         resends) and the time spent peeling, into `outcome`."""
@@ -527,73 +492,3 @@ class MixNode(Hop[MixOutcome]):
             items.append(inner)
             counters.accept()
         return items
-
-
-class _Ingest:
-    """Mix 0's verdict on each envelope of one round, in the spool's arrival order.
-
-    A report is counted when it is the first valid one of its client and of its ciphertext
-    among the envelopes spooled before the round's close marker. That verdict depends only on
-    the spool (the bytes and their order), so it is computed once, incrementally as envelopes
-    arrive (checked and peeled in the peeler), and is the same after a restart: receipts are
-    sent from it (a receipted report is one it counts), and the batch released at the close is
-    exactly the reports it accepted.
-    """
-
-    def __init__(self, job: PeelJob, peeler: Peeler, clock: Clock) -> None:
-        self.job, self.peeler, self.clock = job, peeler, clock
-        self.size = job.onion_size
-        self.last = -1  # the last spool seq checked
-        self.clients: dict[str, bytes] = {}  # client id -> onion digest of its counted report
-        self.digests: set[bytes] = set()
-        self.items: list[bytes] = []
-        self.counters = RejectionCounter()
-        self.peel_seconds = 0.0
-        self.receipts: dict[str, Receipt] = {}  # client id -> its signed receipt, once made
-        self.onions: dict[str, set[bytes]] = {}  # client id -> onion digests stored (`_screen`)
-        self.envelopes: dict[str, set[bytes]] = {}  # client id -> envelope digests stored
-        self._lock = asyncio.Lock()  # the round's task and the receipts both advance it
-
-    async def step(self, spool: Spool) -> bool:
-        """Check and peel the next envelopes spooled before the round's close marker (at most
-        INGEST_STEP); whether there were any."""
-        async with self._lock:
-            rid = self.job.round_id
-            batch = spool.messages(
-                rid, "data", before=spool.close_seq(rid), after=self.last, limit=INGEST_STEP
-            )
-            if batch:
-                await self._take(batch)
-            return bool(batch)
-
-    async def catch_up(self, spool: Spool) -> None:
-        """Check every envelope spooled so far before the round's close marker."""
-        while await self.step(spool):
-            pass
-
-    def counts(self, client_id: str, digest: bytes) -> bool:
-        """Whether the report of `client_id` with onion SHA-256 `digest` is one the round counts."""
-        return self.clients.get(client_id) == digest
-
-    async def _take(self, batch: list[tuple[int, bytes]]) -> None:
-        """Check and peel `batch` ((seq, payload) in arrival order) in the peeler, then keep,
-        in arrival order, one report per client and per ciphertext."""
-        started = self.clock.monotonic()
-        checked = await self.peeler.envelopes(self.job, [p for _, p in batch])
-        self.peel_seconds += self.clock.monotonic() - started
-        self.last = batch[-1][0]
-        counters = self.counters
-        for c in checked:
-            if c.refused is not None:
-                counters.reject(c.refused)
-            elif c.digest in self.digests:
-                counters.reject("replayed")
-            elif c.client_id in self.clients:
-                counters.reject("duplicate_client")
-            elif c.inner is None:
-                counters.reject(c.failed or "undecryptable")
-            else:
-                self.digests.add(c.digest)
-                self.clients[c.client_id] = c.digest
-                self.items.append(c.inner)
-                counters.accept()
