@@ -62,6 +62,16 @@ def test_every_hint_names_the_ledger_and_deployment_so_it_can_be_pasted(tmp_path
     assert not (tmp_path / "state").exists()  # the default ledger was never opened
 
 
+def test_the_hint_of_upgrade_on_a_missing_ledger_names_that_ledger(tmp_path: Path) -> None:
+    """Found by a docs audit: `budget upgrade --ledger URL` of a missing ledger hinted
+    `budget init --epsilon E --delta D`, which, pasted, created the default ledger instead."""
+    url = f"sqlite:///{tmp_path / 'pilot.db'}"
+    r = budget(["upgrade", "--ledger", url], tmp_path / "state")
+    assert failed_cleanly(r) and "no ledger at" in err(r), r.output
+    assert budget(_hint(r), tmp_path / "state").exit_code == 0
+    assert (tmp_path / "pilot.db").exists() and not (tmp_path / "state").exists()
+
+
 @pytest.mark.parametrize("command", [["status"], ["history"], ["refund", "r1"]])
 def test_read_commands_on_a_missing_ledger_create_nothing(
     tmp_path: Path, command: list[str]

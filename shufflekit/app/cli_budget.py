@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import shlex
 from typing import Annotated
 
 import typer
@@ -22,7 +23,7 @@ from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
-from shufflekit.base.errors import InvalidInput
+from shufflekit.base.errors import InvalidInput, LedgerNotFound
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
 
@@ -248,7 +249,11 @@ def upgrade(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     forward when they start. Stop services of the older version first: they refuse it after.
     """
     url = ledger_url(ledger)
-    with Ledger(url, create=False) as led:
+    try:
+        led = Ledger(url, create=False)
+    except LedgerNotFound as exc:  # the hint names the ledger given, to be pasted
+        raise LedgerNotFound(exc.where, None, ledger and shlex.quote(redact(url))) from None
+    with led:
         before = led.schema_found
     if json_out:
         print_json({"ledger": redact(url), "schema_before": before, "schema": SCHEMA_VERSION})
