@@ -278,3 +278,25 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_the_sweep(
     argv = ["experiment", "utility", "--n", "1000", "--epsilons", "1", "--out"]
     result = CliRunner().invoke(app, [*argv, str(tmp_path / "afile")])
     assert result.exit_code == 2 and "cannot write to" in result.output, result.output
+
+
+def test_the_sweep_over_n_takes_counts_written_as_every_count_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a docs audit: counts of people may be written 1e7 or 10_000_000 (README),
+    `--n` took them, `experiment utility --ns 1e3,1e4` was refused as not integers."""
+    import shufflekit.app.cli_simulate as cli_simulate
+
+    seen: list[tuple[int, ...]] = []
+
+    def record(cfg: object, **_kwargs: object) -> None:
+        seen.append(cfg.ns)  # type: ignore[attr-defined]
+        raise InvalidInput("stop before the sweep")
+
+    monkeypatch.setattr(cli_simulate, "utility_experiment", record)
+    argv = ["experiment", "utility", "--ns", "1e3, 10_000,20000", "--epsilons", "1"]
+    result = CliRunner().invoke(app, argv)
+    assert seen == [(1000, 10_000, 20_000)], result.output
+    for bad in ("1e3,1.5", "1000,ten"):
+        result = CliRunner().invoke(app, ["experiment", "utility", "--ns", bad])
+        assert result.exit_code == 2 and "--ns must be" in result.output, result.output

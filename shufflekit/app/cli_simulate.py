@@ -258,6 +258,18 @@ def _ints(text: str | None, what: str) -> tuple[int, ...]:
     return _numbers(text, what, int, "integers")
 
 
+def _count_item(text: str) -> int:
+    """One count of people in a list, written as `count` takes it (1e4, 10_000)."""
+    try:
+        return count(text)
+    except typer.BadParameter as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _counts(text: str | None, what: str) -> tuple[int, ...]:
+    return _numbers(text, what, _count_item, "counts (10000, 10_000 or 1e4)")
+
+
 def _names(text: str, what: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(",") if x.strip())
     if not vals:
@@ -342,7 +354,7 @@ def utility(
     cfg = UtilityConfig(
         epsilons=eps,
         eps0_values=e0s,
-        ns=_ints(ns, "--ns") or (n,),
+        ns=_counts(ns, "--ns") or (n,),
         ks=_ints(ks, "--ks") or (k_default,),
         delta=delta,
         repetitions=repetitions,
