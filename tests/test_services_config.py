@@ -156,6 +156,45 @@ def test_config_resolves_paths_and_takes_environment_overrides(
         cfg.mix_index(None)
 
 
+def test_a_service_without_its_ledger_or_budget_gives_a_hint_to_paste(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a docs audit: a service whose ledger was missing hinted `shufflekit budget init
+    --epsilon E --delta D`, which, pasted, made the default ledger's budget of 'default', not
+    the service's; one whose budget was missing left out the required --epsilon and --delta."""
+    import shlex
+
+    from shufflekit.app.services.runtime import open_ledger
+    from shufflekit.base.errors import LedgerError
+
+    f = tmp_path / "conf" / "sk.toml"
+    f.parent.mkdir()
+    f.write_text(GOOD)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHUFFLEKIT_STATE", str(tmp_path / "default-state"))
+    cfg = load_config(f)
+
+    def paste(exc: pytest.ExceptionInfo[Exception]) -> None:
+        hint = str(exc.value).split("`")[1].replace(" E ", " 5 ").replace(" D", " 1e-6")
+        words = shlex.split(hint)
+        assert words[:3] == ["shufflekit", "budget", "init"], hint
+        res = runner.invoke(app, words[1:])
+        assert res.exit_code == 0, res.output
+
+    Path(tmp_path / "conf" / "state").mkdir()
+    Ledger(cfg.ledger_url()).close()  # a ledger without the deployment's budget
+    with pytest.raises(ConfigError, match="has no budget for deployment 'pilot'") as no_budget:
+        open_ledger(cfg)
+    paste(no_budget)
+    open_ledger(cfg).close()
+    (tmp_path / "conf" / "state" / "ledger.db").unlink()
+    with pytest.raises(LedgerError, match="no ledger at") as no_ledger:
+        open_ledger(cfg)
+    paste(no_ledger)
+    open_ledger(cfg).close()
+    assert not (tmp_path / "default-state").exists()
+
+
 def test_absolute_key_paths_are_used_as_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shlex
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger_schema import redact
 from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.coordinator import Coordinator
@@ -43,6 +45,7 @@ from shufflekit.base.errors import (
     BrokerTLSError,
     ConfigError,
     InvalidParameters,
+    LedgerNotFound,
     RoleHeld,
     RoundAborted,
     TransportError,
@@ -285,11 +288,17 @@ async def serve_mix(
 def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
     """The deployment's existing ledger with its budget; ConfigError says how to create it.
     `clock` stamps its records and expires reservations (a simulation's virtual clock)."""
-    ledger = Ledger(cfg.ledger_url(), create=False, clock=clock)
+    url = shlex.quote(redact(cfg.ledger_url()))  # the hints name it, to be pasted
+    try:
+        ledger = Ledger(cfg.ledger_url(), create=False, clock=clock)
+    except LedgerNotFound as exc:  # else the hint's `budget init` made the default ledger
+        raise LedgerNotFound(exc.where, cfg.deployment, url) from None
     if not ledger.has_budget(cfg.deployment):
+        ledger.close()
         raise ConfigError(
             f"the ledger has no budget for deployment {cfg.deployment!r}: create it with "
-            f"`shufflekit budget init --ledger {cfg.ledger_url()} --deployment {cfg.deployment}`"
+            f"`shufflekit budget init --ledger {url} --deployment "
+            f"{shlex.quote(cfg.deployment)} --epsilon E --delta D`"
         )
     return ledger
 
