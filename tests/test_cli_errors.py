@@ -300,3 +300,30 @@ def test_the_sweep_over_n_takes_counts_written_as_every_count_is(
     for bad in ("1e3,1.5", "1000,ten"):
         result = CliRunner().invoke(app, ["experiment", "utility", "--ns", bad])
         assert result.exit_code == 2 and "--ns must be" in result.output, result.output
+
+
+def test_a_broker_that_resets_the_login_is_one_line(tmp_path: Path) -> None:
+    """Found by a docs audit: `clients --broker mqtt://...` on the broker's TLS port printed
+    paho's own log line ("failed to receive on socket: ... reset by peer", through logging's
+    last resort) above the one-line error."""
+    import socket
+    import struct
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def reset_every_login() -> None:  # as a TLS listener answers a plain MQTT CONNECT
+        while True:
+            conn, _ = srv.accept()
+            conn.recv(1024)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=reset_every_login, daemon=True).start()
+    url = f"mqtt://127.0.0.1:{srv.getsockname()[1]}"
+    r = shufflekit("clients", "--broker", url, "--deployment", "p", "--users", "3", cwd=tmp_path)
+    srv.close()
+    assert r.returncode == 2 and "use mqtts://" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import ssl
 import uuid
@@ -67,6 +68,12 @@ __all__ = [
     "MqttMessage",
     "MqttTransport",
 ]
+
+# paho's own log lines (aiomqtt passes them to a logger): a service's log handlers get them;
+# a command that configures no logging does not print them through logging's last resort
+# above the one-line error that already says what went wrong ("failed to receive on socket").
+_PAHO_LOG = logging.getLogger("shufflekit.transport.paho")
+_PAHO_LOG.addHandler(logging.NullHandler())
 
 # Environment variables read by BrokerAddress.parse when neither the URL nor an argument
 # gives the value (the password belongs here or in a secret file, not on a command line).
@@ -296,6 +303,7 @@ class MqttTransport(Transport):
             tls_context=tls,
             timeout=self._timeout,
             max_inflight_messages=self._max_inflight,
+            logger=_PAHO_LOG,
             **session,
         )
         link = MqttLink(client, manual_ack=bool(self._durable))
