@@ -73,7 +73,7 @@ def simulate(
             help="Categories (default 10; --csv: its distinct values; probs: their count).",
         ),
     ] = None,
-    eps0: Annotated[float, typer.Option(help="Local epsilon of k-RR (> 0).")] = 2.0,
+    eps0: Annotated[float, typer.Option(help="Local epsilon of k-RR (1e-6 to 700).")] = 2.0,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (every user re-randomises).")] = 1,
     dataset: Annotated[
         str | None, typer.Option(help=f"Synthetic dataset: {DATASET_HELP}; default normal.")
