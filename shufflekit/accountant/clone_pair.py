@@ -38,6 +38,11 @@ from shufflekit.base.errors import InvalidParameters
 REL_ERR = 1e-11
 """Relative allowance for floating-point error in a difference of two tails (outward rounding)."""
 
+LMAX_TOL = 64 * 2.0**-53
+"""Relative allowance (of |log q| + |log(1-q)|) for the rounding of the maximal loss: an upper
+bound counts an atom within it of eps as above eps (1e-14 at eps0 ~ 0, 5e-12 at eps0 = 700,
+both below REL_ERR, which the slack then pays)."""
+
 UPPER_INFLATE = 1e-9
 """Final relative inflation of every upper bound (log-pmf and summation round-off)."""
 
@@ -93,7 +98,13 @@ def clone_pair_log_delta(
     # threshold r* on r = v/(c+1-v): loss > eps  <=>  r > r*
     # q - e^eps (1 - q) = -q expm1(eps - lmax): no cancellation as eps approaches lmax
     denom = -ql * np.expm1(eps - lmax)
-    ok = (lmax > eps) if not tail else (lmax >= eps)
+    # the computed lmax is within a few ulp of |lq| + |l1q| of the pair's (q from eps0 through
+    # gamma): within LMAX_TOL below eps the top atom may still lie above it (eps0 = 1e-6, eps
+    # 1e-11 below it: delta 1e-17, not 0), and the upper bound keeps it (core 0, slack
+    # REL_ERR * P_tail >= P_tail * (lmax - eps)); the lower estimate does not
+    tol = LMAX_TOL * (np.abs(lq) + np.abs(l1q))
+    ok_lo = (lmax > eps) if not tail else (lmax >= eps)
+    ok = ok_lo | (lmax > eps - tol)
     with np.errstate(over="ignore"):  # r* beyond a float (eps0 ~ 700, eps near it): inf
         rstar = np.where(denom > 0, (e * ql - qcl) / np.where(denom > 0, denom, 1.0), np.inf)
     fin = np.isfinite(rstar)
@@ -124,7 +135,7 @@ def clone_pair_log_delta(
             w = core + log1mexp(np.minimum(slack - core, 0.0))
         w = np.where(slack < core, w, NEG_INF)
     u = np.where(ok, u, NEG_INF)
-    w = np.where(ok, w, NEG_INF)
+    w = np.where(ok_lo, w, NEG_INF)
     up[live] = u
     lo[live] = w
     return Bounds(up, lo)
