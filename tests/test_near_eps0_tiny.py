@@ -12,6 +12,8 @@ from __future__ import annotations
 import mpmath
 import pytest
 
+from shufflekit.accountant import tight_delta
+from shufflekit.accountant.attack import attack_log_delta
 from shufflekit.accountant.core import Mechanism, Soundness
 from shufflekit.accountant.registry import all_methods
 from shufflekit.base.errors import NotApplicable
@@ -45,3 +47,24 @@ def test_every_upper_bound_dominates_the_family_just_below_eps0(
         checked += 1
         assert res.log_delta >= proven, (m.name, res.log_delta, proven)
     assert checked >= 6
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "eps0", "rel"),
+    [(2, 2, 1e-5, 1e-11), (2, 3, 3e-6, 1e-13), (4, 3, 3e-6, 1e-13), (6, 4, 1e-6, 1e-11)],
+)
+def test_tight_attack_stays_below_the_exact_curve_just_below_eps0(
+    n: int, k: int, eps0: float, rel: float
+) -> None:
+    """The reverse order of "all others at x0" (its positive part a difference of nearly equal
+    terms) rounded above the dataset's delta, and `tight` refused with UnsoundResult."""
+    eps = eps0 * (1.0 - rel)
+    mech = Mechanism(n, k, eps0)
+    truth = float(mpmath.log(best_family_delta(n, k, eps0, eps, cap=n)))  # the worst dataset here
+    best, _, cands = attack_log_delta(mech, eps)
+    assert best <= truth
+    for name, value in cands.items():  # before the safety margin (1e-7) is taken off
+        assert value <= truth + 1e-9, (name, value, truth)
+    res = tight_delta(mech, eps)
+    assert res.lower_log_delta is not None
+    assert res.lower_log_delta <= truth <= res.log_delta

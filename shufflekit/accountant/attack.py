@@ -181,6 +181,9 @@ def _run_moments(
     return lm0, lm1
 
 
+_ROUND = 32 * 2.0**-53  # relative rounding allowance of a few products of exact-ish factors
+
+
 def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool) -> float:
     """Exact log delta of "all other users hold x0"; reverse=True is H(P_x1 || P_x0).
 
@@ -228,13 +231,17 @@ def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool
                 thr = thr + 32 * 2.0**-53 * (big_n + np.abs(cst / a1))
                 v = math.log(a1) + log_pos_part(thr, big_n, 1.0 - 1.0 / (k - 1), "lower")
             return logsumexp(lp + v) - math.log(n)
-        # reverse: l = (1-g)(h1 - e h0 r) - blanket
+        # reverse: l = (1-g)(h1 - e h0 r) - blanket. Near eps0 the positive part is a
+        # difference of nearly equal terms (h1 = N, d ~ (1-g) N), each within a few ulp: the
+        # difference (k = 2) and the threshold (k >= 3) are rounded down / up by that much, or
+        # at tiny eps0 the rounding alone made this "lower bound" exceed the dataset's delta
         omg = rr.one_minus_gamma
         d = omg * e * r * h0 + blanket
         if k == 2:
-            v = np.log(np.maximum(omg * big_n - d, 0.0))
+            v = np.log(np.maximum(omg * big_n - d - _ROUND * (omg * big_n + d), 0.0))
         else:
-            v = math.log(omg) + log_pos_part(d / omg, big_n, 1.0 / (k - 1), "lower")
+            thr = d / omg + _ROUND * (big_n + d / omg)
+            v = math.log(omg) + log_pos_part(thr, big_n, 1.0 / (k - 1), "lower")
     return logsumexp(lp + v) - math.log(n * q)
 
 
