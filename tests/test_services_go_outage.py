@@ -95,7 +95,10 @@ def test_a_full_stdout_costs_the_json_lines_not_the_rounds(
     while Ledger(ledger_url).status(DEPLOYMENT).rounds[0].status == "reserved":
         assert time.monotonic() < end, procs.stderr("coordinator")
         time.sleep(0.2)
-    second = run_clients(mosquitto, USERS, bad_fraction=0.0, receipts=True)
+    try:
+        second = run_clients(mosquitto, USERS, bad_fraction=0.0, receipts=True)
+    except AssertionError as exc:  # the coordinator's log says why no round was announced
+        raise AssertionError(f"{exc}\ncoordinator: {procs.stderr('coordinator')}") from exc
     assert first["round_id"] != second["round_id"]
     assert procs.procs["coordinator"].wait(60) == 0, procs.stderr("coordinator")
     rounds = Ledger(ledger_url).status(DEPLOYMENT).rounds
