@@ -112,6 +112,10 @@ def test_too_many_users_is_refused_in_one_line() -> None:
         tight_epsilon(Mechanism(N_MAX + 1, 3, 1.0), 1e-6)
     with pytest.raises(NotApplicable):
         tight_delta(Mechanism(10**12, 3, 1.0), 0.5)
+    with pytest.raises(InvalidParameters):  # a bad input is named first, whatever n is
+        tight_epsilon(Mechanism(10**12, 3, 1.0), math.nan)
+    with pytest.raises(InvalidParameters):
+        tight_delta(Mechanism(10**12, 3, 1.0), -1.0)
 
 
 @pytest.mark.parametrize("k", [2, 3])

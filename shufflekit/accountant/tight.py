@@ -155,8 +155,8 @@ def _k2_epsilon(
 def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     """Tight delta(epsilon) of one round: sound upper bound and best exact attack."""
     check_query(mech)
-    check_supported(mech)
     eps = check_epsilon(epsilon)  # None too: check_query takes None for "not asked"
+    check_supported(mech)  # after the input: a NaN is a mistake whatever n is
     t0 = time.perf_counter()
     if eps >= mech.eps0:
         note = "epsilon >= eps0: delta = 0 by the LDP bound of k-RR"
@@ -237,9 +237,9 @@ def tight_epsilon(mech: Mechanism, delta: float, *, rtol: float = 1e-5) -> Priva
     `lower_epsilon` DOWN (the attack's delta at it is >= delta), each to relative `rtol`.
     """
     check_query(mech)
-    check_supported(mech)
     delta = check_delta(delta)
     rtol = real("rtol", rtol, 0, 0.1, low_open=True, high_open=True, error=InvalidParameters)
+    check_supported(mech)  # after the input: a NaN is a mistake whatever n is
     t0 = time.perf_counter()
     ld = math.log(float(delta))
     eps0 = mech.eps0
