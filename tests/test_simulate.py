@@ -195,3 +195,17 @@ def test_run_simulation_reports_em_that_hit_its_cap() -> None:
     assert full.iterations is not None and all(2 < i < 20_000 for i in full.iterations)
     inv = run_simulation(5000, 6, 0.5, rounds=2, dataset="zipf", seed=1)
     assert inv.converged and inv.iterations is None
+
+
+def test_huge_eps0_is_noise_free_not_an_overflow() -> None:
+    """eps0 above ln(max float) ~ 709.8 is a valid eps0 (the estimators handle it): k-RR then
+    reports the true value with probability 1 (p_other = e^-eps0 / (1 + (k-1) e^-eps0) is
+    subnormal, then 0 from eps0 ~ 745), so the simulated histogram is the true one.
+    KRR.p_other used to compute e^eps0 and raise OverflowError, which broke
+    `transition_matrix` and every simulation at such an eps0."""
+    rr = KRR(5, 710.0)
+    assert 0.0 <= rr.p_other < 1e-300 and rr.p_keep == 1.0
+    np.testing.assert_allclose(rr.transition_matrix(), np.eye(5), rtol=0, atol=1e-300)
+    res = run_simulation(1000, 5, 1000.0, rounds=2, dataset="zipf", seed=1)
+    np.testing.assert_array_equal(res.noisy_histograms, [res.true_histogram] * 2)
+    assert res.tv_distance == 0.0

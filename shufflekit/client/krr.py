@@ -49,8 +49,9 @@ class KRR:
 
     @property
     def p_other(self) -> float:
-        """Probability of reporting one specific other value."""
-        return 1.0 / (math.exp(self.eps0) + self.k - 1)
+        """Probability of reporting one specific other value (no overflow for eps0 > 709)."""
+        x = math.exp(-self.eps0)
+        return x / (1.0 + (self.k - 1) * x)
 
     def randomize(self, value: int, rng: Randomness | None = None) -> int:
         """One user's report, drawn from `rng` (default: the OS CSPRNG)."""
