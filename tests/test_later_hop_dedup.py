@@ -116,3 +116,28 @@ async def test_a_later_mix_forwards_a_report_mix_0_sent_three_times_once(n_min: 
     manifests = [Manifest.from_bytes(m.payload) for m in received if m.topic.endswith("/manifest")]
     assert [m.count for m in manifests if isinstance(m, Manifest)] == [len(VALUES)]
     assert len(forwarded) == len(set(forwarded)) == len(VALUES)
+
+
+@pytest.mark.parametrize("n_min", [len(VALUES), len(VALUES) + 1])
+async def test_the_analyzer_releases_nothing_below_n_min_whatever_the_mixes_forward(
+    n_min: int,
+) -> None:
+    """The analyzer checks n_min itself: a last mix that forwards fewer reports than n_min (a
+    faulty or compromised one; an honest one aborts first) gets no release from it."""
+    mix, analyzer_key = KeyPair.generate(), KeyPair.generate()
+    ann = _announcement([mix], analyzer_key, n_min=n_min)
+    broker = MemoryBroker()
+    async with broker.connect() as a_conn, broker.connect() as last_mix:
+        analyzer = Analyzer(a_conn, "t", analyzer_key, on_release=_release, batch_timeout=5.0)
+        ready = asyncio.Event()
+        task = asyncio.create_task(analyzer.run_round(ann, ready=ready))
+        await ready.wait()
+        await send_batch(
+            last_mix, Topics("t"), "r1", 1, _peeled(ann, [mix], 1), onion_size(REPORT_SIZE, 1)
+        )
+        out = await asyncio.wait_for(task, 30)
+    if n_min <= len(VALUES):
+        assert out.result is not None and out.result.batch_size == len(VALUES), out
+    else:
+        assert out.result is None, out
+        assert out.abort_reason is not None and "below the release threshold" in out.abort_reason
