@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shufflekit.analyzer.service import Analyzer
+from shufflekit.analyzer.service import Analyzer, AnalyzerOutcome
 from shufflekit.client.agent import seal_report
 from shufflekit.core.batch import send_batch
 from shufflekit.core.crypto import KeyPair, onion_size, peel
@@ -52,23 +52,27 @@ async def _release(unpriced: Result, seal: Callable[[Result], Result]) -> Result
     return seal(unpriced)
 
 
-async def test_the_analyzer_counts_a_report_the_last_mix_forwarded_three_times_once() -> None:
-    """Only the analyzer stands between a last mix that repeats a report and the histogram:
-    the batch is consistent with its manifest, so no chunk check refuses it."""
-    mix, analyzer_key = KeyPair.generate(), KeyPair.generate()
-    ann = _announcement([mix], analyzer_key)
-    items = _peeled(ann, [mix], 1)
-    forwarded = [*items, items[REPEATED], items[REPEATED]]
+async def _analyze(ann: Announcement, key: KeyPair, forwarded: list[bytes]) -> AnalyzerOutcome:
+    """The analyzer's round when the last mix forwards `forwarded` (in chunks of 3)."""
     broker = MemoryBroker()
     async with broker.connect() as a_conn, broker.connect() as last_mix:
-        analyzer = Analyzer(a_conn, "t", analyzer_key, on_release=_release, batch_timeout=5.0)
+        analyzer = Analyzer(a_conn, "t", key, on_release=_release, batch_timeout=5.0)
         ready = asyncio.Event()
         task = asyncio.create_task(analyzer.run_round(ann, ready=ready))
         await ready.wait()
         await send_batch(
             last_mix, Topics("t"), "r1", 1, forwarded, onion_size(REPORT_SIZE, 1), per_chunk=3
         )
-        out = await asyncio.wait_for(task, 30)
+        return await asyncio.wait_for(task, 30)
+
+
+async def test_the_analyzer_counts_a_report_the_last_mix_forwarded_three_times_once() -> None:
+    """Only the analyzer stands between a last mix that repeats a report and the histogram:
+    the batch is consistent with its manifest, so no chunk check refuses it."""
+    mix, analyzer_key = KeyPair.generate(), KeyPair.generate()
+    ann = _announcement([mix], analyzer_key)
+    items = _peeled(ann, [mix], 1)
+    out = await _analyze(ann, analyzer_key, [*items, items[REPEATED], items[REPEATED]])
     assert out.abort_reason is None and out.result is not None, out
     assert out.result.batch_size == len(VALUES)
     assert out.result.histogram == [1, 2, 1, 1]
@@ -126,16 +130,7 @@ async def test_the_analyzer_releases_nothing_below_n_min_whatever_the_mixes_forw
     faulty or compromised one; an honest one aborts first) gets no release from it."""
     mix, analyzer_key = KeyPair.generate(), KeyPair.generate()
     ann = _announcement([mix], analyzer_key, n_min=n_min)
-    broker = MemoryBroker()
-    async with broker.connect() as a_conn, broker.connect() as last_mix:
-        analyzer = Analyzer(a_conn, "t", analyzer_key, on_release=_release, batch_timeout=5.0)
-        ready = asyncio.Event()
-        task = asyncio.create_task(analyzer.run_round(ann, ready=ready))
-        await ready.wait()
-        await send_batch(
-            last_mix, Topics("t"), "r1", 1, _peeled(ann, [mix], 1), onion_size(REPORT_SIZE, 1)
-        )
-        out = await asyncio.wait_for(task, 30)
+    out = await _analyze(ann, analyzer_key, _peeled(ann, [mix], 1))
     if n_min <= len(VALUES):
         assert out.result is not None and out.result.batch_size == len(VALUES), out
     else:
