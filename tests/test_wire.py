@@ -82,3 +82,22 @@ def test_chunks_roundtrip_and_digest() -> None:
 def test_chunk_never_crashes_on_random_bytes(data: bytes) -> None:
     with contextlib.suppress(InvalidReport):
         Chunk.decode(data, 1, 8)
+
+
+def test_a_longer_report_envelope_or_chunk_is_refused_not_trimmed() -> None:
+    """Every parser takes its exact length: bytes past a report, an envelope's onion or a
+    chunk's items are refused (`bad_length`), never cut off and the rest accepted."""
+    report = Report(10, 3).encode()
+    env = Envelope("client-1", b"x" * 40).encode()
+    chunk = Chunk(hop=1, index=0, items=(b"a" * 8, b"b" * 8)).encode(8)
+    assert Report.decode(report, 10) == Report(10, 3)
+    assert Envelope.decode(env, 40).onion == b"x" * 40
+    assert len(Chunk.decode(chunk, 1, 8).items) == 2
+    for decode in (
+        lambda: Report.decode(report + b"\x00", 10),
+        lambda: Envelope.decode(env + b"x", 40),
+        lambda: Chunk.decode(chunk + b"\x00", 1, 8),
+    ):
+        with pytest.raises(InvalidReport) as e:
+            decode()
+        assert e.value.reason == "bad_length"
