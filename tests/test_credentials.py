@@ -82,6 +82,23 @@ def test_a_proof_seen_on_the_wire_cannot_report_in_another_round() -> None:
         assert e.value.reason == "bad_credential"
 
 
+def test_a_client_enrolled_in_one_deployment_cannot_report_in_another() -> None:
+    """One enrollment key may serve two deployments: a client enrolled only in "pilot" signs a
+    proof for "other" with its own key; the certificate names "pilot", so "other" refuses it
+    (a certificate without its deployment would let the client report there, unenrolled)."""
+    key = EnrollmentKey.generate()
+    cred = key.issue("pilot", "alice")
+    own = cred.proof("other", "r1", ONION)  # signed by alice, for the other deployment
+    CredentialVerifier(key.public_b64(), "pilot").verify(
+        "alice", cred.proof("pilot", "r1", ONION), "r1", ONION
+    )
+    with pytest.raises(InvalidReport) as e:
+        CredentialVerifier(key.public_b64(), "other").verify("alice", own, "r1", ONION)
+    assert e.value.reason == "bad_credential"
+    enrolled = key.issue("other", "alice").proof("other", "r1", ONION)
+    CredentialVerifier(key.public_b64(), "other").verify("alice", enrolled, "r1", ONION)
+
+
 def test_a_key_round_trips_through_its_text_form() -> None:
     key = EnrollmentKey.generate()
     again = EnrollmentKey.from_private_b64(key.private_b64())
