@@ -82,6 +82,30 @@ def test_signature_checks_against_the_documented_text_and_fails_on_any_change() 
     assert ReceiptBatch.from_bytes(batch.to_bytes()) == batch
 
 
+def test_a_client_files_only_mix0s_receipts_for_its_round() -> None:
+    """A receipt ends a client's resends, so the client files one only if mix 0's announced
+    key signed it and it names this round: one the broker forged, or mix 0's genuine
+    receipt of another round for the same digest, would leave the report undelivered while
+    the client holds a "receipt"."""
+    key = KeyPair.generate()
+    ann = announcement(key, time.time() + 30)
+    signer = ReceiptSigner(key.private_b64(), DEP)
+    forger = ReceiptSigner(KeyPair.generate().private_b64(), DEP)
+    digest = hashlib.sha256(b"onion").hexdigest()
+
+    async def never() -> Transport:
+        raise AssertionError("accept() needs no connection")
+
+    box = ReceiptBox(never, ann, "conn-1")
+    bad = [forger.receipt("r1", "alice", digest), signer.receipt("r0", "alice", digest)]
+    for r in bad:
+        assert box.accept(ReceiptBatch(receipts=[r]).to_bytes()) == 0
+    assert box.receipted == 0 and box.rejected == 2
+    good = signer.receipt("r1", "alice", digest)
+    assert box.accept(ReceiptBatch(receipts=[good]).to_bytes()) == 1
+    assert box.receipts == {digest: good}
+
+
 def test_envelope_v3_carries_the_reply_id() -> None:
     onion = b"o" * 40
     env = Envelope("alice", onion, credential=b"c" * 64, round_id="r1", reply="sk-0123")
