@@ -129,6 +129,23 @@ def test_input_and_credentials_are_dropped_once_the_output_is_stored(tmp_path: P
     spool.close()
 
 
+def test_ending_one_round_keeps_the_input_of_the_others(tmp_path: Path) -> None:
+    """A hop may hold input of several rounds: one still collecting (mix 0's receipted
+    reports), one not begun yet (chunks that came before its announcement). Storing one
+    round's output or finishing it drops that round's input only."""
+    spool = Spool(tmp_path / "s.db")
+    for rid in ("r1", "r2"):
+        spool.begin(_ann(rid))
+        spool.add([Arrival(rid, "data", f"k{i}", f"{rid}-{i}".encode()) for i in range(3)])
+    spool.add([Arrival("r3", "data", "early", b"r3-early")])
+    spool.save_output("r1", [b"peeled"], {})
+    spool.finish("r1", None)
+    assert [p for _, p in spool.messages("r2", "data")] == [b"r2-0", b"r2-1", b"r2-2"]
+    assert [p for _, p in spool.messages("r3", "data")] == [b"r3-early"]
+    assert spool.messages("r1", "data") == [] and spool.output("r1")[0] == []
+    spool.close()
+
+
 def test_finished_rounds_are_forgotten_after_a_week() -> None:
     clock = VirtualClock(1_800_000_000.0)
     spool = Spool(clock=clock)
