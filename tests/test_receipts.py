@@ -106,6 +106,41 @@ def test_a_client_files_only_mix0s_receipts_for_its_round() -> None:
     assert box.receipts == {digest: good}
 
 
+async def test_a_client_resends_until_its_receipt_comes() -> None:
+    """A report whose publishes are lost (or stored after the close) is sent again until mix
+    0's receipt comes: here mix 0 answers only the third copy, well before the deadline."""
+    key = KeyPair.generate()
+    ann = announcement(key, time.time() + 4)
+    signer = ReceiptSigner(key.private_b64(), DEP)
+    broker = MemoryBroker()
+    conn = broker.connect()
+    await conn.connect()
+
+    async def connect() -> Transport:
+        return conn
+
+    async with (
+        conn.subscribe(Topics(DEP).data("r1", 0)) as sub,
+        ReceiptBox(connect, ann, "conn-1") as box,
+    ):
+        env = ClientAgent("alice", 1).envelope(ann, reply=box.reply)
+        digest = box.digest_of(env)
+
+        async def mix0() -> None:
+            for _ in range(3):  # the first two copies are lost
+                assert (await sub.get()).payload == env
+            batch = ReceiptBatch(receipts=[signer.receipt("r1", "alice", digest)])
+            await conn.publish(receipt_topic(DEP, box.reply), batch.to_bytes())
+
+        answering = asyncio.create_task(mix0())
+        got = await box.deliver(env, resend=0.05)
+        answering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answering
+    assert got is not None and got.digest == digest
+    await conn.close()
+
+
 def test_envelope_v3_carries_the_reply_id() -> None:
     onion = b"o" * 40
     env = Envelope("alice", onion, credential=b"c" * 64, round_id="r1", reply="sk-0123")
