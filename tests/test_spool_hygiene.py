@@ -4,6 +4,8 @@ unwritable spool aborting (and refunding) the round whose input it could not kee
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import stat
 import subprocess
@@ -21,7 +23,7 @@ from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import SpoolError
 from shufflekit.core import hop as hop_module
 from shufflekit.core.messages import Announcement
-from shufflekit.core.spool import FINISHED_TTL, Arrival, Inbox, Spool
+from shufflekit.core.spool import FINISHED_TTL, Arrival, Inbox, Spool, classify_hop_input
 from shufflekit.core.transport import MemoryBroker
 from tests.pipeline_helpers import population
 
@@ -220,3 +222,40 @@ def test_a_spool_that_cannot_write_says_so_once_a_round(
     assert inbox.failed == {"r1": ("cannot store input: database or disk is full", 50)} | {
         "r2": ("cannot store input: database or disk is full", 50)
     }
+
+
+async def test_input_is_acked_only_once_committed(tmp_path: Path) -> None:
+    """The broker forgets a durable message once it is acked (PUBACK): acked before the spool's
+    commit, a hop killed in between loses it for good, a receipted report among it. Every
+    message an inbox acks was already in a committed batch (the mutation audit's surviving
+    `ack` before `_store` passed every kill -9 test: its window is a few milliseconds)."""
+    broker = MemoryBroker()
+    acked: list[bytes] = []
+    committed: list[bytes] = []
+
+    class Recording(Spool):
+        def add(self, arrivals: Sequence[Arrival]) -> int:
+            assert not set(acked) & {a.payload for a in arrivals}, "acked before it was stored"
+            stored = super().add(arrivals)
+            committed.extend(a.payload for a in arrivals)
+            return stored
+
+    async with broker.connect() as conn, broker.connect() as sender:
+        conn.ack = lambda m: acked.append(m.payload)  # type: ignore[attr-defined]
+        topic = "shufflekit/t/round/r1/hop/0/data"
+        inbox = Inbox(conn, Recording(tmp_path / "spool.db"), [topic], classify_hop_input)
+        subscribed = asyncio.Event()
+        running = asyncio.create_task(inbox.run(subscribed))
+        await subscribed.wait()
+        for i in range(20):
+            await sender.publish(topic, bytes([i]) * 40)
+            if i % 7 == 0:
+                await asyncio.sleep(0)  # several batches
+        for _ in range(500):  # (the inbox's task ends at once if `add` saw an acked message)
+            if len(acked) >= 20 or running.done():
+                break
+            await asyncio.sleep(0.01)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running  # raises the AssertionError of `add`, if any
+    assert sorted(acked) == sorted(committed) and len(set(acked)) == 20
