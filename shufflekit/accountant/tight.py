@@ -127,6 +127,10 @@ def _k2_details(mech: Mechanism, k2: K2Bound | None) -> dict[str, Any]:
     }
 
 
+#: How far below the Newton search's answer `_k2_epsilon` checks that nothing is certified.
+K2_CHECK = 0.002
+
+
 def _k2_epsilon(
     mech: Mechanism, ld: float, eps_l: float, hi: float, rtol: float, slope: float
 ) -> tuple[float, dict[str, Any]]:
@@ -134,20 +138,41 @@ def _k2_epsilon(
 
     Starts just above the attack's epsilon (the k = 2 bound is usually within a fraction of a
     percent of it) and carries the branch-and-bound partition from one epsilon to the next.
+    Each branch and bound only decides (`target`): it stops once its upper bound is below the
+    target or an exact dataset is above it, so its values are not quite a function a secant
+    can follow, and the Newton search can stop where the cheapest bound crosses the target
+    (n=198, k=2, eps0=0.671, delta=4.3e-4: 0.1054 for a root near 0.1015). So the answer is
+    checked K2_CHECK below; if that is certified too, a bisection on the sign each probe
+    decides (an undecided probe counts as not certified) finds the smallest to rtol.
     """
     cuts: list[int] | None = None
     bounds: dict[float, K2Bound] = {}  # by epsilon evaluated
     k2_rtol = _k2_rtol(mech, slope * eps_l)
+    target = ld - SAFETY
 
-    def fg(x: float) -> tuple[float, float | None]:
+    def decide(x: float) -> K2Bound:
         nonlocal cuts
-        # the root only needs the sign at each x
-        res, cuts = k2_bounds(mech, min(x, hi), rtol=k2_rtol, cuts=cuts, target=ld - SAFETY)
+        res, cuts = k2_bounds(mech, min(x, hi), rtol=k2_rtol, cuts=cuts, target=target)
         bounds[x] = res
-        return res.log_upper + SAFETY - ld, None
+        return res
+
+    def fg(x: float) -> tuple[float, float | None]:  # the root only needs the sign at each x
+        return decide(x).log_upper - target, None
 
     x, evals = newton_root(fg, eps_l * (1 + 10 * rtol), slope, hi, rtol, "up")
     at_x = bounds.get(x, list(bounds.values())[-1])  # the evaluation that certified x
+    if x < hi and (below := x * (1 - K2_CHECK)) > eps_l:
+        evals += 1
+        if decide(below).log_upper <= target:  # stopped early: bisect below it
+            x, at_x = below, bounds[below]
+            below = max([eps_l, *(e for e, r in bounds.items() if r.log_upper > target and e < x)])
+            while x - below > 0.5 * rtol * x:
+                mid = 0.5 * (below + x)
+                evals += 1
+                if decide(mid).log_upper <= target:
+                    x, at_x = mid, bounds[mid]
+                else:
+                    below = mid
     return x, _k2_details(mech, at_x) | {"k2_epsilon_evaluations": evals}
 
 
