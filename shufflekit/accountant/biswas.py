@@ -209,8 +209,10 @@ def corrected_log_delta(
     # float64 error (the log-gamma sums behind them): just below eps0 the loss is a difference
     # of nearly equal logs, and as computed it overstated delta up to 4.5 times.
     with np.errstate(invalid="ignore"):
-        tol = _LOWER_ULPS * np.finfo(np.float64).eps * (
-            np.abs(lp0) + np.where(lp1 > NEG_INF, np.abs(lp1), 0) + math.lgamma(n + 1) + 1
+        tol = (
+            _LOWER_ULPS
+            * np.finfo(np.float64).eps
+            * (np.abs(lp0) + np.where(lp1 > NEG_INF, np.abs(lp1), 0) + math.lgamma(n + 1) + 1)
         )
         v = np.where(lp1 > NEG_INF, lp0 - lp1 - tol, np.inf)
     mask = v > eps
