@@ -361,11 +361,18 @@ def upper_bound(
     hint = -14.0 if log_delta_hint is None else log_delta_hint
     log_tau = min(-30.0, hint - 16.0)
     best: tuple[float, float, int] | None = None
+    fitted: float | None = None  # the deepest truncation whose grid fitted
     for _ in range(8):
         try:
             grid = blanket_grid(mech, log_tau, hint)
         except TooBigError:
-            break
+            # too deep for the budget: back off halfway to the last that fitted (it gave
+            # up here: n=99774, k=3, eps0=1.12, eps=0.5 answered e^-32 where e^-4005 fits)
+            if fitted is None or log_tau >= fitted - 8.0:
+                break
+            log_tau = 0.5 * (log_tau + fitted)
+            continue
+        fitted = log_tau
         body = blanket_eval(mech, grid, eps)[0]
         total = float(np.logaddexp(body, grid.log_dropped))
         if best is None or total < best[0]:
