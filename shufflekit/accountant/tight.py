@@ -202,8 +202,8 @@ def tight_delta(mech: Mechanism, epsilon: float) -> PrivacyResult:
     note = f"upper: {upper_note}; lower: {worst}"
     if limited and k2 is None:
         note += (
-            "; the upper bound is truncation-limited (sound but possibly loose: delta is far"
-            " below 1e-300 here)"
+            "; the upper bound is truncation-limited (sound but possibly loose: no truncation"
+            " the grid budget allows is negligible beside the rest of the bound here)"
         )
     t2 = time.perf_counter()
     if low > up:
