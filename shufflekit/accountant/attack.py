@@ -228,7 +228,7 @@ def _attack_all_at_x0(mech: Mechanism, eps: float, log_tau: float, reverse: bool
                 # E[(cst - a1 h1)^+] = a1 E[(h1' - (N - cst/a1))^+] with h1' = N - h1 ~
                 # Bin(N, 1 - 1/(k-1)); the threshold rounded up (a lower bound stays one)
                 thr = big_n - cst / a1
-                thr = thr + 32 * 2.0**-53 * (big_n + np.abs(cst / a1))
+                thr = thr + _ROUND * (big_n + np.abs(cst / a1))
                 v = math.log(a1) + log_pos_part(thr, big_n, 1.0 - 1.0 / (k - 1), "lower")
             return logsumexp(lp + v) - math.log(n)
         # reverse: l = (1-g)(h1 - e h0 r) - blanket. Near eps0 the positive part is a

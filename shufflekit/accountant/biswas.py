@@ -81,6 +81,7 @@ _PRINTED = Label(PRINTED, NOTE_PRINTED, Soundness.NOT_A_GUARANTEE)
 _CORRECTED = Label(CORRECTED, NOTE_CORRECTED, Soundness.LOWER_BOUND)
 
 _DENSE_LIMIT = 4_000_000  # (n_x0 + 1) (m + 1) up to this: exact sums over every r
+_LOWER_ULPS = 64  # ulps of the log-gamma magnitudes an atom's loss and weight lose (lower side)
 
 
 def default_n_x0(n: int) -> int:
@@ -223,9 +224,6 @@ def corrected_log_delta(
         np.isfinite(vv), log1mexp(eps - np.where(np.isfinite(vv), vv, 0)), 0
     )
     return logsumexp(terms)
-
-
-_LOWER_ULPS = 64  # ulps of the log-gamma magnitudes an atom's loss and weight lose (lower side)
 
 
 @lru_cache(maxsize=32)

@@ -161,18 +161,18 @@ def _k2_epsilon(
 
     x, evals = newton_root(fg, eps_l * (1 + 10 * rtol), slope, hi, rtol, "up")
     at_x = bounds.get(x, list(bounds.values())[-1])  # the evaluation that certified x
-    if x < hi and (below := x * (1 - K2_CHECK)) > eps_l:
+    if x < hi and (probe := x * (1 - K2_CHECK)) > eps_l:
         evals += 1
-        if decide(below).log_upper <= target:  # stopped early: bisect below it
-            x, at_x = below, bounds[below]
-            below = max([eps_l, *(e for e, r in bounds.items() if r.log_upper > target and e < x)])
-            while x - below > 0.5 * rtol * x:
-                mid = 0.5 * (below + x)
+        if (res := decide(probe)).log_upper <= target:  # stopped early: bisect below it
+            x, at_x = probe, res
+            low = max([eps_l, *(e for e, r in bounds.items() if r.log_upper > target and e < x)])
+            while x - low > 0.5 * rtol * x:
+                mid = 0.5 * (low + x)
                 evals += 1
-                if decide(mid).log_upper <= target:
-                    x, at_x = mid, bounds[mid]
+                if (res := decide(mid)).log_upper <= target:
+                    x, at_x = mid, res
                 else:
-                    below = mid
+                    low = mid
     return x, _k2_details(mech, at_x) | {"k2_epsilon_evaluations": evals}
 
 

@@ -288,9 +288,10 @@ async def serve_mix(
 def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
     """The deployment's existing ledger with its budget; ConfigError says how to create it.
     `clock` stamps its records and expires reservations (a simulation's virtual clock)."""
-    url = shlex.quote(redact(cfg.ledger_url()))  # the hints name it, to be pasted
+    raw = cfg.ledger_url()
+    url = shlex.quote(redact(raw))  # the hints name it, to be pasted
     try:
-        ledger = Ledger(cfg.ledger_url(), create=False, clock=clock)
+        ledger = Ledger(raw, create=False, clock=clock)
     except LedgerNotFound as exc:  # else the hint's `budget init` made the default ledger
         raise LedgerNotFound(exc.where, cfg.deployment, url) from None
     if not ledger.has_budget(cfg.deployment):
