@@ -9,10 +9,11 @@ correction, where a category's noise is a handful of reports the skewed count un
 (88-92% at eps0 = 2, n = 30, k = 50 and eps0 = 0.5, n = 200, k = 50, where Wald gave >= 95%),
 and at k = 2 the dataset variance does not depend on f, so the score interval equals Wald's.
 Inside [0, 1] the test is a quadratic inequality in f, solved in closed form (for "population"
-it is Wilson's interval on the report frequency); outside [0, 1] the variance is that of the
-nearest end, so there the interval continues as the estimate +- (d + z * stderr). The ends are
-not clipped to [0, 1]: the interval contains the unbiased estimate, which may lie outside, and
-the part inside [0, 1] alone could be empty. Intersecting it with [0, 1] keeps its coverage.
+it is Wilson's interval, continuity-corrected, on the report frequency); outside [0, 1] the
+variance is that of the nearest end, so an end there is the estimate -+ (d + z times the
+standard error at that end). The ends are not clipped to [0, 1]: the interval contains the
+unbiased estimate, which may lie outside, and the part inside [0, 1] alone could be empty.
+Intersecting it with [0, 1] keeps its coverage.
 """
 
 from __future__ import annotations
