@@ -99,6 +99,19 @@ def test_inv_interval_is_the_score_interval_at_the_confidence_asked(
     assert "score interval" in e.details["uncertainty"]
 
 
+def test_inv_stderr_plugs_in_the_frequency_clipped_to_zero() -> None:
+    """A negative INV entry gets the standard error of a true frequency 0: q(1-q) / (n gap^2),
+    computed here from p and q by hand (the unclipped plug-in differs by |pi| (a - b))."""
+    hist, k, eps0 = [900, 30, 40, 30], 4, 2.0
+    e = estimate(hist, k, eps0)
+    neg = np.flatnonzero(e.frequencies < 0)
+    assert neg.size > 0  # the case under test: INV below 0 somewhere
+    pr = krr_probabilities(k, eps0)
+    n = sum(hist)
+    at_zero = math.sqrt(pr.p_other * (1 - pr.p_other) / (n * pr.gap**2))
+    np.testing.assert_allclose(e.stderr[neg], at_zero, rtol=1e-12)
+
+
 @pytest.mark.parametrize("target", ["dataset", "population"])
 def test_inv_interval_covers_where_a_category_noise_is_a_few_reports(target: str) -> None:
     """eps0 = 6, k = 10: each category's count is its users plus a few noise reports, whose
