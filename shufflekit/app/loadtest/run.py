@@ -35,6 +35,7 @@ from shufflekit.app.loadtest.stack import (
     start_coordinator,
     start_services,
 )
+from shufflekit.app.loadtest.watch import LedgerWatch
 from shufflekit.app.state import writable
 from shufflekit.base.errors import ConfigError, ShufflekitError, TransportError
 
@@ -147,7 +148,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
     probe = _settings(opts, connections, Path("."), "127.0.0.1", 1, False, None, None, None, "x")
     good = probe.counts()["good"]
     # an existing deployment's account and keys: before the floor keeps every core busy
-    existing = _existing(opts, connections) if opts.config is not None else None
+    existing, watch = _existing(opts, connections) if opts.config is not None else (None, None)
     if existing is None:
         require_mosquitto()
     if opts.report_dir is not None:  # after every other check: a refused run leaves no folder
@@ -196,7 +197,7 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         _wait_files(work, work / "load" / "ready", connections, "connected", procs, 120)
         if stack is not None:
             start_coordinator(stack, monitor, opts.rounds)
-        _follow(work, stack, opts, connections, procs, progress)
+        _follow(work, stack, watch, opts, connections, procs, progress)
         time.sleep(1.5)  # the workers' last statistics reach the master (every second)
         procs[0].send_signal(signal.SIGTERM)  # the master writes its CSV and HTML files
         procs[0].wait(60)
@@ -233,6 +234,8 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         raise
     finally:
         restore()
+        if watch is not None:
+            watch.close()
         with _signals_held():  # a second Ctrl-C or SIGTERM must not leave anything running
             monitor.stop()
             for p in procs:
@@ -330,12 +333,14 @@ def _terminate_as_interrupt() -> Callable[[], None]:
 def _follow(
     work: Path,
     stack: LocalStack | None,
+    watch: LedgerWatch | None,
     opts: LoadTestOptions,
     connections: int,
     procs: list[Any],
     progress: Progress,
 ) -> None:
-    """Until every Locust user wrote its summary; live progress from the coordinator's lines."""
+    """Until every Locust user wrote its summary; live progress from the coordinator's lines
+    (here) or the deployment's ledger (`--config`, `watch`)."""
     started = time.monotonic()
     limit = opts.rounds * (opts.deadline + 120) + 120
     done_dir = work / "load" / "users"
@@ -356,6 +361,8 @@ def _follow(
                 ended = time.monotonic()
             if ended is not None and time.monotonic() - ended >= SETTLE:
                 _check_announced(stack, work / "load" / "progress", opts.rounds)
+        elif watch is not None:
+            released = _watched(watch, work / "load" / "progress", opts.rounds)
         sent, receipted, rate = _load_progress(work / "load" / "progress", rate_state)
         progress(
             f"{released}/{opts.rounds} rounds released; {sent:,} reports sent, {receipted:,} "
@@ -375,10 +382,7 @@ def _check_announced(stack: LocalStack, progress: Path, rounds: int) -> None:
     """LoadTestFailed if the coordinator, gone after its rounds, announced fewer than the users
     wait for: a round aborted before its announcement (a hop not ready in time) is one of the
     coordinator's `--rounds` but never reaches the users, who would wait until the time limit."""
-    seen = 0
-    for f in progress.glob("*.json") if progress.exists() else []:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            seen = max(seen, int(json.loads(f.read_text())["rounds_seen"]))
+    seen = _seen(progress)
     if seen >= rounds:
         return
     lines = stack.lines("coordinator")
@@ -391,6 +395,31 @@ def _check_announced(stack: LocalStack, progress: Path, rounds: int) -> None:
         f"the coordinator ended after {len(lines)} round(s) but announced only {seen} of the "
         f"{rounds} the load waits for ({why or 'no reason given'})"
     )
+
+
+def _seen(progress: Path) -> int:
+    """The most announcements any connection has seen (each writes its progress every second)."""
+    seen = 0
+    for f in progress.glob("*.json") if progress.exists() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            seen = max(seen, int(json.loads(f.read_text())["rounds_seen"]))
+    return seen
+
+
+def _watched(watch: LedgerWatch, progress: Path, rounds: int) -> str:
+    """The rounds an existing deployment released since the start ("?" where its ledger cannot
+    be read from here); LoadTestFailed once its coordinator is gone with fewer rounds announced
+    than the load waits for (`LedgerWatch.ended`)."""
+    watch.poll()
+    if watch.unreachable is not None:
+        return "?"
+    if watch.ended() and (seen := _seen(progress)) < rounds:
+        raise LoadTestFailed(
+            f"deployment {watch.deployment!r} has had no coordinator running for "
+            f"{watch.gone_for:.0f} s and announced only {seen} of the {rounds} rounds the load "
+            f"waits for ({watch.reasons() or 'none refunded'})"
+        )
+    return str(watch.released)
 
 
 def _check_workers(work: Path) -> None:
@@ -440,10 +469,10 @@ def _load_progress(folder: Path, state: list[tuple[float, float]]) -> tuple[int,
     return sent, acked, max(rate, 0.0)
 
 
-def _existing(opts: LoadTestOptions, connections: int) -> LoadSettings:
+def _existing(opts: LoadTestOptions, connections: int) -> tuple[LoadSettings, LedgerWatch]:
     """The settings for an existing deployment: broker and deployment from its config, the
     client account from the environment, the enrollment key next to the configured public one
-    (`out_dir` is set once the run has its folder)."""
+    (`out_dir` is set once the run has its folder); and a watch on its ledger."""
     from shufflekit.app.services.config import load_config
     from shufflekit.core.transport.mqtt import BrokerAddress
 
@@ -461,10 +490,13 @@ def _existing(opts: LoadTestOptions, connections: int) -> LoadSettings:
     if not addr.username:
         raise TransportError("the client account: set SHUFFLEKIT_MQTT_USERNAME and _PASSWORD")
     ca = str(addr.ca_file) if addr.ca_file else None
-    return _settings(
+    settings = _settings(
         opts, connections, Path("."), addr.host, addr.port, addr.tls, ca,
         addr.username, addr.password, cfg.deployment, enrol,
     )  # fmt: skip
+    watch = LedgerWatch(cfg.ledger_url(), cfg.deployment)
+    watch.poll()  # the rounds already settled, before the load begins
+    return settings, watch
 
 
 def _settings(
