@@ -227,9 +227,8 @@ def test_a_round_the_coordinator_never_announced_ends_the_wait(
         with pytest.raises(
             LoadTestFailed, match=r"announced only 0 of the 1 .*not ready within 30s"
         ):
-            _follow(
-                tmp_path, stack, LoadTestOptions(rounds=1, deadline=30), 2, [alive], lambda _s: None
-            )
+            opts = LoadTestOptions(rounds=1, deadline=30)
+            _follow(tmp_path, stack, None, opts, 2, [alive], lambda _s: None)
     finally:
         alive.kill()
         alive.wait()
@@ -309,3 +308,38 @@ def test_the_live_rate_does_not_drop_to_zero_between_progress_files(
         if clock[0] >= 3:
             rates.append(rate)
     assert all(300 <= r <= 500 for r in rates), rates
+
+
+def test_an_interrupted_config_run_says_the_rounds_the_deployment_settled_since_it_began(
+    tmp_path: Path,
+) -> None:
+    """With --config the rounds are the deployment's, read from its ledger: only those that
+    came after the run began (a pilot's ledger holds its earlier rounds too); where the ledger
+    cannot be read from this host, nothing is said of rounds."""
+    from shufflekit.accountant.ledger import Budget, Ledger
+    from shufflekit.app.loadtest.watch import LedgerWatch
+
+    progress = tmp_path / "load" / "progress"
+    progress.mkdir(parents=True)
+    (progress / "0.json").write_text(json.dumps({"sent": 300, "receipted": 290, "acked": 300}))
+    url = f"sqlite:///{tmp_path / 'pilot.db'}"
+    with Ledger(url) as led:
+        led.init_budget(Budget("pilot", 1e9, 1e-6, n_min=10, cost_model="ldp"))
+        led.reserve("pilot", "before", 10, 2.0, "operator")
+        led.commit("pilot", "before", 700, "analyzer")
+        watch = LedgerWatch(url, "pilot")
+        watch.poll()  # the run begins
+        for rid in ("r1", "r2", "r3"):
+            led.reserve("pilot", rid, 10, 2.0, "operator")
+        led.commit("pilot", "r1", 250, "analyzer")
+        led.refund("pilot", "r2", "operator")
+    facts = so_far(tmp_path, None, watch)
+    watch.close()
+    assert interrupted_line(facts) == (
+        "until then: 1 round(s) released (250 reports counted), 1 aborted, 1 stopped before "
+        "its outcome; 300 reports sent, 290 receipted"
+    )
+    unreadable = LedgerWatch(f"sqlite:///{tmp_path / 'missing.db'}", "pilot")
+    facts = so_far(tmp_path, None, unreadable)
+    assert facts["rounds_released"] is None and not (tmp_path / "missing.db").exists()
+    assert interrupted_line(facts) == "until then: 300 reports sent, 290 receipted"

@@ -234,8 +234,6 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
         raise
     finally:
         restore()
-        if watch is not None:
-            watch.close()
         with _signals_held():  # a second Ctrl-C or SIGTERM must not leave anything running
             monitor.stop()
             for p in procs:
@@ -245,7 +243,9 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
             if stack is not None:
                 stack.stop(grace=30.0 if ok else 5.0)
             # once stopped: the stopped coordinator may still release a round
-            facts = so_far(work, stack) if interrupted else None
+            facts = so_far(work, stack, watch) if interrupted else None
+            if watch is not None:
+                watch.close()
             if ok or not kept:  # a folder the error does not name would only pile up
                 shutil.rmtree(owned, ignore_errors=True)
             if facts is not None:
@@ -257,17 +257,24 @@ def run_loadtest(opts: LoadTestOptions, progress: Progress = lambda _s: None) ->
                         partial.write_text(json.dumps(facts | logs, indent=2) + "\n")
 
 
-def so_far(work: Path, stack: LocalStack | None) -> dict[str, Any]:
-    """What an interrupted run did: the rounds its ledger settled (here on loopback; read once
-    every service stopped) and the reports the load generator sent and had receipted, from the
+def so_far(
+    work: Path, stack: LocalStack | None, watch: LedgerWatch | None = None
+) -> dict[str, Any]:
+    """What an interrupted run did: the rounds its ledger settled (here on loopback, read once
+    every service stopped; or, with `--config`, the deployment's since the start, where this
+    host can read it) and the reports the load generator sent and had receipted, from the
     files they keep."""
     sent, receipted, _rate = _load_progress(work / "load" / "progress", [])
     records: list[Any] = []
+    known = stack is not None
     if stack is not None:
         with contextlib.suppress(ShufflekitError), Ledger(ledger_url(stack.folder)) as led:
             records = list(led.rounds_of(DEPLOYMENT))
+    elif watch is not None:
+        watch.poll(force=True)
+        known = watch.unreachable is None
+        records = watch.rounds
     released = [r for r in records if r.status == "committed"]
-    known = stack is not None
     return {
         "interrupted": True,
         "rounds_released": len(released) if known else None,

@@ -36,18 +36,19 @@ class LedgerWatch:
     gone_for: float = field(default_factory=lambda: GONE_FOR)
     released: int = 0
     refunded: list[RoundRecord] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)  # every round since the start
     unreachable: str | None = None  # why the ledger cannot be read from here, once it could not
     _ledger: Ledger | None = None
     _before: set[str] | None = None  # the rounds already there when the watch began
     _gone_since: float | None = None
     _read_at: float | None = None
 
-    def poll(self) -> None:
-        """Read the ledger if `every` seconds have passed since the last read (nothing more
-        once it proved unreachable)."""
+    def poll(self, force: bool = False) -> None:
+        """Read the ledger if `every` seconds have passed since the last read, or `force`
+        (nothing more once it proved unreachable)."""
         now = self.clock()
         if self.unreachable is not None or (
-            self._read_at is not None and now - self._read_at < self.every
+            not force and self._read_at is not None and now - self._read_at < self.every
         ):
             return
         self._read_at = now
@@ -62,9 +63,9 @@ class LedgerWatch:
             return
         if self._before is None:
             self._before = {r.round_id for r in records}
-        new = [r for r in records if r.round_id not in self._before]
-        self.released = sum(1 for r in new if r.status == "committed")
-        self.refunded = [r for r in new if r.status == "refunded"]
+        self.rounds = [r for r in records if r.round_id not in self._before]
+        self.released = sum(1 for r in self.rounds if r.status == "committed")
+        self.refunded = [r for r in self.rounds if r.status == "refunded"]
         if running is not None:
             self._gone_since = None
         elif self._gone_since is None:
