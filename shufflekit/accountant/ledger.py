@@ -369,6 +369,10 @@ class Ledger(LedgerStore):
                         eps_alone = self._total_fn(b)([(rec.round_type, n_acc)])
                 elif b2 != b or now_rec != rec:
                     continue
+                elif self._priced_on_others(b, rec, n_acc) and _state(
+                    _counted(self._rounds(conn, deployment))
+                ) != _state(_counted(recs)):
+                    continue  # the larger batch was allowed beside rounds that changed since
                 if batch_size < b.n_min:
                     raise LedgerError(
                         f"batch of {batch_size} is below n_min={b.n_min}: not releasable"
@@ -426,6 +430,12 @@ class Ledger(LedgerStore):
         ):
             return rec.n_accounted
         return n
+
+    def _priced_on_others(self, b: Budget, rec: RoundRecord, n_acc: int) -> bool:
+        """Whether charging `rec` at `n_acc` was decided on the other counted rounds too: an
+        adaptive Rényi budget charges a larger batch only if its infinite-loss mass fits beside
+        theirs (`_charged_n`), so a round reserved meanwhile must be counted in that check."""
+        return b.mode == "adaptive" and b.cost_model != "ldp" and n_acc != rec.n_accounted
 
     def quote_commit(
         self, deployment: str, round_id: str, batch_size: int
@@ -526,6 +536,11 @@ class Ledger(LedgerStore):
             cost_model=b.cost_model,
             rounds=recs,
         )
+
+
+def _counted(recs: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """The rounds that count against the budget (reserved or committed)."""
+    return [r for r in recs if r.status in COUNTED]
 
 
 def _state(recs: Any) -> list[tuple[Any, ...]]:
