@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from shufflekit.accountant.ledger_records import (
     COUNTED,
+    MAX_N_MIN,
     Budget,
     BudgetStatus,
     RoundRecord,
@@ -334,13 +335,15 @@ class Ledger(LedgerStore):
         """Charge a released round with its real batch size (never more than reserved), storing
         its `result` (the text to publish) in the same transaction. Idempotent: a retried commit
         changes nothing (the first stored result stays; read it with `stored_result`).
-        `batch_size` is an integer (InvalidParameters otherwise: NaN slipped through and left
-        the round committed with no batch size).
+        `batch_size` is an integer up to 2^31 - 1, the column's range on every backend
+        (InvalidParameters otherwise: NaN slipped through and left the round committed with no
+        batch size).
 
         `basis`: the `quote_commit` basis the result's totals were priced on. If another round
         was committed since, `StaleQuote` (nothing changes): the result would state a total
         below the truth, so its caller prices it again."""
-        batch_size = whole("batch_size", batch_size, 0, error=InvalidParameters)
+        # the column is a 32-bit integer: PostgreSQL refused a larger batch, SQLite stored it
+        batch_size = whole("batch_size", batch_size, 0, MAX_N_MIN, error=InvalidParameters)
         for attempt in range(ATTEMPTS):
             last = attempt == ATTEMPTS - 1  # the state kept changing: compute under the lock
             if not last:
