@@ -3,11 +3,17 @@ in a state nobody could settle."""
 
 from __future__ import annotations
 
-import pytest
+import sqlite3
+import time
+from collections.abc import Callable
 
+import pytest
+import sqlalchemy as sa
+
+from shufflekit.accountant import ledger_schema
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_records import MAX_N_MIN
-from shufflekit.base.errors import InvalidParameters
+from shufflekit.base.errors import InvalidParameters, LedgerBusy
 
 
 def test_a_batch_the_ledger_cannot_store_is_refused_alike_on_every_backend(
@@ -23,3 +29,55 @@ def test_a_batch_the_ledger_cannot_store_is_refused_alike_on_every_backend(
             led.commit("d", "r1", MAX_N_MIN + 1)
         assert [(r.status, r.batch_size) for r in led.rounds_of("d")] == [("reserved", None)]
         assert led.commit("d", "r1", MAX_N_MIN).batch_size == MAX_N_MIN
+
+
+@pytest.fixture
+def short_lock_wait(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The ledger's wait for a lock, cut from 30 s to 1 s so a test can outwait it."""
+    monkeypatch.setattr(ledger_schema, "LOCK_WAIT", 1.0)
+    return 1.0
+
+
+def _hold_the_budget_lock(url: str) -> Callable[[], None]:
+    """Lock deployment `d`'s budget as a writer paused in its transaction does (its process
+    stopped, its host frozen); returns the call that ends that transaction."""
+    if url.startswith("sqlite"):
+        raw = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
+        raw.execute("BEGIN IMMEDIATE")
+        return raw.close
+    engine = sa.create_engine(url)
+    conn = engine.connect()
+    conn.execute(sa.text("SELECT * FROM sk_budgets WHERE deployment = 'd' FOR UPDATE"))
+
+    def end() -> None:
+        conn.close()
+        engine.dispose()
+
+    return end
+
+
+def test_a_writer_behind_a_transaction_that_does_not_end_gives_up_busy(
+    ledger_url: str, short_lock_wait: float
+) -> None:
+    """A busy ledger is a LedgerBusy once the lock wait is over, which the services retry and
+    the CLI reports in one line. On PostgreSQL a writer waited for the budget row for ever
+    behind a transaction that did not end (a paused process): `budget refund`, every reserve
+    and commit, and a coordinator taking over a dead one's lease all hung."""
+    with Ledger(ledger_url) as led:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
+        led.reserve("d", "r1", 4, 1.0)
+        end = _hold_the_budget_lock(ledger_url)
+        try:
+            for write in (
+                lambda: led.refund("d", "r1"),
+                lambda: led.reserve("d", "r2", 4, 1.0),
+                lambda: led.commit("d", "r1", 1000),
+            ):
+                started = time.monotonic()
+                with pytest.raises(LedgerBusy, match="busy"):
+                    write()
+                assert time.monotonic() - started < short_lock_wait + 10
+        finally:
+            end()
+        assert [r.status for r in led.rounds_of("d")] == ["reserved"]  # nothing half-done
+        assert led.refund("d", "r1").status == "refunded"  # and the lock is free again

@@ -34,6 +34,7 @@ from shufflekit.base.errors import (
 )
 
 SCHEMA_VERSION = 6
+LOCK_WAIT = 30.0  # seconds a write waits for another writer's lock before it is LedgerBusy
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -184,7 +185,13 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
 }
 
 
-_BUSY = ("database is locked", "database is busy", "could not serialize", "deadlock detected")
+_BUSY = (
+    "database is locked",
+    "database is busy",
+    "could not serialize",
+    "deadlock detected",
+    "lock timeout",  # PostgreSQL's lock_timeout (LOCK_WAIT) ran out
+)
 
 
 def _said(exc: sa.exc.DBAPIError) -> str:
@@ -193,7 +200,8 @@ def _said(exc: sa.exc.DBAPIError) -> str:
 
 
 def _busy(exc: sa.exc.OperationalError) -> bool:
-    """A lock held by another writer (SQLite) or a serialization failure (PostgreSQL)."""
+    """A lock another writer held for longer than LOCK_WAIT, or a serialization failure
+    (PostgreSQL)."""
     return any(s in str(exc.orig).lower() for s in _BUSY)
 
 
@@ -366,14 +374,14 @@ def make_engine(url: str, create: bool) -> Engine:
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):  # private, as the services' spools want their folder
                 os.makedirs(parent, mode=0o700, exist_ok=True)
-        engine = sa.create_engine(u, connect_args={"timeout": 30})
+        engine = sa.create_engine(u, connect_args={"timeout": LOCK_WAIT})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
             # no writes here (not even journal_mode): open_schema checks the file first
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={round(LOCK_WAIT * 1000)}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -384,9 +392,20 @@ def make_engine(url: str, create: bool) -> Engine:
         return engine
     if u.get_backend_name() == "postgresql":
         try:
-            return sa.create_engine(u, pool_pre_ping=True)
+            pg = sa.create_engine(u, pool_pre_ping=True)
         except (sa.exc.ArgumentError, ImportError) as exc:
             raise LedgerError(f"cannot use {redact(url)}: {exc}") from exc
+
+        @event.listens_for(pg, "connect")
+        def _on_pg_connect(dbapi_conn: Any, _rec: Any) -> None:
+            # a write behind a transaction that does not end (its process paused) gives up
+            # as on SQLite, LedgerBusy, instead of waiting for the budget row for ever
+            cur = dbapi_conn.cursor()
+            cur.execute(f"SET lock_timeout = {round(LOCK_WAIT * 1000)}")
+            cur.close()
+            dbapi_conn.commit()
+
+        return pg
     raise LedgerError(
         f"unsupported ledger backend {u.get_backend_name()!r}: use sqlite or postgresql"
     )
