@@ -15,6 +15,7 @@ from shufflekit.accountant import policy
 from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.rdp_filter import inf_budget
+from shufflekit.base.errors import StaleQuote
 
 SHARE = inf_budget(1e-6)  # the infinite-loss share of the budgets below
 
@@ -84,3 +85,28 @@ def test_without_a_race_a_larger_batch_is_charged_where_the_share_allows_it(
         led.init_budget(Budget("b", 5.0, 1e-6, n_min=100, mode="adaptive"))
         led.reserve("b", "r1", 1, 0.5, mechanism="leaky")
         assert led.commit("b", "r1", 200).n_accounted == 200
+
+
+def test_a_quote_is_stale_once_the_population_it_priced_is_no_longer_the_one_charged(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analyzer publishes the quote's facts (the population the round is charged at, its
+    epsilon, the total) with the commit. The quote's basis named only the committed rounds:
+    a round reserved between the quote and the commit made the commit charge the reserved
+    population (the larger batch's mass no longer fitted), while the result stated the larger
+    one and a lower cost. Such a commit is now refused as stale, and priced again."""
+    _leaky(monkeypatch)
+    with Ledger(ledger_url) as led:
+        led.init_budget(Budget("a", 5.0, 1e-6, n_min=100, mode="adaptive"))
+        led.reserve("a", "r1", 1, 0.5, mechanism="leaky")
+        quote = led.quote_commit("a", "r1", 200)
+        assert quote["n_accounted"] == 200
+        led.reserve("a", "r2", 1, 0.5, mechanism="leaky")  # after the quote, before the commit
+        with pytest.raises(StaleQuote):
+            led.commit("a", "r1", 200, basis=str(quote["basis"]))
+        assert led.round_of("a", "r1").status == "reserved"  # type: ignore[union-attr]
+        again = led.quote_commit("a", "r1", 200)
+        assert again["n_accounted"] == 100
+        rec = led.commit("a", "r1", 200, basis=str(again["basis"]))
+        assert rec.n_accounted == again["n_accounted"]
+        assert rec.epsilon_round == again["epsilon_round"]

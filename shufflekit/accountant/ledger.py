@@ -340,8 +340,9 @@ class Ledger(LedgerStore):
         batch size).
 
         `basis`: the `quote_commit` basis the result's totals were priced on. If another round
-        was committed since, `StaleQuote` (nothing changes): the result would state a total
-        below the truth, so its caller prices it again."""
+        was committed since, or the round is now charged at another population than quoted,
+        `StaleQuote` (nothing changes): the result would state a cost or a total below the
+        truth, so its caller prices it again."""
         # the column is a 32-bit integer: PostgreSQL refused a larger batch, SQLite stored it
         batch_size = whole("batch_size", batch_size, 0, MAX_N_MIN, error=InvalidParameters)
         for attempt in range(ATTEMPTS):
@@ -380,9 +381,12 @@ class Ledger(LedgerStore):
                     raise LedgerError(
                         f"batch of {batch_size} is below n_min={b.n_min}: not releasable"
                     )
-                if basis is not None and basis != _basis(self._rounds(conn, deployment), round_id):
+                if basis is not None and basis != _basis(
+                    self._rounds(conn, deployment), round_id, n_acc
+                ):
                     raise StaleQuote(
-                        f"round {round_id!r}: another round was committed since it was priced"
+                        f"round {round_id!r}: another round was committed, or it is charged at "
+                        "another population, since it was priced"
                     )
                 eps_round = min(rec.epsilon_round, eps_alone)
                 now = self.clock.time()
@@ -446,8 +450,8 @@ class Ledger(LedgerStore):
         """What committing the round with `batch_size` would record, for its published result:
         its own epsilon, the population it is charged at, and the committed total with it.
         Computed without any lock (curve cache); `commit` computes the same from the same state.
-        `basis` names the committed rounds the total is over: give it to `commit`, which refuses
-        (`StaleQuote`) if another round was committed meanwhile."""
+        `basis` names the committed rounds the total is over and the population charged: give
+        it to `commit`, which refuses (`StaleQuote`) if either changed meanwhile."""
         b, recs = self._snapshot(deployment)
         rec = find_round(recs, round_id, deployment)
         n_acc = self._charged_n(b, rec, batch_size, recs)
@@ -464,7 +468,7 @@ class Ledger(LedgerStore):
             "n_accounted": float(n_acc),
             "epsilon_spent_total": total([*others, mine]),
             "epsilon_budget": b.epsilon_total,
-            "basis": _basis(recs, round_id),
+            "basis": _basis(recs, round_id, n_acc),
         }
 
     def refund(
@@ -558,11 +562,14 @@ def _budget_values(b: Budget) -> dict[str, Any]:
     return d
 
 
-def _basis(recs: list[RoundRecord], round_id: str) -> str:
-    """The committed rounds other than `round_id`, as one digest: what a quoted total is over.
-    A committed round's charge never changes, so the same set means the same total."""
+def _basis(recs: list[RoundRecord], round_id: str, n_acc: int) -> str:
+    """The committed rounds other than `round_id`, and the population `n_acc` it is charged
+    at, as one digest: what a quoted total is over. A committed round's charge never changes,
+    so the same set and population mean the same total; the population is in it because an
+    adaptive budget may charge the reserved one instead of the quoted batch once other rounds
+    were reserved (`_charged_n`), and the result would then state a cost below the charge."""
     ids = sorted(r.round_id for r in recs if r.status == "committed" and r.round_id != round_id)
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+    return hashlib.sha256("\n".join([str(n_acc), *ids]).encode()).hexdigest()
 
 
 def first_free_slot(counted: Sequence[RoundRecord]) -> int:

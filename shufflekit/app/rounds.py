@@ -188,7 +188,8 @@ def ledger_release_hook(
         for attempt in range(PRICE_ATTEMPTS):
             sealed, basis = await priced(result, seal)
             text = sealed.to_bytes().decode()
-            try:  # refused if a round was committed since the pricing: its total would be low
+            try:  # refused if a round was committed since the pricing, or the round's charged
+                # population changed (rounds reserved meanwhile): its facts would be low
                 await offload(ledger.commit, deployment, rid, n, actor, result=text, basis=basis)
                 break
             except StaleQuote:
