@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from shufflekit.accountant import ledger_schema
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_records import MAX_N_MIN
-from shufflekit.base.errors import InvalidParameters, LedgerBusy
+from shufflekit.base.errors import InvalidParameters, LedgerBusy, LedgerError
 
 
 def test_a_batch_the_ledger_cannot_store_is_refused_alike_on_every_backend(
@@ -81,3 +82,27 @@ def test_a_writer_behind_a_transaction_that_does_not_end_gives_up_busy(
             end()
         assert [r.status for r in led.rounds_of("d")] == ["reserved"]  # nothing half-done
         assert led.refund("d", "r1").status == "refunded"  # and the lock is free again
+
+
+def test_a_damaged_ledger_is_reported_as_unreadable_not_as_a_refused_write(
+    tmp_path: Path,
+) -> None:
+    """A ledger whose pages were damaged (a disk fault) failed `budget status` and `history`
+    with "refused the write": the operator, who wrote nothing, was sent after permissions or
+    locks. A read says the ledger cannot be read, with SQLite's reason; a write still says
+    the write was refused. Either way nothing is changed."""
+    path = tmp_path / "l.db"
+    with Ledger(f"sqlite:///{path}") as led:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
+        led.reserve("d", "r1", 4, 1.0)
+    data = bytearray(path.read_bytes())
+    page = 4096  # SQLite's default page size; page 1 (the schema) stays whole, so it opens
+    data[2 * page : 3 * page] = b"\xab" * page  # a table's page past it is garbage
+    path.write_bytes(bytes(data))
+    with Ledger(f"sqlite:///{path}", create=False) as led:
+        with pytest.raises(LedgerError) as read:
+            led.status("d")
+        assert "cannot be read" in str(read.value) and "malformed" in str(read.value)
+        assert "write" not in str(read.value)
+        with pytest.raises(LedgerError, match="refused the write"):
+            led.refund("d", "r1")

@@ -225,8 +225,9 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
         if _busy(exc):
             raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
         raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
-    except sa.exc.DBAPIError as exc:
-        raise LedgerError(f"ledger {redact(url)} refused the write: {_said(exc)}") from exc
+    except sa.exc.DBAPIError as exc:  # a read fails so too: a damaged file, a missing table
+        what = "refused the write" if write else "cannot be read"
+        raise LedgerError(f"ledger {redact(url)} {what}: {_said(exc)}") from exc
 
 
 def require_current(conn: Connection, url: str) -> None:
