@@ -106,3 +106,40 @@ def test_a_damaged_ledger_is_reported_as_unreadable_not_as_a_refused_write(
         assert "write" not in str(read.value)
         with pytest.raises(LedgerError, match="refused the write"):
             led.refund("d", "r1")
+
+
+def _hold_the_write_lock(url: str) -> Callable[[], None]:
+    """Hold what a schema write waits for (SQLite: the file's write lock; PostgreSQL: the
+    migrators' advisory lock), as a long write of another process does; returns its end."""
+    if url.startswith("sqlite"):
+        raw = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
+        raw.execute("BEGIN IMMEDIATE")
+        return raw.close
+    engine = sa.create_engine(url)
+    conn = engine.connect()
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
+
+    def end() -> None:
+        conn.close()
+        engine.dispose()
+
+    return end
+
+
+def test_opening_a_current_ledger_writes_nothing(ledger_url: str, short_lock_wait: float) -> None:
+    """Opening a ledger of the current schema wrote its version again and ran the schema
+    creation in a write transaction: `budget status` and `history` of a ledger the operator
+    may only read (a file of the service's account, a read-only copy) failed with "attempt to
+    write a readonly database", and waited behind any other writer, busy after the lock
+    wait. Only a ledger to create or bring forward is written now."""
+    with Ledger(ledger_url) as led:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
+        led.reserve("d", "r1", 4, 1.0)
+    end = _hold_the_write_lock(ledger_url)
+    try:
+        with Ledger(ledger_url, create=False, upgrade=False) as led:
+            assert led.schema_found == ledger_schema.SCHEMA_VERSION
+            assert [r.status for r in led.status("d").rounds] == ["reserved"]
+            assert [h["action"] for h in led.history("d")] == ["init", "reserve"]
+    finally:
+        end()

@@ -263,6 +263,8 @@ def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) ->
     try:
         if engine.dialect.name == "sqlite":
             _sqlite_precheck(engine, url, create, upgrade)
+        if _current(engine, url):
+            return SCHEMA_VERSION  # nothing to create or bring forward: written to by no one
         with transaction(engine, url) as conn:
             if conn.dialect.name == "postgresql":  # one migrator at a time
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
@@ -287,6 +289,18 @@ def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) ->
             return version
     except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
         raise LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}") from exc
+
+
+def _current(engine: Engine, url: str) -> bool:
+    """Whether the database holds every table of this schema at its version, read without a
+    write transaction: opening such a ledger writes nothing, so a ledger one may only read
+    opens, and opening it never waits behind another writer."""
+    with transaction(engine, url, write=False) as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+        if not {t.name for t in _META.sorted_tables} <= tables:
+            return False
+        version = conn.execute(sa.select(schema_version.c.version)).scalar()
+    return version == SCHEMA_VERSION
 
 
 def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> None:
