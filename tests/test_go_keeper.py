@@ -295,3 +295,32 @@ def test_a_coordinator_refunds_a_round_it_gave_up_on_only_once_its_last_go_ran_o
     assert rec is not None and rec.status == "refunded" and rec.go_until == go.until
     assert rec.updated_at >= go.until + GO_MARGIN  # the refund came after the go ran out
     led.close()
+
+
+def test_a_go_granted_while_its_round_began_its_refund_is_not_handed_out() -> None:
+    """A go request answered while the coordinator decides to refund the round: the keeper
+    read the round as reserved and was in the ledger's `grant_go` (a thread) when `quiesce`
+    ran, found no lease yet and let the refund (goes settled) go ahead; the go then went out,
+    and a mix forwarded a round the ledger refunded. A go granted once the refund began is
+    refused instead: no mix holds it, so the refund's wait stays sound."""
+    clock = VirtualClock()
+    granting, release = asyncio.Event(), asyncio.Event()
+
+    async def offload(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0)
+        if getattr(fn, "__name__", "") == "grant_go":  # in flight in its thread
+            granting.set()
+            await release.wait()
+        return fn(*args, **kwargs)
+
+    async def main() -> Go:
+        keeper = GoKeeper(_Ledger(), "d", LEASE, clock, offload, RejectionCounter())  # type: ignore[arg-type]
+        keeper.own.add("r1")
+        asked = asyncio.create_task(keeper.verdict("r1", 0))
+        await granting.wait()
+        await keeper.quiesce("r1")  # the refund may go ahead from here
+        release.set()
+        return await asked
+
+    go = run_virtual(main(), clock)
+    assert go.verdict == "refused" and "refunded" in (go.reason or ""), go

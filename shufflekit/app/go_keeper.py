@@ -119,14 +119,18 @@ class GoKeeper:
                 until = min(until, rec.expires_at - GO_MARGIN)
             if until <= now:
                 why = "its reservation expired"
-            elif await self.offload(
+            elif not await self.offload(
                 self.ledger.grant_go, self.deployment, round_id, until, holder=self.holder
-            ):
+            ):  # refunded (by the operator) or expired since it was read
+                why = "the round is no longer reserved in the ledger"
+            elif round_id in self.refusing:
+                # its refund began while the ledger recorded this go (`quiesce` did not see
+                # it): handed out, a mix would forward a round about to be refunded
+                why = "the round is being refunded"
+            else:
                 held = self.leases.setdefault(round_id, {})
                 held[hop] = max(held.get(hop, 0.0), until)
                 return Go(round_id=round_id, hop=hop, verdict="go", until=until)
-            else:  # refunded (by the operator) or expired since it was read
-                why = "the round is no longer reserved in the ledger"
         return Go(round_id=round_id, hop=hop, verdict="refused", reason=why)
 
     def give_back(self, round_id: str, hop: int) -> None:
