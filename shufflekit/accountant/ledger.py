@@ -7,8 +7,9 @@ The tables, migrations and database opening are in `accountant.ledger_schema`, t
 lock, from the persisted curve cache (`accountant.curves`): read the state, compute, then take
 the lock (PostgreSQL: `FOR UPDATE` on the budget row; SQLite: `BEGIN IMMEDIATE`), re-read the
 state and decide, or compute again if it changed meanwhile. So concurrent coordinators can never
-together exceed the budget, and nobody waits on a lock while curves are computed. Reserved
-rounds count as spent until committed or refunded (pessimistic).
+together exceed the budget, and nobody waits on a lock while curves are computed, except after
+ATTEMPTS - 1 changes in a row, when the last computation is made under the lock (a busy budget
+must still decide). Reserved rounds count as spent until committed or refunded (pessimistic).
 """
 
 from __future__ import annotations
