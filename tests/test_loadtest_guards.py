@@ -343,3 +343,47 @@ def test_an_interrupted_config_run_says_the_rounds_the_deployment_settled_since_
     facts = so_far(tmp_path, None, unreadable)
     assert facts["rounds_released"] is None and not (tmp_path / "missing.db").exists()
     assert interrupted_line(facts) == "until then: 300 reports sent, 290 receipted"
+
+
+def test_the_watch_ends_only_after_settled_rounds_and_gone_for_without_a_coordinator(
+    tmp_path: Path,
+) -> None:
+    """A --config run judges the deployment's coordinator gone only once it settled rounds
+    since the start and no lease was live for `gone_for` seconds (the watch's clock): not
+    before its coordinator started, and not across a restart whose gap is shorter."""
+    from shufflekit.accountant.ledger import Budget, Ledger
+    from shufflekit.app.loadtest.watch import LedgerWatch
+
+    url = f"sqlite:///{tmp_path / 'pilot.db'}"
+    now = [0.0]
+    watch = LedgerWatch(url, "pilot", clock=lambda: now[0], every=0.0, gone_for=30.0)
+    with Ledger(url) as led:
+        led.init_budget(Budget("pilot", 1e9, 1e-6, n_min=10, cost_model="ldp"))
+        watch.poll()  # the run begins: no coordinator yet
+        now[0] = 100.0
+        watch.poll()
+        assert not watch.ended()  # nothing settled: a coordinator may still be started
+        holder = "coordinator a@h:1/x"
+        led.hold_role("pilot", "coordinator", holder, 15.0)
+        led.reserve("pilot", "r1", 10, 2.0, "operator")
+        led.refund("pilot", "r1", "operator")
+        watch.poll()
+        assert watch.refunded and not watch.ended()  # settled, but its coordinator runs
+        led.release_role("pilot", "coordinator", holder)  # it stops
+        now[0] = 110.0
+        watch.poll()
+        now[0] = 139.0
+        watch.poll()
+        assert not watch.ended()  # 29 s without one
+        led.hold_role("pilot", "coordinator", "coordinator b@h:2/y", 15.0)  # restarted
+        now[0] = 141.0
+        watch.poll()
+        assert not watch.ended()
+        led.release_role("pilot", "coordinator", "coordinator b@h:2/y")
+        now[0] = 150.0
+        watch.poll()
+        now[0] = 180.0
+        watch.poll()
+        assert watch.ended()
+        assert watch.reasons() == "r1: refunded"  # the operator's refund gave no reason
+    watch.close()
