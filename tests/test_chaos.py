@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from shufflekit.app.cli import app
 from shufflekit.app.sim.chaos import ChaosConfig
+from shufflekit.app.sim.fault_kinds import FAULT_KINDS
 from shufflekit.app.sim.invariants import INVARIANTS
-from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome, SimSpec, World, run_seed
+from shufflekit.app.sim.world import SeedOutcome, SimSpec, World, run_seed
 from shufflekit.app.wiring import Wiring
 from shufflekit.shuffler.mix import MixNode
 from tests.cli_run import run_cli

@@ -268,12 +268,12 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_the_sweep(
 ) -> None:
     """`experiment utility --out FILE` ran the whole sweep (minutes), then failed to write and
     threw its results away."""
-    import shufflekit.app.cli_simulate as cli_simulate
+    import shufflekit.app.experiment as experiment  # (the command imports it when it runs)
 
     def never(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the sweep ran")
 
-    monkeypatch.setattr(cli_simulate, "utility_experiment", never)
+    monkeypatch.setattr(experiment, "utility_experiment", never)
     (tmp_path / "afile").write_text("")
     argv = ["experiment", "utility", "--n", "1000", "--epsilons", "1", "--out"]
     result = CliRunner().invoke(app, [*argv, str(tmp_path / "afile")])
@@ -285,7 +285,7 @@ def test_the_sweep_over_n_takes_counts_written_as_every_count_is(
 ) -> None:
     """Found by a docs audit: counts of people may be written 1e7 or 10_000_000 (README),
     `--n` took them, `experiment utility --ns 1e3,1e4` was refused as not integers."""
-    import shufflekit.app.cli_simulate as cli_simulate
+    import shufflekit.app.experiment as experiment  # (the command imports it when it runs)
 
     seen: list[tuple[int, ...]] = []
 
@@ -293,7 +293,7 @@ def test_the_sweep_over_n_takes_counts_written_as_every_count_is(
         seen.append(cfg.ns)  # type: ignore[attr-defined]
         raise InvalidInput("stop before the sweep")
 
-    monkeypatch.setattr(cli_simulate, "utility_experiment", record)
+    monkeypatch.setattr(experiment, "utility_experiment", record)
     argv = ["experiment", "utility", "--ns", "1e3, 10_000,20000", "--epsilons", "1"]
     result = CliRunner().invoke(app, argv)
     assert seen == [(1000, 10_000, 20_000)], result.output

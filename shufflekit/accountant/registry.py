@@ -56,6 +56,9 @@ from shufflekit.accountant.core import (
     lookup,
 )
 from shufflekit.accountant.curve_pld import composition_pld
+from shufflekit.accountant.method_names import PRIMARY_NAMES as LISTED_PRIMARY
+from shufflekit.accountant.method_names import VARIANT_NAMES as LISTED_VARIANTS
+from shufflekit.base.errors import InternalError
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,12 @@ def _build() -> tuple[dict[str, Method], tuple[str, ...], tuple[str, ...]]:
 
 
 _TABLE, PRIMARY_NAMES, VARIANT_NAMES = _build()
+if (PRIMARY_NAMES, VARIANT_NAMES) != (LISTED_PRIMARY, LISTED_VARIANTS):
+    # the command line's --help lists accountant.method_names without loading this module
+    raise InternalError(
+        f"accountant.method_names lists {LISTED_PRIMARY} and {LISTED_VARIANTS}; "
+        f"the registry has {PRIMARY_NAMES} and {VARIANT_NAMES}"
+    )
 
 
 def get_method(name: str) -> Method:

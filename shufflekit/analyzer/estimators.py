@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtri
 
+from shufflekit.analyzer.names import ESTIMATORS, TARGETS  # (re-exported: see names)
 from shufflekit.analyzer.score import score_interval
 from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import EstimatorInputError
@@ -52,9 +53,6 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 Method = Literal["inv", "clip", "project", "ibu", "mle"]
 Target = Literal["dataset", "population"]
-
-ESTIMATORS: tuple[str, ...] = ("inv", "clip", "project", "ibu", "mle")
-TARGETS: tuple[str, ...] = ("dataset", "population")
 
 
 @dataclass(frozen=True, eq=False)

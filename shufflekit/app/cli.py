@@ -1,16 +1,17 @@
-"""The `shufflekit` command line: demo, budget, privacy, leakage, simulate, keys, serve, clients."""
+"""The `shufflekit` command line: demo, budget, privacy, leakage, simulate, keys, serve, clients.
+
+Importing it registers every command and nothing more: each command imports what it runs (the
+accountant, the services, numpy, SQLAlchemy) when it runs, so `--version`, `--help` and a
+light command do not pay seconds for the heavy ones (tests/test_cli_startup.py guards this).
+"""
 
 from __future__ import annotations
 
-import asyncio
-from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from shufflekit.accountant.ledger import Ledger
-from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.analyzer.names import ESTIMATORS
 from shufflekit.app.cli_budget import app as budget_app
 from shufflekit.app.cli_chaos import chaos
 from shufflekit.app.cli_common import (
@@ -28,11 +29,8 @@ from shufflekit.app.cli_loadtest import loadtest
 from shufflekit.app.cli_privacy import app as privacy_app
 from shufflekit.app.cli_round_list import rounds
 from shufflekit.app.cli_simulate import experiment_app, simulate
-from shufflekit.app.demo import DemoConfig, run_demo
-from shufflekit.app.render import console, err_console, print_json, progress_bar, styled
 from shufflekit.app.services.cli import clients, keys_app, serve_app
-from shufflekit.app.simulate import MAX_K
-from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url
+from shufflekit.app.state import DEFAULT_DEPLOYMENT
 
 app = typer.Typer(
     help="shufflekit: the shuffle model of differential privacy, end to end.",
@@ -45,6 +43,8 @@ app = typer.Typer(
 
 def _version(show: bool) -> None:
     if show:
+        from importlib.metadata import version as package_version
+
         typer.echo(f"shufflekit {package_version('shufflekit')}")
         raise typer.Exit()
 
@@ -121,6 +121,14 @@ def demo(
 
     Exit 1 if no round released anything (each says why); 2 for a refused value or budget.
     """
+    import asyncio
+
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.app.demo import DemoConfig, run_demo
+    from shufflekit.app.render import err_console, print_json, progress_bar
+    from shufflekit.app.simulate import MAX_K
+    from shufflekit.app.state import ledger_url
+
     if users < 1:
         refuse(f"--users must be at least 1, got {users}")
     check_eps0(eps0)
@@ -178,6 +186,10 @@ def demo(
 
 
 def _print_bits(last: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from shufflekit.app.render import console, styled
+
     t = Table(
         title=f"round {last['round_id']}: {last['batch_size']} reports of {last['bits']}-bit "
         "records: frequency of ones per bit"
@@ -205,6 +217,10 @@ def _print_bits(last: dict[str, Any]) -> None:
 
 
 def _print_demo(out: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from shufflekit.app.render import console, err_console, styled
+
     if out.get("rounds"):
         last = out["rounds"][-1]
         if last["released"] and last.get("mechanism") == "bits":

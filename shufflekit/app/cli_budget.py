@@ -11,19 +11,18 @@ import dataclasses
 import datetime as dt
 import json
 import shlex
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from shufflekit.accountant.ledger import Budget, BudgetStatus, Ledger, check_budget
-from shufflekit.accountant.ledger_schema import SCHEMA_VERSION, redact
-from shufflekit.accountant.ledger_store import running_refusal
-from shufflekit.accountant.round_types import parse_round_type
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
 from shufflekit.base.errors import InvalidInput, LedgerNotFound
+
+if TYPE_CHECKING:  # the ledger (SQLAlchemy, the accountant) is imported by the commands using it
+    from shufflekit.accountant.ledger import BudgetStatus
 
 app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_help=True)
 
@@ -79,6 +78,9 @@ def init(
     json_out: JsonOpt = False,
 ) -> None:
     """Create a deployment's budget (refuses to overwrite one)."""
+    from shufflekit.accountant.ledger import Budget, check_budget
+    from shufflekit.accountant.round_types import parse_round_type
+
     schedule = tuple(parse_round_type(t) for t in round_type or [])
     b = Budget(
         deployment,
@@ -248,6 +250,9 @@ def upgrade(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     The other commands refuse an older ledger rather than change it; the services bring it
     forward when they start. Stop services of the older version first: they refuse it after.
     """
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.accountant.ledger_schema import SCHEMA_VERSION, redact
+
     url = ledger_url(ledger)
     try:
         led = Ledger(url, create=False)
@@ -283,6 +288,8 @@ def delete(
     Asks first (unless --yes); refused for a budget with committed rounds, or while its
     coordinator runs (its lease in the ledger is live), unless --force.
     """
+    from shufflekit.accountant.ledger_store import running_refusal
+
     led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError for an unknown deployment, before asking
     committed = sum(1 for r in led.rounds_of(deployment) if r.status == "committed")

@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shufflekit.app.cli_common import JsonOpt, count
 from shufflekit.app.render import console, err_console, print_json, progress_bar
-from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport, default_workers, replay, run_chaos
-from shufflekit.app.sim.world import FAULT_KINDS, SeedOutcome
+from shufflekit.app.sim.fault_kinds import FAULT_KINDS
 from shufflekit.base.errors import InvalidInput, UserError
+
+if TYPE_CHECKING:  # the simulation (services, ledger, crypto) is imported when the command runs
+    from shufflekit.app.sim.chaos import ChaosConfig, ChaosReport
+    from shufflekit.app.sim.world import SeedOutcome
 
 DEFAULT_SEEDS = 100
 
@@ -49,6 +52,8 @@ def chaos(
     """Run the real services on a simulated faulty network, checking every promise each step.
 
     Seed by seed, on a virtual clock; exit 1 if any seed broke a promise."""
+    from shufflekit.app.sim.chaos import ChaosConfig, default_workers, run_chaos
+
     if seed is not None and seed < 0:
         raise InvalidInput(f"--seed must be >= 0, got {seed}")
     if seed is not None:  # a replay runs that seed alone: a sweep's options would be ignored
@@ -90,6 +95,8 @@ def chaos(
 def _replay(cfg: ChaosConfig, seed: int, json_out: bool) -> None:
     """The seed's trace: one JSON line per event and a summary on stderr, or with --json one
     object (the summary's facts, the violations and the events)."""
+    from shufflekit.app.sim.chaos import replay
+
     out = replay(cfg, seed)
     if json_out:
         facts = dataclasses.asdict(out)

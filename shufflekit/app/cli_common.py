@@ -19,7 +19,6 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup, TyperOption
 
-from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
 from shufflekit.app.render import err_console
 from shufflekit.base.checks import real
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
@@ -76,6 +75,8 @@ def refuse(message: str) -> NoReturn:
 def check_eps0(eps0: float, flag: str = "--eps0") -> float:
     """Refuse an eps0 no round can have: k-RR needs e^eps0 in a float, and not 1 (1e-6 <=
     eps0 <= 700)."""
+    from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN  # (numpy: not for every --help)
+
     return real(flag, eps0, EPS0_MIN, EPS0_MAX)
 
 

@@ -7,17 +7,16 @@ the smallest cohort that keeps the outsider within a margin of chance (`--max-ex
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from shufflekit.accountant import leakage as lk
-from shufflekit.accountant.core import Mechanism
-from shufflekit.accountant.leakage_insider import MAX_EPS0
-from shufflekit.accountant.tight import tight_epsilon
 from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
 from shufflekit.app.render import console, print_json, progress_bar
+
+if TYPE_CHECKING:  # the accountant (numpy, scipy) is imported when the command runs
+    from shufflekit.accountant import leakage as lk
 
 JSON_KEYS = (
     "prior_vulnerability",
@@ -63,6 +62,11 @@ def leakage(
     json_out: JsonOpt = False,
 ) -> None:
     """One participant's risk: chance of guessing their answer, for outsiders and insiders."""
+    from shufflekit.accountant import leakage as lk
+    from shufflekit.accountant.core import Mechanism
+    from shufflekit.accountant.leakage_insider import MAX_EPS0
+    from shufflekit.accountant.tight import tight_epsilon
+
     if not 0 < eps0 <= MAX_EPS0:
         refuse(f"--eps0 must be a number in (0, {MAX_EPS0:g}]")
     if (n is None) == (max_excess is None):

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 
-from shufflekit.accountant.round_types import MAX_K
 from shufflekit.app.cli_common import JsonOpt, check_eps0, count
 from shufflekit.app.render import console, err_console, print_json
 from shufflekit.base.errors import ConfigError
@@ -69,6 +68,7 @@ def loadtest(
         raise ConfigError(
             "the load test needs Locust and paho-mqtt: pip install 'shufflekit[loadtest]'"
         )
+    from shufflekit.accountant.round_types import MAX_K
     from shufflekit.app.loadtest.run import LoadTestOptions, run_loadtest
 
     if mechanism not in ("krr", "bits"):

@@ -10,17 +10,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from shufflekit.accountant import biswas, calibrate, composition, tight
-from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_delta
-from shufflekit.accountant.policy import composed_epsilon
-from shufflekit.accountant.registry import Method, all_methods, get_method, method_names
-from shufflekit.app import cli_rounds
+from shufflekit.accountant.method_names import method_names
 from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
 from shufflekit.app.render import console, print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
@@ -30,6 +26,11 @@ from shufflekit.base.errors import (
     InvalidParameters,
     NotApplicable,
 )
+
+if TYPE_CHECKING:  # the accountant (numpy, scipy, the bounds) is imported by what computes
+    from shufflekit.accountant import calibrate
+    from shufflekit.accountant.core import Mechanism, PrivacyResult
+    from shufflekit.accountant.registry import Method
 
 app = typer.Typer(
     help="Privacy of shuffled k-RR: bounds, composition, calibration.", no_args_is_help=True
@@ -44,6 +45,8 @@ METHOD = Annotated[str, typer.Option("--method", help="Bound: " + ", ".join(meth
 
 
 def _mech(n: int, k: int, eps0: float) -> Mechanism:
+    from shufflekit.accountant.core import Mechanism
+
     return Mechanism(n=n, k=k, eps0=eps0)
 
 
@@ -89,6 +92,8 @@ def tight_lower_epsilon(mech: Mechanism, delta: float, rounds: int) -> float:
     """epsilon of `rounds` rounds of an explicit worst-case dataset (the attack) at `delta`:
     a lower bound on the true epsilon, so the gap of an upper bound can be stated (several
     rounds: the composed attack of `compose_rounds_bounds`, exact curves on the grid)."""
+    from shufflekit.accountant import composition, tight
+
     if rounds == 1:
         low = tight.tight_epsilon(mech, delta).lower_epsilon
         return float(low) if low is not None else 0.0
@@ -102,6 +107,10 @@ def epsilon_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[s
     The row has exactly the keys of ROW_KEYS; raises AccountantError (NotApplicable, ...) when
     the method cannot answer.
     """
+    from shufflekit.accountant import composition, tight
+    from shufflekit.accountant.core import Soundness
+    from shufflekit.accountant.policy import composed_epsilon
+
     t0 = time.perf_counter()
     row = _blank_row(m, delta, rounds)
     if m.name == "tight" and rounds == 1:
@@ -172,6 +181,8 @@ def delta_row(
     m: Method, mech: Mechanism, epsilon: float, rounds: int, nx0: int | None
 ) -> dict[str, Any]:
     """delta of `rounds` identical rounds at `epsilon` by method `m`."""
+    from shufflekit.accountant import biswas, composition, tight
+
     t0 = time.perf_counter()
     row: dict[str, Any] = {
         "method": m.name,
@@ -220,6 +231,8 @@ def _exp(log_x: float) -> float:
 
 
 def _label(soundness: str) -> Text:
+    from shufflekit.accountant.core import Soundness
+
     if soundness == Soundness.SOUND_UPPER.value:
         return styled(("sound upper bound", "green"))
     if soundness == Soundness.LOWER_BOUND.value:
@@ -284,6 +297,8 @@ def epsilon(
     json_out: JsonOpt = False,
 ) -> None:
     """epsilon at a target delta (upper bound, with the tight method's lower bound)."""
+    from shufflekit.accountant.registry import get_method
+
     if from_ledger is None and deployment != DEFAULT_DEPLOYMENT:
         refuse("--deployment names the budget to read with --from-ledger URL; give that too")
     if round_spec or from_ledger is not None:
@@ -314,6 +329,8 @@ def _epsilon_of_rounds(
     given: tuple[Any, ...],
 ) -> None:
     """`privacy epsilon --round ...` / `--from-ledger`: heterogeneous rounds (`cli_rounds`)."""
+    from shufflekit.app import cli_rounds
+
     n, k, eps0, rounds, method = given
     if n is not None or k is not None or eps0 is not None or rounds != 1 or method != "tight":
         refuse("--round / --from-ledger take no --n, --k, --eps0, --rounds or --method")
@@ -365,6 +382,8 @@ def delta(
     json_out: JsonOpt = False,
 ) -> None:
     """delta at a given epsilon (natural log given too: it may underflow)."""
+    from shufflekit.accountant.registry import get_method
+
     mech = _mech(n, k, eps0)
     with working(f"delta ({method}, {rounds} round(s))", quiet=json_out):
         row = delta_row(get_method(method), mech, epsilon, rounds, nx0)
@@ -395,6 +414,9 @@ def calibrate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Largest eps0 for R rounds at n users (or smallest n for an eps0) meeting (epsilon, delta)."""
+    from shufflekit.accountant import calibrate
+    from shufflekit.accountant.core import Mechanism
+
     if (n is None) == (eps0 is None):
         refuse("give exactly one of --n (to find eps0) or --eps0 (to find n)")
     t0 = time.perf_counter()
@@ -441,6 +463,8 @@ def calibrate_json(
 ) -> dict[str, Any]:
     """The calibration's own summary plus the fields every privacy command gives (`epsilon` is
     the upper bound the found parameter spends, `lower_bound` the attack's epsilon for it)."""
+    from shufflekit.accountant.core import Soundness
+
     value = int(cal.value) if cal.parameter == "n" else cal.value
     return cal.summary() | {
         "value": value,
@@ -473,6 +497,9 @@ def compare(
     json_out: JsonOpt = False,
 ) -> None:
     """Every method side by side: epsilon, soundness label, lower bound, time."""
+    from shufflekit.accountant.core import check_delta
+    from shufflekit.accountant.registry import all_methods
+
     mech = _mech(n, k, eps0)
     check_delta(delta)  # (each method would refuse it alone: a table of errors, exit 0)
     if plot is not None:  # checked before minutes of work, not after
@@ -522,6 +549,8 @@ def compare_rows(
     """One row per method, all with the keys of ROW_KEYS; a method that cannot answer gets
     status "not applicable" or "error", epsilon null, and the reason in `note`.
     `progress(done, method)` is called after each method."""
+    from shufflekit.accountant.registry import all_methods
+
     rows: list[dict[str, Any]] = []
     for m in all_methods(include_variants=variants):
         rows.append(_compare_row(m, mech, delta, rounds))

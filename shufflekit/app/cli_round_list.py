@@ -7,22 +7,21 @@ A round is running while the ledger holds it as reserved; recent rounds are the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from shufflekit.accountant.ledger import Ledger, RoundRecord
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
 from shufflekit.app.render import console, print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
-from shufflekit.client.agent import current_announcement
-from shufflekit.core.messages import Announcement
-from shufflekit.core.transport.base import Transport
-from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+
+if TYPE_CHECKING:  # the ledger, the client and MQTT are imported when the command runs
+    from shufflekit.accountant.ledger import Ledger, RoundRecord
+    from shufflekit.core.messages import Announcement
+    from shufflekit.core.transport.base import Transport
 
 
 def listing(
@@ -61,12 +60,16 @@ async def announced_round(
     transport: Transport, deployment: str, wait: float
 ) -> Announcement | None:
     """The deployment's retained announcement, or None if none arrives within `wait` seconds."""
+    from shufflekit.client.agent import current_announcement
+
     with contextlib.suppress(TimeoutError):
         return await current_announcement(transport, deployment, wait)
     return None
 
 
 async def _from_broker(url: str, deployment: str, wait: float) -> Announcement | None:
+    from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
+
     async with MqttTransport(BrokerAddress.parse(url)) as t:
         return await announced_round(t, deployment, wait)
 
@@ -96,6 +99,8 @@ def rounds(
     json_out: JsonOpt = False,
 ) -> None:
     """List the running and recent rounds of a deployment (ledger, and broker if given)."""
+    import asyncio
+
     led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError naming an unknown deployment
     ann = asyncio.run(_from_broker(broker, deployment, wait)) if broker else None

@@ -12,33 +12,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.analyzer.names import ESTIMATORS
 from shufflekit.app.cli_common import JsonOpt, check_eps0, count, refuse
-from shufflekit.app.datasets import (
-    DATASET_HELP,
-    CsvColumn,
-    Dataset,
-    dataset_k,
-    from_csv,
-    make_dataset,
-)
-from shufflekit.app.experiment import (
+from shufflekit.app.experiment_options import (
     CALIBRATIONS,
     CENTRAL_READOUTS,
+    DATASET_HELP,
     DEFAULT_EPSILONS,
     DEFAULT_REPETITIONS,
-    UtilityConfig,
-    utility_experiment,
 )
-from shufflekit.app.experiment_report import write_outputs
-from shufflekit.app.individual import individual_utility
 from shufflekit.app.render import (
     console,
     err_console,
@@ -47,8 +36,11 @@ from shufflekit.app.render import (
     styled,
     working,
 )
-from shufflekit.app.simulate import check_size, run_simulation
 from shufflekit.app.state import writable
+
+if TYPE_CHECKING:  # numpy, scipy, the accountant: imported by the commands when they run
+    from shufflekit.app.datasets import CsvColumn, Dataset
+    from shufflekit.app.experiment import UtilityConfig
 
 IbuMaxIterOpt = Annotated[
     int, typer.Option(min=1, help="EM (ibu) stops after this many steps; hitting it is reported.")
@@ -94,6 +86,9 @@ def simulate(
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate shuffled k-RR rounds from their exact law and estimate the distribution."""
+    from shufflekit.app.datasets import CsvColumn, dataset_k, from_csv, make_dataset
+    from shufflekit.app.simulate import check_size, run_simulation
+
     check_eps0(eps0)
     if estimator not in ESTIMATORS:
         refuse(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
@@ -344,6 +339,10 @@ def utility(
     json_out: JsonOpt = False,
 ) -> None:
     """Error vs epsilon of shuffle (+ each estimator), central Gaussian and local k-RR."""
+    from shufflekit.app.datasets import dataset_k
+    from shufflekit.app.experiment import UtilityConfig, utility_experiment
+    from shufflekit.app.experiment_report import write_outputs
+
     eps = _floats(epsilons, "--epsilons")
     e0s = tuple(check_eps0(e, "--eps0-values") for e in _floats(eps0_values, "--eps0-values"))
     if not eps and not e0s:
@@ -464,6 +463,9 @@ def individual(
     json_out: JsonOpt = False,
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
+    from shufflekit.app.datasets import dataset_k
+    from shufflekit.app.individual import individual_utility
+
     check_eps0(eps0)
     if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
         refuse(f"--epsilon must be a finite number > 0, got {epsilon:g}")

@@ -27,13 +27,17 @@ import numpy.typing as npt
 from scipy.special import ndtr
 
 from shufflekit.analyzer.estimators import round_counts
+from shufflekit.app.experiment_options import (  # (re-exported: the names live there)
+    DATASET_HELP,
+    DATASETS,
+    PROBS_PREFIX,
+    PROBS_SUM_TOLERANCE,
+)
 from shufflekit.base.checks import whole
 from shufflekit.base.errors import InvalidInput
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-DATASETS: tuple[str, ...] = ("normal", "zipf", "uniform")
 
 
 class DatasetError(InvalidInput):
@@ -156,18 +160,6 @@ def from_probabilities(
     if len(names) != p.shape[0]:
         raise DatasetError(f"{len(names)} labels for {p.shape[0]} probabilities")
     return Dataset(name, p / p.sum(), names, f"user-given distribution over {p.shape[0]}")
-
-
-#: Prefix of a user-given distribution on the command line: ``probs:0.5,0.3,0.2``.
-PROBS_PREFIX = "probs:"
-#: How far from 1 the numbers after `PROBS_PREFIX` may sum (typed-in decimals such as
-#: 0.333,0.333,0.334 must pass); the accepted numbers are then divided by their sum.
-PROBS_SUM_TOLERANCE = 1e-3
-#: One line for `--help`: every name `make_dataset` accepts.
-DATASET_HELP = (
-    f"{', '.join(DATASETS)}, or {PROBS_PREFIX}p1,p2,... (a distribution: k >= 2 numbers "
-    f">= 0 summing to 1 within {PROBS_SUM_TOLERANCE:g}; k = their count)"
-)
 
 
 def parse_probabilities(spec: str) -> Dataset:

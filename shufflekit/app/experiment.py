@@ -73,6 +73,12 @@ from shufflekit.analyzer.estimators import (
 )
 from shufflekit.analyzer.metrics import METRICS
 from shufflekit.app.datasets import DatasetError, make_dataset
+from shufflekit.app.experiment_options import (
+    CALIBRATIONS,
+    CENTRAL_READOUTS,
+    DEFAULT_EPSILONS,
+    DEFAULT_REPETITIONS,
+)
 from shufflekit.app.simulate import simulate_rounds
 from shufflekit.base.checks import real
 from shufflekit.base.errors import AccountantError, InvalidInput, NotApplicable
@@ -80,10 +86,6 @@ from shufflekit.base.errors import AccountantError, InvalidInput, NotApplicable
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-DEFAULT_REPETITIONS = 100
-CENTRAL_READOUTS: tuple[str, ...] = ("raw", "project")
-CALIBRATIONS: tuple[str, ...] = ("tight", "composed")
 MODELS: tuple[str, ...] = ("shuffle", "central", "local")
 METRIC_NAMES: tuple[str, ...] = ("tv", "l1", "l2", "max")
 #: Row fields in CSV column order (the first 15 are the documented JSON fields).

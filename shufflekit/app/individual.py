@@ -18,11 +18,11 @@ from shufflekit.analyzer.estimators import (
 )
 from shufflekit.app.datasets import DatasetError, make_dataset
 from shufflekit.app.experiment import (
-    DEFAULT_REPETITIONS,
     ExperimentError,
     FloatArray,
     shuffle_epsilon,
 )
+from shufflekit.app.experiment_options import DEFAULT_REPETITIONS
 from shufflekit.app.simulate import simulate_rounds
 
 

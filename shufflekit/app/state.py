@@ -1,4 +1,8 @@
-"""Where shufflekit keeps local state: the state folder and the embedded SQLite ledger."""
+"""Where shufflekit keeps local state: the state folder and the embedded SQLite ledger.
+
+The ledger's modules (SQLAlchemy, the accountant's policy) are imported where a ledger is
+opened or a URL checked, not with this module: every command imports it for its defaults.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,13 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shufflekit.accountant.ledger import Ledger
-from shufflekit.accountant.ledger_schema import in_memory, redact
 from shufflekit.base.errors import InvalidInput, LedgerNotFound
 from shufflekit.base.names import check_name
+
+if TYPE_CHECKING:
+    from shufflekit.accountant.ledger import Ledger
 
 DEFAULT_DEPLOYMENT = "default"
 
@@ -28,6 +34,8 @@ def default_ledger_url() -> str:
 def ledger_url(given: str | None) -> str:
     """The ledger a command uses: `--ledger` as given, else the default. An in-memory SQLite
     ledger is refused: it is gone when the command ends (a budget made there protects nobody)."""
+    from shufflekit.accountant.ledger_schema import in_memory
+
     if given is None:
         return default_ledger_url()
     url = given.strip()
@@ -60,6 +68,9 @@ def open_ledger(url: str | None, deployment: str, create: bool = False) -> Ledge
     LedgerNotFound whose hint names both, to be pasted. Only `budget init` passes create=True,
     and only it brings an older schema forward (with `budget upgrade`): reading a missing
     ledger must not leave an empty one behind, nor reading an old one change it."""
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.accountant.ledger_schema import redact
+
     check_name("--deployment", deployment)
     try:
         return Ledger(ledger_url(url), create=create, upgrade=create)

@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from shufflekit.app.cli_common import JsonOpt, count, refuse
 from shufflekit.app.render import console, err_console, print_json
-from shufflekit.app.services.config import ServiceConfig, load_config
-from shufflekit.app.services.keys import (
-    RECEIPT_KEY,
-    RESULT_KEY,
-    DerivedKey,
-    KeyFiles,
-    derived_of,
-    load_enrollment_key,
-    load_private_key,
-    role_name,
-    write_derived_public,
-    write_enrollment_key,
-    write_key_pair,
-)
+
+if TYPE_CHECKING:  # the services (pydantic, cryptography, MQTT) are imported when a command runs
+    import asyncio
+
+    from shufflekit.app.services.config import ServiceConfig
+    from shufflekit.app.services.keys import DerivedKey
 
 keys_app = typer.Typer(
     help="Key pairs of the mixes and the analyzer (HPKE) and of the enrollment authority "
@@ -65,6 +56,14 @@ def keys_new(
     `enrollment` is the operator's credential authority: mix 0's `\\[mix] enrollment_key` is its
     .pub file; its .key file enrols clients (`keys enroll`, `clients --enrollment-key`).
     """
+    from shufflekit.app.services.keys import (
+        KeyFiles,
+        derived_of,
+        role_name,
+        write_enrollment_key,
+        write_key_pair,
+    )
+
     name = role_name(role, index)
     files = KeyFiles.of(out, name)
     key = (
@@ -105,6 +104,8 @@ def keys_result_key(
     anyone reading results check it against this file. `keys new --role analyzer` writes it
     too; this is for a key made before results were signed.
     """
+    from shufflekit.app.services.keys import RESULT_KEY
+
     _write_derived(RESULT_KEY, key, json_out)
 
 
@@ -126,6 +127,8 @@ def keys_enroll(
     Each report carries the client's signature for that round; mix 0 counts one per client.
     """
     import base64
+
+    from shufflekit.app.services.keys import load_enrollment_key
 
     authority = load_enrollment_key(key)
     creds = {
@@ -149,11 +152,15 @@ def keys_receipt(
     `keys new --role mix --index 0` writes it too; this is for a mix 0 key made before
     receipts. The coordinator announces it, and clients check mix 0's receipts with it.
     """
+    from shufflekit.app.services.keys import RECEIPT_KEY
+
     _write_derived(RECEIPT_KEY, key, json_out)
 
 
 def _write_derived(kind: DerivedKey, key: Path, json_out: bool) -> None:
     """Write `kind`'s public half next to the hop's key file `key` (checked to be that hop's)."""
+    from shufflekit.app.services.keys import load_private_key, write_derived_public
+
     pair = load_private_key(key, kind.hop)
     public = key.with_name(key.name.removesuffix(".key") + ".pub")
     path = write_derived_public(kind, public, pair.private_b64())
@@ -188,6 +195,8 @@ class OneLineFormatter(logging.Formatter):
 
 
 def _setup(config: Path, log_level: str) -> ServiceConfig:
+    from shufflekit.app.services.config import load_config
+
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         refuse(f"unknown --log-level {log_level!r}")
@@ -296,7 +305,10 @@ def clients(
     json_out: JsonOpt = False,
 ) -> None:
     """Simulated clients answer the deployment's current round (k-RR + onion), F of them badly."""
+    import asyncio
+
     from shufflekit.app.services.clients import ClientsSummary, run_clients
+    from shufflekit.app.services.keys import load_enrollment_key
 
     if users < 1:
         refuse(f"--users must be at least 1, got {users}")

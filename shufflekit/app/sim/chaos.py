@@ -12,9 +12,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shufflekit.app.sim.fault_kinds import FAULT_KINDS
 from shufflekit.app.sim.invariants import INVARIANTS
 from shufflekit.app.sim.world import (
-    FAULT_KINDS,
     LOSSLESS,
     SMALL_ROUNDS,
     SeedOutcome,

@@ -32,6 +32,7 @@ from shufflekit.app.services.config import (
 )
 from shufflekit.app.services.keys import KeyFiles, write_key_pair
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator, serve_mix
+from shufflekit.app.sim.fault_kinds import FAULT_KINDS
 from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.ledger_faults import LedgerFaults, LedgerPlan
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
@@ -54,24 +55,6 @@ from shufflekit.core.peeling import InlinePeeler
 from shufflekit.core.transport.base import Transport
 from shufflekit.core.transport.faulty import FaultPlan, FaultyBroker, LinkFaults
 
-FAULT_KINDS = (
-    "drop",
-    "duplicate",
-    "delay",
-    "reorder",
-    "disconnect",
-    "broker_restart",
-    "crash",
-    "restart",
-    "ledger_busy",
-    "hostile_clients",
-    "ledger_outage",
-    "ledger_lost_reply",
-    "small_budget",
-    "reservation_ttl",
-    "twin_coordinator",
-    "coordinator_pause",
-)
 # faults that lose nothing: a seed where only these fired must release every report, as sent
 LOSSLESS = frozenset({"duplicate", "reorder"})
 TWIN = "coordinator-twin"  # a second coordinator of the deployment, started by mistake
