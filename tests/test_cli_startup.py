@@ -90,3 +90,10 @@ def test_the_probe_sees_what_a_command_loads() -> None:
     args = ["privacy", "epsilon", "--n", "1000", "--k", "2", "--eps0", "1", "--delta", "1e-6"]
     heavy = too_heavy(loaded(args))
     assert "shufflekit.accountant.tight" in heavy and "scipy" in heavy
+
+
+def test_version_loads_no_output_library_nor_event_loop() -> None:
+    """`--version` prints one line through typer: Rich (the consoles are made on first use),
+    asyncio (the clock) and pydantic (typer loads it to run a command) stay out."""
+    modules = loaded(["--version"])
+    assert sorted(m for m in modules if m.split(".")[0] in ("rich", "asyncio", "pydantic")) == []

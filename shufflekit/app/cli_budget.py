@@ -14,10 +14,10 @@ import shlex
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt, count
-from shufflekit.app.render import console, print_json
+from shufflekit.app.render import print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, ledger_url, open_ledger
 from shufflekit.base.errors import InvalidInput, LedgerNotFound
 
@@ -29,7 +29,7 @@ app = typer.Typer(help="The privacy budget ledger of a deployment.", no_args_is_
 
 def _say(text: str) -> None:
     """Print text literally (names and messages may hold brackets)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    render.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -150,6 +150,8 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """The budget's policy and guarantee, committed and reserved epsilon, and every round."""
+    from rich.table import Table
+
     led = open_ledger(ledger, deployment)
     st = led.status(deployment)
     lease = led.running(deployment)  # None once its lease ran out: its holder died
@@ -178,7 +180,7 @@ def status(
             f"{r.epsilon_round:.6g}",
             "yes" if r.published_at is not None else "-",
         )
-    console.print(t)
+    render.console.print(t)
 
 
 @app.command()
@@ -188,6 +190,8 @@ def history(
     json_out: JsonOpt = False,
 ) -> None:
     """The append-only audit log: every decision, who made it (role user@host:pid) and why."""
+    from rich.table import Table
+
     led = open_ledger(ledger, deployment)
     rows = led.history(deployment)
     if json_out:  # one object, as every --json gives
@@ -201,7 +205,7 @@ def history(
     for r in rows:
         row = (r["round_id"] or "-", r["who"], r["action"], r["decision"], _detail(r["detail"]))
         t.add_row(_utc(r["at"]), *row)
-    console.print(t)
+    render.console.print(t)
 
 
 def _utc(t: float) -> str:

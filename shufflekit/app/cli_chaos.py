@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, count
-from shufflekit.app.render import console, err_console, print_json, progress_bar
+from shufflekit.app.render import print_json, progress_bar
 from shufflekit.app.sim.fault_kinds import FAULT_KINDS
 from shufflekit.base.errors import InvalidInput, UserError
 
@@ -107,7 +108,7 @@ def _replay(cfg: ChaosConfig, seed: int, json_out: bool) -> None:
     else:
         for event in out.events:
             sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
-        err_console.print(_summary(out), markup=False, highlight=False, soft_wrap=True)
+        render.err_console.print(_summary(out), markup=False, highlight=False, soft_wrap=True)
     if out.violations:
         raise PromiseBroken(f"seed {seed} broke: {out.violations[0].invariant}")
 
@@ -147,4 +148,4 @@ def _print(report: ChaosReport, out: dict[str, object]) -> None:
 
 def _line(text: str) -> None:
     """One line for people, printed literally and never wrapped (pipes keep it whole)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    render.console.print(text, markup=False, highlight=False, soft_wrap=True)

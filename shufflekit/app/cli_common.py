@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup, TyperOption
 
-from shufflekit.app.render import err_console
+from shufflekit.app import render
 from shufflekit.base.checks import real
 from shufflekit.base.errors import InternalError, InvalidInput, ShufflekitError
 
@@ -108,7 +108,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
 
 def print_error(message: str) -> None:
     """`error: message` on stderr, printed literally (no markup, no wrapping)."""
-    err_console.print(
+    render.err_console.print(
         "error: " + " ".join(message.split("\n")),
         markup=False,
         highlight=False,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
-from shufflekit.app.render import console, print_json, progress_bar
+from shufflekit.app.render import print_json, progress_bar
 
 if TYPE_CHECKING:  # the accountant (numpy, scipy) is imported when the command runs
     from shufflekit.accountant import leakage as lk
@@ -98,13 +98,15 @@ def leakage(
         return
     _print(r, statement, max_excess)
     if plot:
-        console.print(f"plot: {plot}", highlight=False, markup=False)  # stdout, as compare
+        render.console.print(f"plot: {plot}", highlight=False, markup=False)  # stdout, as compare
 
 
 def _print(r: lk.Leakage, statement: str, max_excess: float | None) -> None:
     """The human view: one table of chances, the leakages, then the statement."""
+    from rich.table import Table
+
     if max_excess is not None:
-        console.print(
+        render.console.print(
             f"smallest cohort with the outsider within {max_excess:g} of 1/{r.k}: n = {r.n:,}"
         )
     t = Table(title=f"n = {r.n:,}, k = {r.k}, eps0 = {r.eps0:g}: chance of guessing one answer")
@@ -123,9 +125,9 @@ def _print(r: lk.Leakage, statement: str, max_excess: float | None) -> None:
     ]
     for name, v in rows:
         t.add_row(name, f"{v:.6g}", f"{v * r.k:.4g}")
-    console.print(t)
-    console.print(
+    render.console.print(t)
+    render.console.print(
         f"outsider leakage: multiplicative {r.multiplicative_leakage:.6g}, "
         f"additive {r.additive_leakage:.4g}"
     )
-    console.print(statement, soft_wrap=True)
+    render.console.print(statement, soft_wrap=True)

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, check_eps0, count
-from shufflekit.app.render import console, err_console, print_json
+from shufflekit.app.render import print_json
 from shufflekit.base.errors import ConfigError
 from shufflekit.core.wire import MAX_RECORD_BITS
 
@@ -114,9 +115,9 @@ def loadtest(
         seed=seed,
         floor_seconds=floor_seconds,
     )
-    live = not json_out and err_console.is_terminal
+    live = not json_out and render.err_console.is_terminal
     if live:
-        with err_console.status("starting") as status:
+        with render.err_console.status("starting") as status:
             out = run_loadtest(opts, lambda s: status.update(s, spinner="dots"))
     else:
         out = run_loadtest(opts)
@@ -127,7 +128,7 @@ def loadtest(
 
 
 def _line(text: str) -> None:
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    render.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print(out: dict[str, Any], report: Path | None) -> None:

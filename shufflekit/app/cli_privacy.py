@@ -13,12 +13,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from shufflekit.accountant.method_names import method_names
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, check_plot_path, count, refuse
-from shufflekit.app.render import console, print_json, progress_bar, styled, working
+from shufflekit.app.render import print_json, progress_bar, styled, working
 from shufflekit.app.state import DEFAULT_DEPLOYMENT
 from shufflekit.base.errors import (
     AccountantError,
@@ -28,6 +27,9 @@ from shufflekit.base.errors import (
 )
 
 if TYPE_CHECKING:  # the accountant (numpy, scipy, the bounds) is imported by what computes
+    from rich.table import Table
+    from rich.text import Text
+
     from shufflekit.accountant import calibrate
     from shufflekit.accountant.core import Mechanism, PrivacyResult
     from shufflekit.accountant.registry import Method
@@ -247,12 +249,12 @@ def _show(row: dict[str, Any], json_out: bool, quantity: str, tail: str, lower: 
         print_json(row)
         return
     headline = styled(f"{quantity} = ", (f"{row[quantity]:.6g}", "bold"), tail)
-    console.print(styled(f"{row['method']} (", _label(row["soundness"]), "): ", headline))
+    render.console.print(styled(f"{row['method']} (", _label(row["soundness"]), "): ", headline))
     if lower is not None:
-        console.print(f"lower bound (explicit attack): {lower}")
+        render.console.print(f"lower bound (explicit attack): {lower}")
     if row.get("note"):
-        console.print(f"note: {row['note']}")
-    console.print(f"({row['seconds']:.3g} s)")
+        render.console.print(f"note: {row['note']}")
+    render.console.print(f"({row['seconds']:.3g} s)")
 
 
 def _epsilon_gap(row: dict[str, Any]) -> str | None:
@@ -441,7 +443,7 @@ def calibrate_cmd(
         print_json(out)
         return
     what = "largest eps0" if cal.parameter == "eps0" else "smallest n"
-    console.print(
+    render.console.print(
         styled(
             f"{what}: ",
             (f"{cal.value:.6g}", "bold"),
@@ -450,12 +452,12 @@ def calibrate_cmd(
         )
     )
     if cal.parameter == "eps0" and math.isinf(cal.bracket[1]):
-        console.print(f"(the search's cap: every eps0 up to {cal.value:g} meets the target)")
+        render.console.print(f"(the search's cap: every eps0 up to {cal.value:g} meets the target)")
     elif cal.parameter == "n" and cal.bracket[0] == 0.0:
-        console.print(f"(the search's floor: even {cal.value:g} user(s) meet the target)")
+        render.console.print(f"(the search's floor: even {cal.value:g} user(s) meet the target)")
     if lower is not None:
-        console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
-    console.print(f"({out['seconds']:.3g} s)")
+        render.console.print(f"lower bound (explicit attack): epsilon >= {lower:.6g}")
+    render.console.print(f"({out['seconds']:.3g} s)")
 
 
 def calibrate_json(
@@ -531,12 +533,14 @@ def compare(
             }
         )
         return
-    console.print(compare_table(rows, f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, R={rounds}"))
+    render.console.print(
+        compare_table(rows, f"n={n}, k={k}, eps0={eps0:g}, delta={delta:g}, R={rounds}")
+    )
     for r in rows:
         if r["note"]:
-            console.print(styled((r["method"], "bold"), f": {r['note']}"))
+            render.console.print(styled((r["method"], "bold"), f": {r['note']}"))
     if plot:
-        console.print(f"plot: {plot} ({', '.join(plotted or [])})", highlight=False)
+        render.console.print(f"plot: {plot} ({', '.join(plotted or [])})", highlight=False)
 
 
 def compare_rows(
@@ -575,6 +579,8 @@ def _compare_row(m: Method, mech: Mechanism, delta: float, rounds: int) -> dict[
 
 def compare_table(rows: list[dict[str, Any]], title: str) -> Table:
     """The human table of `compare`: every method with epsilon, lower bound, label and time."""
+    from rich.table import Table
+
     t = Table(title=title, pad_edge=False)  # 80 columns: method names are typed back
     for col in ("method", "epsilon", "lower bound", "label", "seconds"):
         t.add_column(col, no_wrap=True)

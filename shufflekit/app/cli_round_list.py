@@ -12,10 +12,10 @@ import datetime as dt
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import DeploymentOpt, JsonOpt, LedgerOpt
-from shufflekit.app.render import console, print_json
+from shufflekit.app.render import print_json
 from shufflekit.app.state import DEFAULT_DEPLOYMENT, open_ledger
 
 if TYPE_CHECKING:  # the ledger, the client and MQTT are imported when the command runs
@@ -101,6 +101,8 @@ def rounds(
     """List the running and recent rounds of a deployment (ledger, and broker if given)."""
     import asyncio
 
+    from rich.table import Table
+
     led = open_ledger(ledger, deployment)
     led.budget(deployment)  # LedgerError naming an unknown deployment
     ann = asyncio.run(_from_broker(broker, deployment, wait)) if broker else None
@@ -116,7 +118,7 @@ def rounds(
             else f"broker announces round {a['round_id']} (k={a['k']}, eps0={a['eps0']:g}, "
             f"n_min={a['n_min']}, ingest closes {_when(a['deadline'])} UTC)"
         )
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        render.console.print(line, markup=False, highlight=False, soft_wrap=True)
     for title in ("running", "recent"):
         t = Table(title=f"{title} rounds of {deployment!r}")
         t.add_column("round", no_wrap=True)  # ids are needed whole (`budget refund`)
@@ -133,4 +135,4 @@ def rounds(
                 _when(r["updated_at"])[5:],
                 "yes" if r["published_at"] else "-",
             )
-        console.print(t)
+        render.console.print(t)

@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from shufflekit.analyzer.names import ESTIMATORS
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, check_eps0, count, refuse
 from shufflekit.app.experiment_options import (
     CALIBRATIONS,
@@ -28,17 +26,13 @@ from shufflekit.app.experiment_options import (
     DEFAULT_EPSILONS,
     DEFAULT_REPETITIONS,
 )
-from shufflekit.app.render import (
-    console,
-    err_console,
-    print_json,
-    progress_bar,
-    styled,
-    working,
-)
+from shufflekit.app.render import print_json, progress_bar, styled, working
 from shufflekit.app.state import writable
 
 if TYPE_CHECKING:  # numpy, scipy, the accountant: imported by the commands when they run
+    from rich.table import Table
+    from rich.text import Text
+
     from shufflekit.app.datasets import CsvColumn, Dataset
     from shufflekit.app.experiment import UtilityConfig
 
@@ -173,6 +167,8 @@ def simulate(
 
 
 def _print_simulation(out: dict[str, Any]) -> None:
+    from rich.table import Table
+
     csv_info = out.get("csv")
     if csv_info:
         m = Table(title=f"categories of column {csv_info['column']!r} ({csv_info['path']})")
@@ -180,9 +176,9 @@ def _print_simulation(out: dict[str, Any]) -> None:
         m.add_column("value in the CSV")
         for value, cat in csv_info["mapping"].items():
             m.add_row(str(cat), value)
-        console.print(m)
+        render.console.print(m)
         if csv_info["skipped_blank"]:
-            console.print(f"skipped {csv_info['skipped_blank']} blank cell(s)")
+            render.console.print(f"skipped {csv_info['skipped_blank']} blank cell(s)")
     t = Table(
         title=f"{out['users']:,} users, k = {out['k']}, eps0 = {out['eps0']:g}, "
         f"estimator {out['estimator']}, dataset {out['dataset']} (round 1 of {out['rounds']})"
@@ -201,14 +197,14 @@ def _print_simulation(out: dict[str, Any]) -> None:
     ):
         se = "-" if s is None or (isinstance(s, float) and math.isnan(s)) else f"{s:.4f}"
         t.add_row(str(i), lab, f"{f:.4f}", str(h), f"{e:.4f}", se)
-    console.print(t)
+    render.console.print(t)
     what = "mean over rounds" if out["rounds"] > 1 else "truth vs estimate"
-    console.print(
+    render.console.print(
         styled(f"total variation distance ({what}): ", (f"{out['tv_distance']:.5f}", "bold"))
     )
-    console.print(f"simulated and estimated in {out['seconds']:.3f} s")
+    render.console.print(f"simulated and estimated in {out['seconds']:.3f} s")
     if not out["converged"]:
-        err_console.print(
+        render.err_console.print(
             styled(
                 ("warning:", "yellow"),
                 f" EM ({out['estimator']}) did not converge in "
@@ -377,7 +373,7 @@ def utility(
     if json_out:
         print_json(res.summary() | {"files": files})
         return
-    console.print(utility_table(res.rows, cfg))
+    render.console.print(utility_table(res.rows, cfg))
     notes: dict[str, list[str]] = {}
     for r in res.rows:
         if r["note"]:
@@ -387,11 +383,11 @@ def utility(
             if where not in notes.setdefault(r["note"], []):
                 notes[r["note"]].append(where)
     for note, wheres in notes.items():
-        console.print(styled((f"{'; '.join(wheres)}:", "yellow"), f" {note}"))
+        render.console.print(styled((f"{'; '.join(wheres)}:", "yellow"), f" {note}"))
     bad = [r for r in res.rows if r.get("nonconverged")]
     if bad:
         total = sum(int(r["nonconverged"]) for r in bad)
-        err_console.print(
+        render.err_console.print(
             styled(
                 ("warning:", "yellow"),
                 f" EM (ibu) hit its cap of {cfg.ibu_max_iter} steps in {total} repetition(s) "
@@ -400,8 +396,8 @@ def utility(
             )
         )
     if files:
-        console.print(f"wrote {files['csv']} and {files['png']}")
-    console.print(f"{len(cfg.points())} point(s) in {res.seconds:.1f} s")
+        render.console.print(f"wrote {files['csv']} and {files['png']}")
+    render.console.print(f"{len(cfg.points())} point(s) in {res.seconds:.1f} s")
 
 
 def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
@@ -411,6 +407,9 @@ def utility_table(rows: list[dict[str, Any]], cfg: UtilityConfig) -> Table:
     so nothing is cut at 80 columns; a sweep over n or k adds n and k and leaves out the L2
     and max errors (they are in --json and the CSV).
     """
+    from rich import box
+    from rich.table import Table
+
     one = len(cfg.ns) == 1 and len(cfg.ks) == 1
     where = f"n = {cfg.ns[0]:,}, k = {cfg.ks[0]}, " if one else ""
     t = Table(
@@ -463,6 +462,8 @@ def individual(
     json_out: JsonOpt = False,
 ) -> None:
     """Per-category error |pi_hat_x0 - pi_x0|: shuffle+INV vs central Gaussian (Table 4)."""
+    from rich.table import Table
+
     from shufflekit.app.datasets import dataset_k
     from shufflekit.app.individual import individual_utility
 
@@ -514,9 +515,9 @@ def individual(
             f"{r['shuffle_inv_mean']:.2e} ± {r['shuffle_inv_std']:.1e}",
             *g,
         )
-    console.print(t)
+    render.console.print(t)
     if res.note:
-        console.print(res.note, style="yellow")
+        render.console.print(res.note, style="yellow")
 
 
 __all__ = ["experiment_app", "individual", "simulate", "utility", "utility_table"]

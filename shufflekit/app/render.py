@@ -3,6 +3,9 @@
 Both consoles print text literally: Rich markup is off (a deployment `a[/b]`, a `[mix]` in a
 message or `mqtt[s]` in a URL is printed as given), and styling is explicit (`styled`). On a
 terminal tables fit its width; piped or redirected they are printed at full width, never cut.
+
+Rich is imported when first used (`console` and `err_console` are made on first access, PEP 562),
+not with this module: `shufflekit --version` has nothing to print through it.
 """
 
 from __future__ import annotations
@@ -12,46 +15,55 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    console: Console  # made on first access by __getattr__ (below)
+    err_console: Console
 
 PIPE_WIDTH = 10_000
 """Width of a console that is not a terminal: wide enough that no table or line is cut."""
 
 
-class _Console(Console):
-    """Rich's console, except that a closed pipe is an error the CLI's handler sees: Rich's own
-    reaction, SystemExit(1), would pass it by and `... | head` would exit 1, not 141."""
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True  # nothing more to write to a reader that has gone
-        raise BrokenPipeError
-
-
 def _console(stderr: bool = False) -> Console:
     """A console that never interprets markup; full width when not on a terminal."""
+    from rich.console import Console
+
+    class _Console(Console):
+        """Rich's console, except that a closed pipe is an error the CLI's handler sees: Rich's
+        own reaction, SystemExit(1), would pass it by and `... | head` would exit 1, not 141."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more to write to a reader that has gone
+            raise BrokenPipeError
+
     con = _Console(stderr=stderr, markup=False, highlight=False)
     if not con.is_terminal:
         con.width = PIPE_WIDTH
     return con
 
 
-console = _console()
-err_console = _console(stderr=True)
+def __getattr__(name: str) -> Any:
+    """`console` (stdout) and `err_console` (stderr), each made once, on first access."""
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = globals()[name] = _console(stderr=name == "err_console")
+    return made
+
+
+def _made(name: str) -> Console:
+    """The module's `console` or `err_console`, made now if this is its first use."""
+    made: Console = globals()[name] if name in globals() else __getattr__(name)
+    return made
 
 
 def styled(*parts: str | Text | tuple[str, str]) -> Text:
     """Text from literal pieces: a str or Text as is, a (text, style) pair styled (e.g. bold)."""
+    from rich.text import Text
+
     return Text.assemble(*parts)
 
 
@@ -84,6 +96,15 @@ def progress_bar(
 
     Shown only on a terminal and unless `quiet` (e.g. --json): piped output stays clean.
     """
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    err_console = _made("err_console")
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -110,6 +131,9 @@ def working(description: str, *, quiet: bool = False) -> Iterator[None]:
 
     Shown only on a terminal and unless `quiet` (e.g. --json), like `progress_bar`.
     """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    err_console = _made("err_console")
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),

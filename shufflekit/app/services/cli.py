@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from shufflekit.app import render
 from shufflekit.app.cli_common import JsonOpt, count, refuse
-from shufflekit.app.render import console, err_console, print_json
+from shufflekit.app.render import print_json
 
 if TYPE_CHECKING:  # the services (pydantic, cryptography, MQTT) are imported when a command runs
     import asyncio
@@ -86,7 +87,7 @@ def keys_new(
         also = "".join(
             f"\n{kind.what}: public key {kind.file(files.public)}" for kind in derived_of(files)
         )
-        console.print(
+        render.console.print(
             f"{name}: private key {files.private} (mode 600), public key {files.public}\n"
             f"public key: {info['public_key']}{also}",
             soft_wrap=True,  # a key is never split across lines, even on a narrow terminal
@@ -168,7 +169,7 @@ def _write_derived(kind: DerivedKey, key: Path, json_out: bool) -> None:
     if json_out:
         print_json({f"{kind.purpose}_key": text, f"{kind.purpose}_key_file": str(path)})
     else:
-        console.print(f"{kind.what} {text} written to {path}", highlight=False)
+        render.console.print(f"{kind.what} {text} written to {path}", highlight=False)
 
 
 class OneLineFormatter(logging.Formatter):
@@ -332,8 +333,8 @@ def clients(
             )
         )
 
-    if not json_out and err_console.is_terminal:  # what it waits for, on a terminal only
-        with err_console.status("starting") as status:
+    if not json_out and render.err_console.is_terminal:  # what it waits for, on a terminal only
+        with render.err_console.status("starting") as status:
             summary = run(lambda s: status.update(s, spinner="dots"))
     else:
         summary = run(lambda _s: None)
@@ -341,7 +342,7 @@ def clients(
     if json_out:
         print_json(out)
     else:
-        console.print(
+        render.console.print(
             f"round {summary.round_id}: sent {summary.sent} reports ({out['good']} good, "
             f"{summary.bad} malformed {summary.bad_by_kind}), "
             + (
