@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "tiny_delta": ("bench_tiny_delta.py", ["--quick"]),
     "attack_cells": ("bench_attack_cells.py", ["--quick"]),
     "calibrate": ("bench_calibrate.py", ["--quick"]),
+    "cli_startup": ("bench_cli_startup.py", ["--repeats", "3"]),
 }
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
