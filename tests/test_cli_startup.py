@@ -97,3 +97,30 @@ def test_version_loads_no_output_library_nor_event_loop() -> None:
     asyncio (the clock) and pydantic (typer loads it to run a command) stay out."""
     modules = loaded(["--version"])
     assert sorted(m for m in modules if m.split(".")[0] in ("rich", "asyncio", "pydantic")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "unused"),
+    [
+        pytest.param(
+            ["simulate", "--users", "1000", "--estimator", "nope"],
+            ("sqlalchemy", "cryptography"),
+            id="simulate",
+        ),
+        pytest.param(
+            ["keys", "new", "--role", "nope", "--out", "never-written"],
+            ("numpy", "scipy", "sqlalchemy"),
+            id="keys new",
+        ),
+        pytest.param(
+            ["loadtest", "--mechanism", "nope"],
+            ("scipy", "sqlalchemy", "cryptography"),
+            id="loadtest",
+        ),
+    ],
+)
+def test_a_command_loads_what_it_uses(args: list[str], unused: tuple[str, ...]) -> None:
+    """`simulate` needs k-RR, not the client's agent (MQTT, cryptography) nor the ledger; `keys`
+    the cryptography, not numpy; `loadtest` refuses an option before loading the load test."""
+    modules = loaded(args)
+    assert sorted(m for m in modules if m.split(".")[0] in unused) == []

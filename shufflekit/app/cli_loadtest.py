@@ -70,7 +70,6 @@ def loadtest(
             "the load test needs Locust and paho-mqtt: pip install 'shufflekit[loadtest]'"
         )
     from shufflekit.accountant.round_types import MAX_K
-    from shufflekit.app.loadtest.run import LoadTestOptions, run_loadtest
 
     if mechanism not in ("krr", "bits"):
         raise ConfigError(f"--mechanism is krr or bits, got {mechanism!r}")
@@ -94,6 +93,7 @@ def loadtest(
         )
     if not floor_seconds <= 60:
         raise ConfigError(f"--floor-seconds must be at most 60, got {floor_seconds}")
+    from shufflekit.app.loadtest.run import LoadTestOptions, run_loadtest  # (past the checks)
 
     opts = LoadTestOptions(
         users=users,
