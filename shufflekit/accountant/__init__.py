@@ -23,10 +23,11 @@ calibration, the composition engines (scipy, dp_accounting) and the ledger (SQLA
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # what the type checker sees; at run time __getattr__ imports each on first use
+from shufflekit.base.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names and their modules: loaded on first use (`base.lazy`)
     from shufflekit.accountant.calibrate import calibrate_eps0
     from shufflekit.accountant.composition import compose_rounds
     from shufflekit.accountant.core import (
@@ -59,41 +60,6 @@ if TYPE_CHECKING:  # what the type checker sees; at run time __getattr__ imports
         UnsoundResult,
     )
 
-#: Each public name and its module (the `if TYPE_CHECKING` imports above, again); `_module`
-#: imports it.
-_HOME = {
-    "calibrate_eps0": "calibrate",
-    "compose_rounds": "composition",
-    **dict.fromkeys(
-        ("Mechanism", "PrivacyLossDistribution", "PrivacyResult", "Soundness"),
-        "core",
-    ),
-    **dict.fromkeys(
-        ("Leakage", "leakage_report", "min_cohort", "participant_statement"),
-        "leakage",
-    ),
-    **dict.fromkeys(("Budget", "Ledger"), "ledger"),
-    **dict.fromkeys(("tight_delta", "tight_epsilon"), "tight"),
-    **dict.fromkeys(
-        (
-            "AccountantError",
-            "AccuracyError",
-            "BudgetExceeded",
-            "InvalidParameters",
-            "LedgerBusy",
-            "LedgerError",
-            "LedgerNotFound",
-            "LedgerUnavailable",
-            "LedgerUpgraded",
-            "NotApplicable",
-            "ScheduleViolation",
-            "StaleQuote",
-            "UnsoundResult",
-        ),
-        "errors",
-    ),
-}
-
 __all__ = [
     "AccountantError",
     "AccuracyError",
@@ -124,50 +90,5 @@ __all__ = [
     "tight_epsilon",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use and keep the name here (PEP 562)."""
-    home = _HOME.get(name)
-    if home is None:  # a submodule (`from shufflekit.accountant import tight`) or a typo
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def _module(home: str) -> ModuleType:
-    """The module `home` names, by a plain import (one the import linter sees)."""
-    match home:
-        case "calibrate":
-            from shufflekit.accountant import calibrate
-
-            return calibrate
-        case "composition":
-            from shufflekit.accountant import composition
-
-            return composition
-        case "core":
-            from shufflekit.accountant import core
-
-            return core
-        case "leakage":
-            from shufflekit.accountant import leakage
-
-            return leakage
-        case "ledger":
-            from shufflekit.accountant import ledger
-
-            return ledger
-        case "tight":
-            from shufflekit.accountant import tight
-
-            return tight
-        case _:
-            from shufflekit.base import errors
-
-            return errors
-
-
-def __dir__() -> list[str]:
-    """The public names as well as what is loaded, as `dir()` listed them when eager."""
-    return sorted(set(globals()) | set(__all__))
+if not TYPE_CHECKING:  # the type checker sees the imports above, and no catch-all
+    __getattr__, __dir__ = lazy_exports(__name__)
