@@ -46,18 +46,21 @@ def _console(stderr: bool = False) -> Console:
     return con
 
 
-def __getattr__(name: str) -> Any:
-    """`console` (stdout) and `err_console` (stderr), each made once, on first access."""
-    if name not in ("console", "err_console"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    made = globals()[name] = _console(stderr=name == "err_console")
-    return made
-
-
 def _made(name: str) -> Console:
     """The module's `console` or `err_console`, made now if this is its first use."""
-    made: Console = globals()[name] if name in globals() else __getattr__(name)
+    if name not in globals():
+        globals()[name] = _console(stderr=name == "err_console")
+    made: Console = globals()[name]
     return made
+
+
+if not TYPE_CHECKING:  # the type checker sees the two annotations above, and no catch-all
+
+    def __getattr__(name: str) -> Any:
+        """`console` (stdout) and `err_console` (stderr), each made once, on first access."""
+        if name not in ("console", "err_console"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _made(name)
 
 
 def styled(*parts: str | Text | tuple[str, str]) -> Text:
