@@ -39,22 +39,27 @@ def short_lock_wait(monkeypatch: pytest.MonkeyPatch) -> float:
     return 1.0
 
 
-def _hold_the_budget_lock(url: str) -> Callable[[], None]:
-    """Lock deployment `d`'s budget as a writer paused in its transaction does (its process
-    stopped, its host frozen); returns the call that ends that transaction."""
+def _hold_a_lock(url: str, postgres_lock: str) -> Callable[[], None]:
+    """Hold a lock as a writer paused in its transaction does (its process stopped, its host
+    frozen): on SQLite the file's write lock, on PostgreSQL what `postgres_lock` takes; returns
+    the call that ends that transaction."""
     if url.startswith("sqlite"):
         raw = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
         raw.execute("BEGIN IMMEDIATE")
         return raw.close
     engine = sa.create_engine(url)
     conn = engine.connect()
-    conn.execute(sa.text("SELECT * FROM sk_budgets WHERE deployment = 'd' FOR UPDATE"))
+    conn.execute(sa.text(postgres_lock))
 
     def end() -> None:
         conn.close()
         engine.dispose()
 
     return end
+
+
+BUDGET_ROW = "SELECT * FROM sk_budgets WHERE deployment = 'd' FOR UPDATE"  # a budget's writer
+MIGRATORS = "SELECT pg_advisory_xact_lock(727345671)"  # what a schema write waits for
 
 
 def test_a_writer_behind_a_transaction_that_does_not_end_gives_up_busy(
@@ -67,7 +72,7 @@ def test_a_writer_behind_a_transaction_that_does_not_end_gives_up_busy(
     with Ledger(ledger_url) as led:
         led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
         led.reserve("d", "r1", 4, 1.0)
-        end = _hold_the_budget_lock(ledger_url)
+        end = _hold_a_lock(ledger_url, BUDGET_ROW)
         try:
             for write in (
                 lambda: led.refund("d", "r1"),
@@ -108,24 +113,6 @@ def test_a_damaged_ledger_is_reported_as_unreadable_not_as_a_refused_write(
             led.refund("d", "r1")
 
 
-def _hold_the_write_lock(url: str) -> Callable[[], None]:
-    """Hold what a schema write waits for (SQLite: the file's write lock; PostgreSQL: the
-    migrators' advisory lock), as a long write of another process does; returns its end."""
-    if url.startswith("sqlite"):
-        raw = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
-        raw.execute("BEGIN IMMEDIATE")
-        return raw.close
-    engine = sa.create_engine(url)
-    conn = engine.connect()
-    conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
-
-    def end() -> None:
-        conn.close()
-        engine.dispose()
-
-    return end
-
-
 def test_opening_a_current_ledger_writes_nothing(ledger_url: str, short_lock_wait: float) -> None:
     """Opening a ledger of the current schema wrote its version again and ran the schema
     creation in a write transaction: `budget status` and `history` of a ledger the operator
@@ -135,7 +122,7 @@ def test_opening_a_current_ledger_writes_nothing(ledger_url: str, short_lock_wai
     with Ledger(ledger_url) as led:
         led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
         led.reserve("d", "r1", 4, 1.0)
-    end = _hold_the_write_lock(ledger_url)
+    end = _hold_a_lock(ledger_url, MIGRATORS)
     try:
         with Ledger(ledger_url, create=False, upgrade=False) as led:
             assert led.schema_found == ledger_schema.SCHEMA_VERSION
