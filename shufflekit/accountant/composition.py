@@ -38,6 +38,7 @@ from shufflekit.accountant.curve_pld import (
 from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
 from shufflekit.accountant.k2_dp import K2Tightener
 from shufflekit.accountant.k2_dp import clear_cache as clear_dp_cache
+from shufflekit.accountant.ldp_composed import ldp_composed
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
@@ -426,9 +427,18 @@ def compose_rounds(
 
     Identical mechanisms are grouped; per-round PLDs come from `pld_fn` (default
     `curve_pld.composition_pld`)
-    and are cached by (pld_fn, n, k, eps0). Capped by the sum of eps0 (`ldp_epsilon`).
+    and are cached by (pld_fn, n, k, eps0). Capped by the sum of eps0 (`ldp_epsilon`); on
+    the default pairs and grid, rounds the shuffle cannot amplify are that sum's pure-DP pair
+    (`ldp_composed`: within a factor 1 + 1e-6 of the truth in delta, at every epsilon).
     """
     rounds, counts = rounds_and_counts(rounds, counts)
+    if (
+        pld_fn is None
+        and grid is None
+        and not kwargs
+        and (fast := ldp_composed(rounds, counts)) is not None
+    ):
+        return fast
     _, plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     composed = compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
     return dataclasses.replace(composed, ldp_cap=ldp_epsilon(rounds, counts))
@@ -445,8 +455,11 @@ def rounds_epsilon(
 ) -> float:
     """`compose_rounds(...).epsilon(delta)`, or where the PLD composition's numerics cannot
     certify `delta` (many rounds, tiny delta) the `fallback_epsilon` of the same rounds; both
-    capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is."""
+    capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is (and answered by that
+    sum's pure-DP pair where `compose_rounds` is)."""
     rounds, counts = rounds_and_counts(rounds, counts)
+    if pld_fn is None and grid is None and (fast := ldp_composed(rounds, counts)) is not None:
+        return fast.epsilon(delta)
     mechs, plds, cs = _round_plds(
         rounds, counts, pld_fn if pld_fn is not None else default_pld_fn()
     )

@@ -1,0 +1,125 @@
+"""Rounds the shuffle cannot amplify (large eps0) answered by the pure-DP pair of the sum of
+eps0 (`accountant.ldp_composed`): the two lemmas behind it checked on exact small cases, the
+fast path taken where kappa is tiny and only there, and its answers against the certified
+k = 2 machinery it replaces (never below a certified lower bound, never looser in delta than
+e^kappa times the old upper bound)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from shufflekit.accountant import Mechanism, compose_rounds
+from shufflekit.accountant.composition import compose_rounds_bounds, rounds_epsilon
+from shufflekit.accountant.curve_pld import composition_pld
+from shufflekit.accountant.ldp_composed import ENGINE, KAPPA_MAX, ldp_composed, ldp_kappa
+from shufflekit.accountant.numerics.krr import krr
+
+
+def _count_pair(n: int, k: int, eps0: float) -> tuple[np.ndarray, np.ndarray]:
+    """P and Q of the number of reports saying x0 when every other user holds x0 (target x0
+    vs x1): a post-processing of that dataset's shuffled reports (all of them for k = 2)."""
+    rr = krr(k, eps0)
+    others = binom.pmf(np.arange(n), n - 1, rr.p)  # others' x0 reports: 0..n-1
+    p = np.zeros(n + 1)
+    q = np.zeros(n + 1)
+    p[:n] += others * (1 - rr.p)
+    p[1:] += others * rr.p
+    q[:n] += others * (1 - rr.q)
+    q[1:] += others * rr.q
+    return p, q
+
+
+def _composed_curve(mechs: list[Mechanism], eps: float) -> float:
+    """Hockey-stick divergence at `eps` of the rounds' count pairs composed (outer product)."""
+    pairs = [_count_pair(m.n, m.k, m.eps0) for m in mechs]
+    total = 0.0
+    for outcome in itertools.product(*(range(m.n + 1) for m in mechs)):
+        pp = math.prod(pq[0][c] for pq, c in zip(pairs, outcome, strict=True))
+        qq = math.prod(pq[1][c] for pq, c in zip(pairs, outcome, strict=True))
+        total += max(pp - math.exp(eps) * qq, 0.0)
+    return total
+
+
+@pytest.mark.parametrize(
+    "mechs",
+    [
+        [Mechanism(4, 2, 1.0)] * 2,
+        [Mechanism(3, 3, 2.0), Mechanism(5, 2, 0.5)],
+        [Mechanism(2, 4, 3.0)] * 3,
+    ],
+)
+def test_lemmas_on_exact_small_compositions(mechs: list[Mechanism]) -> None:
+    """The exact composed pair of "all others at x0" lies between e^-kappa (1 - e^(eps - S))
+    and the pure-DP curve (1 - e^(eps - S))^+ (which bounds every dataset), at every eps."""
+    total = sum(m.eps0 for m in mechs)
+    kappa = ldp_kappa(mechs, [1] * len(mechs))
+    # kappa is -log P(all reports say x0 | target x0), straight from the pairs
+    p_all = math.prod(_count_pair(m.n, m.k, m.eps0)[0][-1] for m in mechs)
+    assert kappa == pytest.approx(-math.log(p_all), rel=1e-12)
+    for eps in np.linspace(-total, total + 0.5, 41):
+        exact = _composed_curve(mechs, float(eps))
+        pure = max(-math.expm1(eps - total), 0.0)
+        assert exact <= pure + 1e-15
+        assert exact >= math.exp(-kappa) * pure - 1e-15
+
+
+@pytest.mark.parametrize(("n", "eps0", "rounds"), [(10_000, 40.0, 3), (10, 200.0, 5)])
+def test_fast_path_taken_at_large_eps0_and_answers_the_ldp_sum(
+    n: int, eps0: float, rounds: int
+) -> None:
+    mechs = [Mechanism(n, 2, eps0)] * rounds
+    c = compose_rounds(mechs)
+    assert c.engine == ENGINE
+    total = rounds * eps0
+    kappa = ldp_kappa(mechs, [1] * rounds)
+    for delta in (1e-2, 1e-6, 1e-9):
+        eps = c.epsilon(delta)
+        # sound (the pure-DP curve is above the truth) and within the certificate of the truth
+        assert total + math.log1p(-delta * math.exp(kappa)) <= eps <= total
+        assert eps == pytest.approx(total + math.log1p(-delta), abs=1e-9)
+        assert rounds_epsilon(mechs, delta) == eps
+    assert c.log_delta(total) == -math.inf
+    assert c.log_delta(total - 1.0) == pytest.approx(math.log(-math.expm1(-1.0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("eps0", [0.5, 2.0, 4.0, 10.0, 16.0])
+@pytest.mark.parametrize("n", [10, 1_000, 1_000_000])
+def test_fast_path_not_taken_where_the_shuffle_may_amplify(n: int, eps0: float) -> None:
+    """Moderate eps0 (or many users at eps0 = 16): kappa is far above KAPPA_MAX, so the
+    rounds' own pairs are composed."""
+    mechs = [Mechanism(n, 2, eps0)] * 3
+    assert ldp_kappa(mechs, [1, 1, 1]) > KAPPA_MAX
+    assert ldp_composed(mechs, [1, 1, 1]) is None
+
+
+def test_fast_path_not_taken_with_own_pairs_or_grid() -> None:
+    """A caller's pld_fn, grid or engine options ask for that composition: not short-cut."""
+    mechs = [Mechanism(20, 2, 20.0)] * 2
+    assert ldp_composed(mechs, [1, 1]) is not None
+    assert compose_rounds(mechs, grid=1e-3).engine != ENGINE
+    assert compose_rounds(mechs, bracket=True).engine != ENGINE
+
+
+@pytest.mark.slow
+def test_fast_path_against_the_certified_k2_machinery() -> None:
+    """n = 20, eps0 = 20, 2 rounds (kappa 8e-8): the pure-DP answer is at least the composed
+    attack's certified lower bound, at most the old composed upper bound plus a rounding
+    allowance, and in delta at most e^kappa times the old upper bound at every eps."""
+    mechs = [Mechanism(20, 2, 20.0)] * 2
+    fast = compose_rounds(mechs)
+    assert fast.engine == ENGINE
+    old = compose_rounds(mechs, pld_fn=composition_pld)  # the same pairs, not short-cut
+    assert old.engine != ENGINE
+    bounds = compose_rounds_bounds(mechs)
+    kappa = ldp_kappa(mechs, [1, 1])
+    for delta in (1e-2, 1e-3, 1e-6, 1e-9):
+        lower, _ = bounds.epsilon(delta)
+        assert lower is not None
+        assert lower <= fast.epsilon(delta) <= old.epsilon(delta) + 1e-9
+    for eps in (0.0, 10.0, 39.0, 39.999, 39.999999):
+        assert fast.log_delta(eps) <= old.log_delta(eps) + kappa + 1e-12
