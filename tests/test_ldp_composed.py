@@ -16,7 +16,13 @@ from scipy.stats import binom
 from shufflekit.accountant import Mechanism, compose_rounds
 from shufflekit.accountant.composition import compose_rounds_bounds, rounds_epsilon
 from shufflekit.accountant.curve_pld import composition_pld
-from shufflekit.accountant.ldp_composed import ENGINE, KAPPA_MAX, ldp_composed, ldp_kappa
+from shufflekit.accountant.ldp_composed import (
+    ENGINE,
+    KAPPA_MAX,
+    ldp_bounds,
+    ldp_composed,
+    ldp_kappa,
+)
 from shufflekit.accountant.numerics.krr import krr
 
 
@@ -87,6 +93,27 @@ def test_fast_path_taken_at_large_eps0_and_answers_the_ldp_sum(
     assert c.log_delta(total - 1.0) == pytest.approx(math.log(-math.expm1(-1.0)), rel=1e-12)
 
 
+def test_bounds_fast_path_brackets_the_truth() -> None:
+    """`compose_rounds_bounds` on the defaults: lower side e^-kappa (1 - e^(eps - S)), the
+    lemma's bound (below the truth), and the pure-DP upper side; close together."""
+    mechs = [Mechanism(10_000, 2, 40.0)] * 3
+    b = compose_rounds_bounds(mechs)
+    assert b.upper.engine == ENGINE and b.lower is not None and b.tightener is None
+    kappa = ldp_kappa(mechs, [1, 1, 1])
+    for delta in (1e-2, 1e-6, 1e-9):
+        lower, upper = b.epsilon(delta)
+        assert lower is not None
+        assert lower <= 120.0 + math.log1p(-delta * math.exp(kappa)) <= upper <= 120.0
+        assert upper - lower < 1e-9
+    for eps in (0.0, 60.0, 119.0, 119.999):
+        lo, up = b.log_delta(eps)
+        assert lo is not None
+        assert lo == pytest.approx(math.log(-math.expm1(eps - 120.0)) - kappa, abs=1e-12)
+        assert lo <= up
+    assert compose_rounds_bounds(mechs, with_attack=False).lower is None
+    assert ldp_bounds([Mechanism(10_000, 2, 4.0)], [3]) is None
+
+
 @pytest.mark.parametrize("eps0", [0.5, 2.0, 4.0, 10.0, 16.0])
 @pytest.mark.parametrize("n", [10, 1_000, 1_000_000])
 def test_fast_path_not_taken_where_the_shuffle_may_amplify(n: int, eps0: float) -> None:
@@ -103,6 +130,7 @@ def test_fast_path_not_taken_with_own_pairs_or_grid() -> None:
     assert ldp_composed(mechs, [1, 1]) is not None
     assert compose_rounds(mechs, grid=1e-3).engine != ENGINE
     assert compose_rounds(mechs, bracket=True).engine != ENGINE
+    assert compose_rounds_bounds(mechs, grid=1e-3).upper.engine != ENGINE
 
 
 @pytest.mark.slow
@@ -115,7 +143,8 @@ def test_fast_path_against_the_certified_k2_machinery() -> None:
     assert fast.engine == ENGINE
     old = compose_rounds(mechs, pld_fn=composition_pld)  # the same pairs, not short-cut
     assert old.engine != ENGINE
-    bounds = compose_rounds_bounds(mechs)
+    bounds = compose_rounds_bounds(mechs, grid=old.step)  # the attack composed, not short-cut
+    assert bounds.upper.engine != ENGINE
     kappa = ldp_kappa(mechs, [1, 1])
     for delta in (1e-2, 1e-3, 1e-6, 1e-9):
         lower, _ = bounds.epsilon(delta)

@@ -209,8 +209,11 @@ def test_rounds_at_large_eps0_compose_within_the_cell_limit() -> None:
     """At eps0 = 25 the default grid (5e-7) needed 100 million cells over [-25, 25] and the
     composition refused, telling the user to pick a coarser grid the CLI cannot set."""
     from shufflekit.accountant.composition import compose_rounds_bounds
+    from shufflekit.accountant.curve_pld import composition_pld
+    from shufflekit.accountant.ldp_composed import ENGINE
 
-    b = compose_rounds_bounds([Mechanism(10, 3, 25.0)], counts=[2])
-    assert b.lower is not None
+    # the default pairs named, so that the pure-DP short cut (`ldp_composed`) is not taken
+    b = compose_rounds_bounds([Mechanism(10, 3, 25.0)], counts=[2], pld_fn=composition_pld)
+    assert b.lower is not None and b.upper.engine != ENGINE
     upper, lower = b.upper.epsilon(1e-6), b.lower.epsilon(1e-6)
     assert lower <= upper <= 2 * 25.0 + 1e-9

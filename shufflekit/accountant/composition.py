@@ -38,7 +38,7 @@ from shufflekit.accountant.curve_pld import (
 from shufflekit.accountant.engine import ComposedGrid, CompositionEngine, GridEngine
 from shufflekit.accountant.k2_dp import K2Tightener
 from shufflekit.accountant.k2_dp import clear_cache as clear_dp_cache
-from shufflekit.accountant.ldp_composed import ldp_composed
+from shufflekit.accountant.ldp_composed import ldp_bounds, ldp_composed
 from shufflekit.accountant.numerics.grid import (
     DEFAULT_TAIL_MASS,
     GridPLD,
@@ -565,8 +565,13 @@ def compose_rounds_bounds(
 ) -> ComposedBounds:
     """Composed upper bound (dominating pairs, `pld_fn`, default `composition_pld`) and composed
     attack (`attack_fn`, default `default_attack_fn(rounds)`: one fixed dataset's attack PLD),
-    side by side. with_attack=False skips the lower side. Per-round PLDs are cached."""
+    side by side. with_attack=False skips the lower side. Per-round PLDs are cached. Rounds
+    the shuffle cannot amplify, on the defaults: `ldp_composed.ldp_bounds`."""
     rounds, counts = rounds_and_counts(rounds, counts)
+    defaults = pld_fn is None and attack_fn is None and grid is None
+    fast = ldp_bounds(rounds, counts, with_attack) if defaults else None
+    if fast is not None:
+        return fast
     if grid is None:  # one grid for both sides, from the dominating pairs
         _, plds, cs = _round_plds(
             rounds, counts, pld_fn if pld_fn is not None else default_pld_fn()

@@ -26,7 +26,8 @@ Where eps0 is large (n q_r tiny: almost never does another user's report flip), 
 tiny and the certified machinery can only reproduce this answer, at great cost: at n = 1e4,
 eps0 = 40, 3 rounds it resolves losses spread by 1e-7 over [-40, 40] and takes about a minute
 for 120 - 1e-6. `ldp_composed` answers when kappa <= KAPPA_MAX (delta within a factor
-1 + 1e-6 of the truth at every epsilon), else returns None and the caller composes the pairs.
+1 + 1e-6 of the truth at every epsilon), else returns None and the caller composes the pairs;
+`ldp_bounds` adds the lower side, the event's curve e^-kappa (1 - e^(eps - S))^+ itself.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shufflekit.accountant.composed import ComposedPLD
+from shufflekit.accountant.composed import ComposedBounds, ComposedPLD
 from shufflekit.accountant.core import Mechanism, ldp_epsilon
 
 #: The largest kappa (log of the factor by which the pure-DP answer's delta may exceed the
@@ -80,3 +81,30 @@ def ldp_composed(
         details={"ldp_kappa": kappa, "ldp_kappa_max": kappa_max},
         ldp_cap=total,
     )
+
+
+def ldp_bounds(
+    rounds: Sequence[Mechanism], counts: Sequence[int], with_attack: bool = True
+) -> ComposedBounds | None:
+    """`ldp_composed` and, `with_attack`, the composed attack "all others at x0, every report
+    says x0": one atom of mass e^-kappa at loss S (its curve is the lemma's lower bound, a
+    post-processing of that dataset's composed pair: the other outcomes' mass is dropped,
+    which only lowers it); None where `ldp_composed` is."""
+    upper = ldp_composed(rounds, counts)
+    if upper is None:
+        return None
+    if not with_attack:
+        return ComposedBounds(upper=upper, lower=None)
+    kappa = float(upper.details["ldp_kappa"])
+    lower = ComposedPLD(
+        step=upper.step,
+        offset=1,
+        probs=np.full(1, math.exp(-kappa), dtype=np.float64),
+        inf_mass=0.0,
+        log_inf_mass=-math.inf,
+        upper=False,
+        engine=ENGINE,
+        rounds=upper.rounds,
+        details=dict(upper.details),
+    )
+    return ComposedBounds(upper=upper, lower=lower)
