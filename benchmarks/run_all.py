@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "soundness": ("bench_soundness.py", ["--quick"]),
     "composition": ("bench_composition.py", []),
     "compose_k2": ("bench_compose_k2.py", ["--quick"]),
+    "compose_large_eps0": ("bench_compose_large_eps0.py", ["--quick"]),
     "k2_one_round": ("bench_k2_one_round.py", ["--quick"]),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),
