@@ -152,3 +152,13 @@ def test_fast_path_against_the_certified_k2_machinery() -> None:
         assert lower <= fast.epsilon(delta) <= old.epsilon(delta) + 1e-9
     for eps in (0.0, 10.0, 39.0, 39.999, 39.999999):
         assert fast.log_delta(eps) <= old.log_delta(eps) + kappa + 1e-12
+
+
+def test_a_caller_who_picks_the_fft_engine_gets_its_composition() -> None:
+    """The short cut stands in for the default engine only: asked for the FFT engine (say, to
+    check one engine against the other), `compose_rounds` composes the rounds' pairs there."""
+    rounds = [Mechanism(100, 2, 20.0)]
+    assert compose_rounds(rounds).engine == ENGINE
+    fft = compose_rounds(rounds, engine="fft")
+    assert fft.engine != ENGINE
+    assert fft.epsilon(1e-6) == pytest.approx(compose_rounds(rounds).epsilon(1e-6), abs=1e-6)

@@ -414,6 +414,13 @@ def _round_plds(
     return mechs, [round_pld(m, pld_fn) for m in mechs], list(grouped.values())
 
 
+def _defaults(pld_fn: PldFn | None, grid: float | None, engine: str) -> bool:
+    """Whether a call left the pairs, grid and engine to the library: only then may rounds the
+    shuffle cannot amplify be answered by `ldp_composed` (a caller who picks the FFT engine,
+    say to check the other one, gets that engine's composition)."""
+    return pld_fn is None and grid is None and engine == ENGINES[0]
+
+
 def compose_rounds(
     rounds: Sequence[Mechanism],
     *,
@@ -432,12 +439,7 @@ def compose_rounds(
     (`ldp_composed`: within a factor 1 + 1e-6 of the truth in delta, at every epsilon).
     """
     rounds, counts = rounds_and_counts(rounds, counts)
-    if (
-        pld_fn is None
-        and grid is None
-        and not kwargs
-        and (fast := ldp_composed(rounds, counts)) is not None
-    ):
+    if _defaults(pld_fn, grid, engine) and not kwargs and (fast := ldp_composed(rounds, counts)):
         return fast
     _, plds, cs = _round_plds(rounds, counts, pld_fn if pld_fn is not None else default_pld_fn())
     composed = compose(plds, counts=cs, engine=engine, grid=grid, **kwargs)
@@ -458,7 +460,7 @@ def rounds_epsilon(
     capped by the sum of eps0 (`ldp_epsilon`), as `compose_rounds` is (and answered by that
     sum's pure-DP pair where `compose_rounds` is)."""
     rounds, counts = rounds_and_counts(rounds, counts)
-    if pld_fn is None and grid is None and (fast := ldp_composed(rounds, counts)) is not None:
+    if _defaults(pld_fn, grid, engine) and (fast := ldp_composed(rounds, counts)):
         return fast.epsilon(delta)
     mechs, plds, cs = _round_plds(
         rounds, counts, pld_fn if pld_fn is not None else default_pld_fn()
@@ -568,7 +570,7 @@ def compose_rounds_bounds(
     side by side. with_attack=False skips the lower side. Per-round PLDs are cached. Rounds
     the shuffle cannot amplify, on the defaults: `ldp_composed.ldp_bounds`."""
     rounds, counts = rounds_and_counts(rounds, counts)
-    defaults = pld_fn is None and attack_fn is None and grid is None
+    defaults = _defaults(pld_fn, grid, engine) and attack_fn is None
     fast = ldp_bounds(rounds, counts, with_attack) if defaults else None
     if fast is not None:
         return fast
