@@ -121,6 +121,36 @@ def test_a_coordinator_that_lost_its_lease_stops(ledger: Ledger) -> None:
     run_virtual(run(), clock)
 
 
+def test_a_failed_renewal_does_not_end_the_renewals(ledger: Ledger) -> None:
+    """A renewal the ledger does not answer (busy, briefly unreachable) is tried again at the
+    next one: had `keep` given up, the lease ran out while the coordinator went on, and a
+    second coordinator started beside it (two drivers of one deployment)."""
+    ledger.clock = clock = VirtualClock()
+    calls: list[str] = []
+
+    async def flaky(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(fn.__name__)
+        if len(calls) == 2:  # the first renewal
+            raise LedgerError("the ledger did not answer")
+        return fn(*args, **kwargs)
+
+    mine = RoleLease(ledger, "test", "coordinator", 15.0, clock, flaky, SeededRandomness(1))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        assert await mine.acquire(stop)
+        keeper = asyncio.create_task(mine.keep(stop))
+        await asyncio.sleep(40.0)  # eight renewals, every 5 s: the first one failed
+        assert not keeper.done() and not stop.is_set()
+        lease = ledger.lease_of("test", "coordinator")
+        assert lease is not None and lease.holder == mine.holder and lease.left > 5.0, lease
+        with pytest.raises(RoleHeld):  # it sees the lease renewed while it waits
+            await _lease(ledger, clock, 2).acquire(stop)
+        keeper.cancel()
+
+    run_virtual(run(), clock)
+
+
 @pytest.mark.services
 @pytest.mark.mqtt
 def test_a_second_coordinator_does_not_stop_the_running_one(

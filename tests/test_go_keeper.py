@@ -324,3 +324,26 @@ def test_a_go_granted_while_its_round_began_its_refund_is_not_handed_out() -> No
 
     go = run_virtual(main(), clock)
     assert go.verdict == "refused" and "refunded" in (go.reason or ""), go
+
+
+class _Expiring(_Ledger):
+    """Every round is reserved until 20 s from the clock's start (a short reservation TTL)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.expires_at = clock.time() + 20.0
+
+    def round_of(self, deployment: str, round_id: str) -> _Record:
+        return _Record(expires_at=self.expires_at)
+
+
+def test_a_go_never_outlasts_its_rounds_reservation() -> None:
+    """A go lasts a batch timeout, but never past the reservation's expiry (less GO_MARGIN):
+    an expired reservation is no longer counted, and a mix still holding a go could forward a
+    round that is charged to nobody. Once the expiry is that near, no go is granted at all."""
+    clock = VirtualClock()
+    keeper = GoKeeper(_Expiring(clock), "d", LEASE, clock, inline, RejectionCounter())  # type: ignore[arg-type]
+    go = run_virtual(keeper.verdict("r1", 0), clock)
+    assert go.verdict == "go" and go.until == pytest.approx(clock.time() + 20.0 - GO_MARGIN)
+    clock.advance(20.0 - GO_MARGIN)
+    late = run_virtual(keeper.verdict("r1", 1), clock)
+    assert late.verdict == "refused" and late.reason == "its reservation expired", late
