@@ -17,10 +17,16 @@ import pytest
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.rounds import RoundParams, RoundReport, RoundTopics, ledger_release_hook
+from shufflekit.app.rounds import (
+    PRICE_ATTEMPTS,
+    RoundParams,
+    RoundReport,
+    RoundTopics,
+    ledger_release_hook,
+)
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import LedgerError, TransportError
+from shufflekit.base.errors import LedgerError, RoleHeld, StaleQuote, TransportError
 from shufflekit.base.offload import inline
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
@@ -268,10 +274,8 @@ def test_a_resumed_round_waits_for_a_hops_abort_as_long_as_a_driven_one(tmp_path
     assert not report.released
 
 
-def _committed(led: Ledger, rid: str, n: int = 12) -> Result:
-    """Round `rid` reserved and committed with its result, as the analyzer's hook does it."""
-    led.reserve("d", rid, k=4, eps0=1.0)
-    result = Result(
+def _result(rid: str, n: int = 12) -> Result:
+    return Result(
         round_id=rid,
         k=4,
         eps0=1.0,
@@ -282,6 +286,12 @@ def _committed(led: Ledger, rid: str, n: int = 12) -> Result:
         estimator="unbiased",
         rejected={},
     )
+
+
+def _committed(led: Ledger, rid: str, n: int = 12) -> Result:
+    """Round `rid` reserved and committed with its result, as the analyzer's hook does it."""
+    led.reserve("d", rid, k=4, eps0=1.0)
+    result = _result(rid, n)
     hook = ledger_release_hook(led, "d", offload=inline)
 
     async def commit() -> Result:
@@ -382,4 +392,68 @@ def test_ingest_is_closed_when_the_announced_deadline_passes(tmp_path: Path) -> 
     [(reason, after)] = closes
     assert reason == "deadline" and after == pytest.approx(5.0, abs=0.1), closes
     assert report.abort is not None and report.abort.hop == 0
+    led.close()
+
+
+class _AlwaysStale(Ledger):
+    """A ledger on which another round commits between every pricing and its commit."""
+
+    commits = 0
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self.commits += 1
+        raise StaleQuote("another round was committed since this one was priced")
+
+
+def test_a_result_the_ledger_never_lets_commit_is_never_handed_out(tmp_path: Path) -> None:
+    """The analyzer's release hook prices and commits again while other rounds keep committing
+    (StaleQuote), PRICE_ATTEMPTS times, then raises: it never returns a result whose cost was
+    not committed (the analyzer publishes what it returns)."""
+    clock = VirtualClock()
+    led = _AlwaysStale(f"sqlite:///{tmp_path / 'l.db'}", clock=clock)
+    led.init_budget(Budget("d", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    led.reserve("d", "r1", k=4, eps0=1.0)
+    hook = ledger_release_hook(led, "d", offload=inline)
+
+    async def release() -> Result:
+        return await hook(_result("r1"), lambda r: r)
+
+    with pytest.raises(StaleQuote):
+        run_virtual(release(), clock)
+    assert led.commits == PRICE_ATTEMPTS
+    assert [r.status for r in led.status("d").rounds] == ["reserved"]
+    led.close()
+
+
+def test_a_coordinator_that_lost_its_lease_mid_round_publishes_no_abort(tmp_path: Path) -> None:
+    """A coordinator paused past its lease while its round ran finds, when it gives the round
+    up, that another holds the lease now: it stops (RoleHeld) without publishing an abort, which
+    would stop the hops of a round the new coordinator is resuming, nor refunding it."""
+    clock = VirtualClock()
+    led = _ledger(tmp_path, clock)
+    led.hold_role("d", "coordinator", "a", 10.0)
+    seen: dict[str, Any] = {}
+
+    async def taken_over(conn: Transport, ann: Announcement) -> None:
+        await asyncio.sleep(30.0)  # "a" renews nothing meanwhile: its lease lapses
+        assert led.hold_role("d", "coordinator", "b", 600.0).holder == "b"
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        async with broker.connect() as hop_conn, broker.connect() as coord_conn:
+            hops = asyncio.create_task(_hops(hop_conn, seen, taken_over))
+            await asyncio.sleep(0)
+            coord = Coordinator(
+                coord_conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline, holder="a"
+            )
+            params = RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=5.0)
+            with pytest.raises(RoleHeld):
+                await coord.run_round(params)
+            await hops
+            async with hop_conn.subscribe(T.abort(seen["announced"].round_id)) as aborts:
+                with pytest.raises(TimeoutError):  # an abort would be retained
+                    await asyncio.wait_for(aborts.get(), 5.0)
+
+    run_virtual(main(), clock)
+    assert [r.status for r in led.status("d").rounds] == ["reserved"]  # "b" settles it
     led.close()

@@ -435,6 +435,27 @@ async def test_a_refused_login_at_start_is_an_error_not_a_retry_loop() -> None:
     assert len(tries) == 3 and done == [1]  # refused twice (a broker not up yet), then served
 
 
+async def test_a_refused_login_after_a_first_connection_is_retried() -> None:
+    """Once a service has connected, every loss is retried, a refused login too (a broker
+    restarting reads its password file late): only before the first connection is it a
+    configuration error. Raised here, a hop or coordinator exited mid-round."""
+    tries: list[int] = []
+    bodies: list[int] = []
+
+    async def body(_t: object) -> None:
+        bodies.append(1)
+        if len(bodies) == 1:
+            raise BrokerAuthError("not authorized")
+
+    await asyncio.wait_for(
+        with_reconnect(
+            "mix 0", lambda: _Refusing(TransportError("x"), tries, 0), body, stop=asyncio.Event()
+        ),
+        10,
+    )
+    assert len(tries) == 2 and len(bodies) == 2
+
+
 def test_a_close_at_below_n_min_is_refused_when_the_coordinator_starts(tmp_path: Path) -> None:
     """It was refused at each round instead, after connecting: a service in a crash loop."""
     from shufflekit.app.services.runtime import serve_coordinator
