@@ -26,7 +26,13 @@ from shufflekit.app.rounds import (
 )
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
-from shufflekit.base.errors import LedgerError, RoleHeld, StaleQuote, TransportError
+from shufflekit.base.errors import (
+    InvalidParameters,
+    LedgerError,
+    RoleHeld,
+    StaleQuote,
+    TransportError,
+)
 from shufflekit.base.offload import inline
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
@@ -53,6 +59,16 @@ async def _announced(conn: Transport, announce: Any) -> Announcement:
     ann = Announcement.from_bytes(msg.payload)
     assert isinstance(ann, Announcement)
     return ann
+
+
+async def _retained(conn: Transport, topic: str) -> bytes | None:
+    """The message retained on `topic` (None if none is, or its retained one was cleared)."""
+    async with conn.subscribe(topic) as sub:
+        try:
+            msg = await asyncio.wait_for(sub.get(), 0.5)
+        except TimeoutError:
+            return None
+    return msg.payload or None
 
 
 async def _hops(conn: Transport, seen: dict[str, Any], script: Script) -> None:
@@ -94,6 +110,7 @@ def _round(
             )
             report = await coord.run_round(params)
             hops.cancel()
+            seen["retained_after"] = await _retained(hop_conn, T.announce)
             return report
 
     return run_virtual(main(), clock), seen, led, clock
@@ -118,6 +135,7 @@ def test_a_round_asking_for_less_than_the_budgets_n_min_is_announced_at_the_budg
     assert seen["announced"].deadline == pytest.approx(seen["prepared"].deadline - 30.0, abs=0.1)
     assert not report.released
     assert [r.status for r in led.status("d").rounds] == ["refunded"]
+    assert seen["retained_after"] is None  # no client joins a settled round
     led.close()
 
 
@@ -222,9 +240,13 @@ def test_a_ready_naming_another_key_does_not_count(tmp_path: Path) -> None:
     assert "hop(s) [1] not ready" in report.abort.reason, report.abort
 
 
-def _recovered(tmp_path: Path, script: Script, left: float = 5.0) -> RoundReport:
+def _recovered(
+    tmp_path: Path, script: Script, left: float = 5.0, *, lost_broker: bool = False
+) -> RoundReport:
     """A coordinator restarted while round r1 (reserved in the ledger, its announcement retained
-    with `left` seconds of ingest) ran: `recover` resumes it while `script` plays the hops."""
+    with `left` seconds of ingest) ran: `recover` resumes it while `script` plays the hops.
+    `lost_broker`: the coordinator lives on, but a broker restarted afresh forgot the
+    announcement (`driving` says which round it was)."""
     clock = VirtualClock()
     led = _ledger(tmp_path, clock)
     led.reserve("d", "r1", k=4, eps0=1.0)
@@ -248,10 +270,14 @@ def _recovered(tmp_path: Path, script: Script, left: float = 5.0) -> RoundReport
             )
             ann = coord.announcement("r1", RoundParams(k=4, eps0=1.0, n_min=10))
             ann = ann.model_copy(update={"deadline": clock.time() + left})
-            await earlier.publish(T.announce, ann.to_bytes(), retain=True)  # its earlier life
+            if lost_broker:
+                coord.driving = ann
+            else:  # its earlier life
+                await earlier.publish(T.announce, ann.to_bytes(), retain=True)
             task = asyncio.create_task(script(hop_conn, ann))
             [report] = await coord.recover()
             task.cancel()
+            assert await _retained(hop_conn, T.announce) is None  # cleared once settled
             return report
 
     try:
@@ -307,6 +333,24 @@ class _NoResults(MemoryTransport):
         if "/result" in topic:
             raise TransportError("not authorised to publish results")
         await super().publish(topic, payload, retain=retain)
+
+
+def test_a_round_resumed_on_a_broker_that_forgot_it_is_announced_again(tmp_path: Path) -> None:
+    """While ingest is still open, the resumed round's announcement is published again (and
+    retained) for clients still to join; it is cleared once the round is settled."""
+    seen: list[bytes | None] = []
+
+    async def look_then_abort(conn: Transport, ann: Announcement) -> None:
+        await asyncio.sleep(1.0)
+        seen.append(await _retained(conn, T.announce))
+        await _mix0_aborts(conn, ann)
+
+    report = _recovered(tmp_path, look_then_abort, lost_broker=True)
+    [payload] = seen
+    assert payload is not None, "the resumed round was not announced again"
+    again = Announcement.from_bytes(payload)
+    assert isinstance(again, Announcement) and again.round_id == "r1"
+    assert report.abort is not None and report.abort.hop == 0
 
 
 def test_a_stored_result_the_coordinator_could_not_publish_is_not_recorded_as_published(
@@ -457,3 +501,11 @@ def test_a_coordinator_that_lost_its_lease_mid_round_publishes_no_abort(tmp_path
     run_virtual(main(), clock)
     assert [r.status for r in led.status("d").rounds] == ["reserved"]  # "b" settles it
     led.close()
+
+
+def test_a_close_at_equal_to_n_min_is_accepted() -> None:
+    """Mix 0 may close as soon as it holds exactly n_min reports: that round can be released;
+    only a close_at below n_min (it could never be) is refused."""
+    assert RoundParams(k=4, eps0=1.0, n_min=5, close_at=10).at_least(10).close_at == 10
+    with pytest.raises(InvalidParameters, match="close_at 9 is below the round's n_min 10"):
+        RoundParams(k=4, eps0=1.0, n_min=5, close_at=9).at_least(10)

@@ -142,3 +142,51 @@ def test_a_repeated_prepare_starts_the_round_once(tmp_path: Path) -> None:
     finally:
         spool.close()
     assert len(readies) == 1, readies
+
+
+def test_a_resumed_round_nobody_aborted_is_served(tmp_path: Path) -> None:
+    """A round the spool holds as begun, with no abort retained after the lookup's second, is
+    resumed (its spooled, receipted reports go on): dropped, they were lost."""
+    out, readies, first, state = _serve(tmp_path, resumed=True, aborted=False)
+    assert out == "running" and [r.hop for r in readies] == [0] and state == "open"
+    assert first >= 1.0  # it looked for a retained abort first
+
+
+def test_a_round_aborted_elsewhere_is_finished_in_the_spool(tmp_path: Path) -> None:
+    """A round the coordinator (or another hop) aborted is finished in this hop's spool when it
+    stops serving it: left open, every restart resumed it, and once its retained abort was
+    swept (a day later) it ran again."""
+    out, _, _, state = _serve(tmp_path, resumed=False, aborted=True)
+    assert out != "running" and state == "done"
+
+
+def test_a_restarted_hop_resumes_its_unfinished_rounds_unprompted(tmp_path: Path) -> None:
+    """`serve` first resumes every round its spool holds as unfinished, before any prepare (the
+    coordinator prepares a round once): the reports it receipted before a crash go on."""
+    clock = VirtualClock()
+    key = KeyPair.generate()
+    spool = Spool(tmp_path / "spool.db", clock=clock)
+    spool.begin(_announcement(clock, key))
+    readies: list[bytes] = []
+
+    async def main() -> None:
+        broker = MemoryBroker()
+        async with (
+            broker.connect() as conn,
+            broker.connect() as coord,
+            coord.subscribe(T.ready("r1")) as ready_sub,
+        ):
+            stop = asyncio.Event()
+            runner = HopRunner(MixNode(conn, "d", 0, key, spool=spool, clock=clock), conn, "d")
+            serving = asyncio.create_task(runner.serve(stop))
+            await asyncio.sleep(3.0)
+            while not ready_sub._queue.empty():
+                readies.append((await ready_sub.get()).payload)
+            stop.set()
+            await asyncio.wait_for(serving, 10.0)
+
+    try:
+        run_virtual(main(), clock)
+        assert len(readies) == 1 and spool.state("r1") == "open"  # kept for the next start
+    finally:
+        spool.close()
