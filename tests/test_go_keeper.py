@@ -347,3 +347,28 @@ def test_a_go_never_outlasts_its_rounds_reservation() -> None:
     clock.advance(20.0 - GO_MARGIN)
     late = run_virtual(keeper.verdict("r1", 1), clock)
     assert late.verdict == "refused" and late.reason == "its reservation expired", late
+
+
+def test_a_go_returned_before_the_refund_began_is_not_granted_again() -> None:
+    """A mix returns its go when done with the round; that return is not also a request: had
+    it been answered with a fresh go, the refund that follows (and an operator's `budget
+    refund`) waited a whole lease for a go nobody holds."""
+    clock = VirtualClock()
+
+    async def main() -> float:
+        broker = MemoryBroker()
+        keeper = _keeper(clock)
+        async with (
+            broker.connect() as mix,
+            broker.connect() as coordinator,
+            keeper.answering(coordinator),
+        ):
+            await asyncio.sleep(0.1)
+            assert (await keeper.verdict("r1", 0)).verdict == "go"
+            await return_go(mix, Topics("d"), "r1", 0)
+            await asyncio.sleep(1.0)
+            start = clock.monotonic()
+            await keeper.quiesce("r1")
+            return clock.monotonic() - start
+
+    assert run_virtual(main(), clock) < 1.0
