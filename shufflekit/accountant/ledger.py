@@ -358,7 +358,8 @@ class Ledger(LedgerStore):
             with self._tx() as conn:
                 b2 = self._require_budget(conn, deployment, lock=True)
                 self._expire(conn, deployment)
-                now_rec = self._round(conn, deployment, round_id)
+                held = self._rounds(conn, deployment)  # the rounds as they stand, locked
+                now_rec = find_round(held, round_id, deployment)
                 if now_rec.status == "committed":
                     return now_rec  # idempotent: a retried commit changes nothing
                 if now_rec.status != "reserved":
@@ -367,24 +368,21 @@ class Ledger(LedgerStore):
                         "do not publish its result"
                     )
                 if last:
-                    b, rec = b2, now_rec
+                    b, rec, recs = b2, now_rec, held
                     with self.curves.memory_only():
-                        recs = self._rounds(conn, deployment)
                         n_acc = self._charged_n(b, rec, batch_size, recs)
                         eps_alone = self._total_fn(b)([(rec.round_type, n_acc)])
                 elif b2 != b or now_rec != rec:
                     continue
-                elif self._priced_on_others(b, rec, n_acc) and _state(
-                    _counted(self._rounds(conn, deployment))
-                ) != _state(_counted(recs)):
+                elif self._priced_on_others(b, rec, n_acc) and _state(_counted(held)) != _state(
+                    _counted(recs)
+                ):
                     continue  # the larger batch was allowed beside rounds that changed since
                 if batch_size < b.n_min:
                     raise LedgerError(
                         f"batch of {batch_size} is below n_min={b.n_min}: not releasable"
                     )
-                if basis is not None and basis != _basis(
-                    self._rounds(conn, deployment), round_id, n_acc
-                ):
+                if basis is not None and basis != _basis(held, round_id, n_acc):
                     raise StaleQuote(
                         f"round {round_id!r}: another round was committed, or it is charged at "
                         "another population, since it was priced"
