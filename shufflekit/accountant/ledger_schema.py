@@ -262,8 +262,10 @@ def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) ->
     """
     try:
         if engine.dialect.name == "sqlite":
-            _sqlite_precheck(engine, url, create, upgrade)
-        if _current(engine, url):
+            current = _sqlite_precheck(engine, url, create, upgrade)
+        else:
+            current = _current(engine, url)
+        if current:
             return SCHEMA_VERSION  # nothing to create or bring forward: written to by no one
         with transaction(engine, url) as conn:
             if conn.dialect.name == "postgresql":  # one migrator at a time
@@ -297,15 +299,21 @@ def _current(engine: Engine, url: str) -> bool:
     opens, and opening it never waits behind another writer."""
     with transaction(engine, url, write=False) as conn:
         tables = set(sa.inspect(conn).get_table_names())
-        if not {t.name for t in _META.sorted_tables} <= tables:
+        if not _all_tables(tables):
             return False
         version = conn.execute(sa.select(schema_version.c.version)).scalar()
     return version == SCHEMA_VERSION
 
 
-def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> None:
-    """Read the table names (and the schema version) without a write transaction, then (ours
-    and openable, or empty) enable WAL."""
+def _all_tables(tables: set[str]) -> bool:
+    """Whether `tables` include every table of this schema."""
+    return {t.name for t in _META.sorted_tables} <= tables
+
+
+def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> bool:
+    """Read the table names and the schema version without a write transaction, then (ours
+    and openable, or empty) enable WAL. Returns whether the ledger is current (`_current`,
+    from the same reads)."""
     try:
         raw = engine.raw_connection()
     except (sqlite3.Error, sa.exc.DBAPIError) as exc:  # no such folder, no permission, ...
@@ -318,14 +326,17 @@ def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> N
         except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
             raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
         _check_tables(tables, url, create)
-        if not upgrade and schema_version.name in tables:
+        version = None
+        if schema_version.name in tables:
             row = cur.execute(f"SELECT version FROM {schema_version.name}").fetchone()
-            if row is not None and int(row[0]) < SCHEMA_VERSION:
-                raise outdated(url, int(row[0]))
+            version = None if row is None else int(row[0])
+        if not upgrade and version is not None and version < SCHEMA_VERSION:
+            raise outdated(url, version)
         cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
         cur.close()
     finally:
         raw.close()
+    return _all_tables(tables) and version == SCHEMA_VERSION
 
 
 def _check_tables(tables: set[str], url: str, create: bool) -> None:
