@@ -34,8 +34,6 @@ class LedgerWatch:
     clock: Callable[[], float] = time.monotonic
     every: float = 5.0  # seconds between reads: a production ledger holds many rounds
     gone_for: float = field(default_factory=lambda: GONE_FOR)
-    released: int = 0
-    refunded: list[RoundRecord] = field(default_factory=list)
     rounds: list[RoundRecord] = field(default_factory=list)  # every round since the start
     unreachable: str | None = None  # why the ledger cannot be read from here, once it could not
     _ledger: Ledger | None = None
@@ -64,12 +62,20 @@ class LedgerWatch:
         if self._before is None:
             self._before = {r.round_id for r in records}
         self.rounds = [r for r in records if r.round_id not in self._before]
-        self.released = sum(1 for r in self.rounds if r.status == "committed")
-        self.refunded = [r for r in self.rounds if r.status == "refunded"]
         if running is not None:
             self._gone_since = None
         elif self._gone_since is None:
             self._gone_since = now
+
+    @property
+    def released(self) -> int:
+        """How many rounds since the start were released (committed)."""
+        return sum(1 for r in self.rounds if r.status == "committed")
+
+    @property
+    def refunded(self) -> list[RoundRecord]:
+        """The rounds since the start that were refunded (released nothing)."""
+        return [r for r in self.rounds if r.status == "refunded"]
 
     def ended(self) -> bool:
         """Whether the coordinator has run, settled rounds since the start and been gone for
