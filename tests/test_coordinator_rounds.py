@@ -46,10 +46,18 @@ T = RoundTopics("d")
 Script = Callable[[Transport, Announcement], Coroutine[Any, Any, None]]
 
 
-def _ledger(tmp_path: Path, clock: VirtualClock, n_min: int = 10) -> Ledger:
-    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}", clock=clock)
+def _ledger(
+    tmp_path: Path, clock: VirtualClock, n_min: int = 10, kind: type[Ledger] = Ledger
+) -> Ledger:
+    """Deployment d's ledger (a `kind` of Ledger), its budget made."""
+    led = kind(f"sqlite:///{tmp_path / 'l.db'}", clock=clock)
     led.init_budget(Budget("d", 10.0, 1e-6, n_min=n_min, cost_model="ldp"))
     return led
+
+
+def _coordinator(conn: Transport, led: Ledger, clock: VirtualClock, **options: Any) -> Coordinator:
+    """Deployment d's coordinator of two mixes and the analyzer (KEYS), on `clock`."""
+    return Coordinator(conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline, **options)
 
 
 async def _announced(conn: Transport, announce: Any) -> Announcement:
@@ -98,16 +106,7 @@ def _round(
         async with broker.connect() as hop_conn, broker.connect() as coord_conn:
             hops = asyncio.create_task(_hops(hop_conn, seen, script))
             await asyncio.sleep(0)
-            coord = Coordinator(
-                coord_conn,
-                "d",
-                led,
-                KEYS[:2],
-                KEYS[2],
-                batch_timeout=batch,
-                clock=clock,
-                offload=inline,
-            )
+            coord = _coordinator(coord_conn, led, clock, batch_timeout=batch)
             report = await coord.run_round(params)
             hops.cancel()
             seen["retained_after"] = await _retained(hop_conn, T.announce)
@@ -187,17 +186,7 @@ def _readiness(
         broker = MemoryBroker()
         async with broker.connect() as hop_conn, broker.connect() as coord_conn:
             task = asyncio.create_task(hops(hop_conn))
-            coord = Coordinator(
-                coord_conn,
-                "d",
-                led,
-                KEYS[:2],
-                KEYS[2],
-                batch_timeout=10.0,
-                ready_timeout=5.0,
-                clock=clock,
-                offload=inline,
-            )
+            coord = _coordinator(coord_conn, led, clock, batch_timeout=10.0, ready_timeout=5.0)
             report = await coord.run_round(RoundParams(k=4, eps0=1.0, n_min=10))
             task.cancel()
             return report
@@ -258,16 +247,7 @@ def _recovered(
             broker.connect() as coord_conn,
             broker.connect() as earlier,
         ):
-            coord = Coordinator(
-                coord_conn,
-                "d",
-                led,
-                KEYS[:2],
-                KEYS[2],
-                batch_timeout=10.0,
-                clock=clock,
-                offload=inline,
-            )
+            coord = _coordinator(coord_conn, led, clock, batch_timeout=10.0)
             ann = coord.announcement("r1", RoundParams(k=4, eps0=1.0, n_min=10))
             ann = ann.model_copy(update={"deadline": clock.time() + left})
             if lost_broker:
@@ -366,7 +346,7 @@ def test_a_stored_result_the_coordinator_could_not_publish_is_not_recorded_as_pu
 
     async def catch_up(conn: Transport) -> None:
         async with conn:
-            coord = Coordinator(conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline)
+            coord = _coordinator(conn, led, clock)
             assert await coord.recover() == []
 
     broker = MemoryBroker()
@@ -391,8 +371,7 @@ def test_a_refund_whose_reply_was_lost_is_never_reported_as_a_release(tmp_path: 
     as committed: a round it holds as refunded released nothing, whatever the refund call said
     (else `run_round` reported a release, with no result, of a round nobody was charged for)."""
     clock = VirtualClock()
-    led = _LostRefundReply(f"sqlite:///{tmp_path / 'l.db'}", clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    led = _ledger(tmp_path, clock, kind=_LostRefundReply)
     seen: dict[str, Any] = {}
 
     async def main() -> RoundReport | None:
@@ -400,9 +379,7 @@ def test_a_refund_whose_reply_was_lost_is_never_reported_as_a_release(tmp_path: 
         async with broker.connect() as hop_conn, broker.connect() as coord_conn:
             hops = asyncio.create_task(_hops(hop_conn, seen, _mix0_aborts))
             await asyncio.sleep(0)
-            coord = Coordinator(
-                coord_conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline
-            )
+            coord = _coordinator(coord_conn, led, clock)
             try:
                 return await coord.run_round(RoundParams(k=4, eps0=1.0, n_min=10))
             except LedgerError:
@@ -454,8 +431,8 @@ def test_a_result_the_ledger_never_lets_commit_is_never_handed_out(tmp_path: Pat
     (StaleQuote), PRICE_ATTEMPTS times, then raises: it never returns a result whose cost was
     not committed (the analyzer publishes what it returns)."""
     clock = VirtualClock()
-    led = _AlwaysStale(f"sqlite:///{tmp_path / 'l.db'}", clock=clock)
-    led.init_budget(Budget("d", 10.0, 1e-6, n_min=10, cost_model="ldp"))
+    led = _ledger(tmp_path, clock, kind=_AlwaysStale)
+    assert isinstance(led, _AlwaysStale)
     led.reserve("d", "r1", k=4, eps0=1.0)
     hook = ledger_release_hook(led, "d", offload=inline)
 
@@ -487,9 +464,7 @@ def test_a_coordinator_that_lost_its_lease_mid_round_publishes_no_abort(tmp_path
         async with broker.connect() as hop_conn, broker.connect() as coord_conn:
             hops = asyncio.create_task(_hops(hop_conn, seen, taken_over))
             await asyncio.sleep(0)
-            coord = Coordinator(
-                coord_conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline, holder="a"
-            )
+            coord = _coordinator(coord_conn, led, clock, holder="a")
             params = RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=5.0)
             with pytest.raises(RoleHeld):
                 await coord.run_round(params)
