@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,22 @@ def _keeper(clock: VirtualClock) -> GoKeeper:
     keeper = GoKeeper(_Ledger(), "d", LEASE, clock, inline, RejectionCounter())  # type: ignore[arg-type]
     keeper.own.add("r1")
     return keeper
+
+
+@asynccontextmanager
+async def _granted(clock: VirtualClock) -> AsyncIterator[tuple[GoKeeper, Transport]]:
+    """A keeper answering on a memory broker that granted mix 0 its go for r1, and the mix's
+    connection (for its `return_go`)."""
+    broker = MemoryBroker()
+    keeper = _keeper(clock)
+    async with (
+        broker.connect() as mix,
+        broker.connect() as coordinator,
+        keeper.answering(coordinator),
+    ):
+        await asyncio.sleep(0.1)
+        assert (await keeper.verdict("r1", 0)).verdict == "go"
+        yield keeper, mix
 
 
 def _refund_delay(returns: list[int], hops: tuple[int, ...] = (0,)) -> float:
@@ -117,15 +135,7 @@ def test_the_return_travels_on_the_go_request_topic() -> None:
     clock = VirtualClock()
 
     async def main() -> float:
-        broker = MemoryBroker()
-        keeper = _keeper(clock)
-        async with (
-            broker.connect() as mix,
-            broker.connect() as coordinator,
-            keeper.answering(coordinator),
-        ):
-            await asyncio.sleep(0.1)
-            assert (await keeper.verdict("r1", 0)).verdict == "go"
+        async with _granted(clock) as (keeper, mix):
             start = clock.monotonic()
             waiter = asyncio.create_task(keeper.quiesce("r1"))
             await asyncio.sleep(1.0)
@@ -356,15 +366,7 @@ def test_a_go_returned_before_the_refund_began_is_not_granted_again() -> None:
     clock = VirtualClock()
 
     async def main() -> float:
-        broker = MemoryBroker()
-        keeper = _keeper(clock)
-        async with (
-            broker.connect() as mix,
-            broker.connect() as coordinator,
-            keeper.answering(coordinator),
-        ):
-            await asyncio.sleep(0.1)
-            assert (await keeper.verdict("r1", 0)).verdict == "go"
+        async with _granted(clock) as (keeper, mix):
             await return_go(mix, Topics("d"), "r1", 0)
             await asyncio.sleep(1.0)
             start = clock.monotonic()

@@ -15,6 +15,7 @@ from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement, Ready
 from shufflekit.core.spool import Spool
 from shufflekit.core.transport import MemoryBroker
+from shufflekit.core.transport.base import Subscription, Transport
 from shufflekit.shuffler.mix import MixNode
 
 T = RoundTopics("d")
@@ -31,6 +32,19 @@ def _announcement(clock: VirtualClock, key: KeyPair) -> Announcement:
         mix_keys=[key.public_b64()],
         analyzer_key=KeyPair.generate().public_b64(),
     )
+
+
+def _mix0(conn: Transport, key: KeyPair, spool: Spool, clock: VirtualClock) -> HopRunner:
+    """Mix 0 of deployment d (its key and spool) serving rounds on `conn`."""
+    return HopRunner(MixNode(conn, "d", 0, key, spool=spool, clock=clock), conn, "d")
+
+
+async def _waiting(sub: Subscription) -> list[bytes]:
+    """The payloads of what `sub` has received and not yet been read (without waiting)."""
+    out = []
+    while not sub._queue.empty():
+        out.append((await sub.get()).payload)
+    return out
 
 
 def _serve(
@@ -69,7 +83,7 @@ def _serve(
                         when.append(clock.monotonic())
 
                 watcher = asyncio.create_task(watch())
-                runner = HopRunner(MixNode(conn, "d", 0, key, spool=spool, clock=clock), conn, "d")
+                runner = _mix0(conn, key, spool, clock)
                 work = asyncio.create_task(runner.run_round(ann))
                 await asyncio.wait({work}, timeout=5.0)  # a round it runs waits for input
                 watcher.cancel()
@@ -124,14 +138,13 @@ def test_a_repeated_prepare_starts_the_round_once(tmp_path: Path) -> None:
             coord.subscribe(T.ready("r1")) as ready_sub,
         ):
             stop, subscribed = asyncio.Event(), asyncio.Event()
-            runner = HopRunner(MixNode(conn, "d", 0, key, spool=spool, clock=clock), conn, "d")
+            runner = _mix0(conn, key, spool, clock)
             serving = asyncio.create_task(runner.serve(stop, subscribed=subscribed))
             await subscribed.wait()
             for _ in range(3):
                 await coord.publish(T.prepare, ann.to_bytes())
                 await asyncio.sleep(1.0)
-            while not ready_sub._queue.empty():
-                readies.append((await ready_sub.get()).payload)
+            readies.extend(await _waiting(ready_sub))
             abort = Abort(round_id="r1", hop=-1, reason="test over")
             await coord.publish(T.abort("r1"), abort.to_bytes(), retain=True)
             stop.set()
@@ -177,11 +190,10 @@ def test_a_restarted_hop_resumes_its_unfinished_rounds_unprompted(tmp_path: Path
             coord.subscribe(T.ready("r1")) as ready_sub,
         ):
             stop = asyncio.Event()
-            runner = HopRunner(MixNode(conn, "d", 0, key, spool=spool, clock=clock), conn, "d")
+            runner = _mix0(conn, key, spool, clock)
             serving = asyncio.create_task(runner.serve(stop))
             await asyncio.sleep(3.0)
-            while not ready_sub._queue.empty():
-                readies.append((await ready_sub.get()).payload)
+            readies.extend(await _waiting(ready_sub))
             stop.set()
             await asyncio.wait_for(serving, 10.0)
 
