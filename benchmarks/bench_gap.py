@@ -41,7 +41,7 @@ from scipy.stats import binom
 from shufflekit.accountant import tight
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.registry import get_method
-from shufflekit.app.cli_privacy import epsilon_row
+from shufflekit.app.privacy_rows import epsilon_row
 
 TIGHT_SHA = hashlib.sha256(Path(tight.__file__).read_bytes()).hexdigest()[:12]
 

@@ -39,7 +39,7 @@ import time
 
 from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, check_query
 from shufflekit.accountant.ldp import Label, delta_result, epsilon_result
-from shufflekit.accountant.numerics.logspace import NEG_INF
+from shufflekit.accountant.numerics.logspace import NEG_INF, exp_of
 from shufflekit.base.errors import NotApplicable
 
 ERLINGSSON = "erlingsson"
@@ -85,7 +85,7 @@ def erlingsson_delta(
     t0 = time.perf_counter()
     check_query(mech, epsilon)
     log_delta = -mech.n * epsilon**2 / (144.0 * mech.eps0**2)
-    delta = math.exp(log_delta) if log_delta > -745 else 0.0
+    delta = exp_of(log_delta)
     bad = _erlingsson_violations(mech, None)
     if not log_delta < math.log(0.01):
         bad.append(f"the resulting delta = {delta:g} is not < 1/100")

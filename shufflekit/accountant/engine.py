@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shufflekit.accountant.numerics.grid import GridMasses, GridPLD
-from shufflekit.accountant.numerics.logspace import logsumexp
+from shufflekit.accountant.numerics.logspace import exp_of, log_of, logsumexp
 from shufflekit.base.errors import InvalidParameters
 
 _U = 2.0**-53
@@ -58,10 +58,10 @@ def compose_inf_mass(
         s += c * math.log1p(-g.inf_mass)
     d = -math.expm1(s)
     if d > 1e-300 or not upper:
-        return d, (math.log(d) if d > 0 else -math.inf)
+        return d, log_of(d)
     terms = [math.log(c) + g.log_inf_mass for g, c in zip(grids, counts, strict=True)]
     ld = logsumexp(np.asarray(terms, dtype=np.float64))
-    return (math.exp(ld) if ld > -745 else 0.0), ld
+    return exp_of(ld), ld
 
 
 class CompositionEngine(Protocol):

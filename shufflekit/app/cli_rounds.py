@@ -100,7 +100,7 @@ def rounds_row(
     mode: str = "planned",
     cache: CurveCache | None = None,
 ) -> dict[str, Any]:
-    """The epsilon row (keys of `cli_privacy.ROW_KEYS`, plus `round_list`) of the rounds,
+    """The epsilon row (keys of `privacy_rows.ROW_KEYS`, plus `round_list`) of the rounds,
     charged by `policy.charges_epsilon` exactly as the ledger charges them (from the ledger's
     stored curves, `cache`, when they come from one). The composed attack (a lower bound) is
     left out beyond `LOWER_MAX_KINDS` distinct rounds: it composes every one afresh."""

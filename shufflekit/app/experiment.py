@@ -57,6 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN, Mechanism
+from shufflekit.accountant.numerics.logspace import log_of
 from shufflekit.analyzer.central import (
     REPLACE_ONE_SENSITIVITY,
     CalibrationError,
@@ -134,10 +135,6 @@ class ShuffleCalibration:
     capped: bool = False
 
 
-def _log(x: float) -> float:
-    return math.log(x) if x > 0 else -math.inf
-
-
 def calibrate_one_round(
     n: int,
     k: int,
@@ -177,7 +174,7 @@ def calibrate_one_round(
         raise ExperimentError(f"unknown calibration {method!r}; choose one of {CALIBRATIONS}")
     from shufflekit.accountant.tight import upper_log_delta
 
-    target = _log(delta)
+    target = log_of(delta)
     evals = [0]
 
     def feasible(e0: float) -> bool:

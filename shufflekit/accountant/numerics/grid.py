@@ -46,6 +46,7 @@ from shufflekit.accountant.numerics.logspace import (
     NEG_INF,
     FloatArray,
     IntArray,
+    exp_of,
     logsumexp,
     logsumexp_rows,
 )
@@ -276,7 +277,7 @@ def discretise(
 
     log_inf = logsumexp(np.asarray(inf_log_terms, dtype=np.float64))
     log_inf = min(log_inf, 0.0)
-    inf_mass = math.exp(log_inf) if log_inf > -745 else 0.0
+    inf_mass = exp_of(log_inf)
     trunc = math.exp(logsumexp(np.asarray(truncated_log_terms, dtype=np.float64)))
     g = GridPLD(
         step=step,

@@ -78,3 +78,8 @@ def log1mexp(x: float | FloatArray) -> float | FloatArray:
 def log_of(x: float) -> float:
     """log of a non-negative float (-inf at 0)."""
     return math.log(x) if x > 0 else NEG_INF
+
+
+def exp_of(log_x: float) -> float:
+    """exp of a log, 0.0 where it would be denormal or underflow (the log keeps the value)."""
+    return math.exp(log_x) if log_x > -745 else 0.0
