@@ -88,6 +88,10 @@ class Ledger(LedgerStore):
     A ledger of an older schema is brought forward (`schema_found` says from which version, 0
     when it was created) unless `upgrade=False`, which refuses it and changes nothing: the
     read commands open it so, as services of the older version would refuse it afterwards.
+    `check` runs SQLite's integrity check of that name when it opens (`quick_check`: every
+    page read once, about 1 ms a MB; `integrity_check` also compares every index with its
+    table): LedgerDamaged if it fails. The commands and services check; a library open does
+    not, unless it brings the schema forward.
     """
 
     # ---------------------------------------------------------------- budgets

@@ -13,7 +13,7 @@ import shlex
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -27,6 +27,7 @@ from shufflekit.accountant.round_types import (
 )
 from shufflekit.base.errors import (
     LedgerBusy,
+    LedgerDamaged,
     LedgerError,
     LedgerNotFound,
     LedgerUnavailable,
@@ -194,9 +195,42 @@ _BUSY = (
 )
 
 
-def _said(exc: sa.exc.DBAPIError) -> str:
+# SQLite's result codes that say a ledger is damaged
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+
+# The integrity check an open runs on a SQLite ledger (None: none): SQLite's pragma of that name
+Check = Literal["quick_check", "integrity_check"] | None
+
+
+def _driver(exc: BaseException) -> BaseException:
+    """The database driver's own error behind SQLAlchemy's wrapping of it (or `exc` itself)."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else None
+    return orig if orig is not None else exc
+
+
+def _said(exc: BaseException) -> str:
     """What the database driver said, in one line (psycopg's spans several)."""
-    return " ".join(str(exc.orig).split())
+    return " ".join(str(_driver(exc)).split())
+
+
+def damaged(what: str, said: str, code: int | None = None) -> LedgerDamaged:
+    """The refusal of a damaged ledger: `what` failed (names the ledger), `said` says why
+    (SQLite's result `code`: a file that is no database may be another file altogether)."""
+    kind = "not a SQLite database, or is damaged" if code == SQLITE_NOTADB else "damaged"
+    return LedgerDamaged(
+        f"{what}: it is {kind} ({said}); nothing was written to it: restore it from a backup"
+    )
+
+
+def refusal(exc: BaseException, url: str, write: bool) -> LedgerError | None:
+    """LedgerDamaged if the driver's error `exc` (SQLite's, or SQLAlchemy's wrapping it) says
+    the ledger is damaged; None otherwise. Not transient: the services do not retry it."""
+    code = getattr(_driver(exc), "sqlite_errorcode", None)
+    u, said = redact(url), _said(exc)
+    if code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        what = "refused the write" if write else "cannot be read"
+        return damaged(f"ledger {u} {what}", said, code)
+    return None
 
 
 def _busy(exc: sa.exc.OperationalError) -> bool:
@@ -221,11 +255,14 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
                 conn.execution_options(sk_read_only=True)
                 with conn.begin():
                     yield conn
-    except sa.exc.OperationalError as exc:
-        if _busy(exc):
-            raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
-        raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
     except sa.exc.DBAPIError as exc:  # a read fails so too: a damaged file, a missing table
+        typed = refusal(exc, url, write)
+        if typed is not None:
+            raise typed from exc
+        if isinstance(exc, sa.exc.OperationalError):
+            if _busy(exc):
+                raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
+            raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
         what = "refused the write" if write else "cannot be read"
         raise LedgerError(f"ledger {redact(url)} {what}: {_said(exc)}") from exc
 
@@ -251,18 +288,21 @@ def outdated(url: str, version: int) -> LedgerError:
     )
 
 
-def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) -> int:
+def open_schema(
+    engine: Engine, url: str, create: bool, upgrade: bool = True, check: Check = None
+) -> int:
     """Create the schema, or bring an older one forward (`upgrade`; else refuse it, changing
     nothing); refuse foreign or newer ones. Returns the version found (0: created).
 
     On SQLite the file is inspected read-only first: WAL mode is switched on (which
     rewrites the file header and creates -wal/-shm files) only once it is known to be a
     shufflekit ledger of a schema this call may open, or empty, so a foreign, corrupt or
-    refused file is never touched.
+    refused file is never touched. `check` runs SQLite's integrity check of that name first
+    (LedgerDamaged if it fails); a ledger to bring forward gets at least `quick_check`.
     """
     try:
         if engine.dialect.name == "sqlite":
-            current = _sqlite_precheck(engine, url, create, upgrade)
+            current = _sqlite_precheck(engine, url, create, upgrade, check)
         else:
             current = _current(engine, url)
         if current:
@@ -290,7 +330,7 @@ def open_schema(engine: Engine, url: str, create: bool, upgrade: bool = True) ->
             _META.create_all(conn)
             return version
     except sa.exc.DBAPIError as exc:  # e.g. the file cannot be opened at all
-        raise LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}") from exc
+        raise _unopened(exc, url) from exc
 
 
 def _current(engine: Engine, url: str) -> bool:
@@ -310,33 +350,53 @@ def _all_tables(tables: set[str]) -> bool:
     return {t.name for t in _META.sorted_tables} <= tables
 
 
-def _sqlite_precheck(engine: Engine, url: str, create: bool, upgrade: bool) -> bool:
-    """Read the table names and the schema version without a write transaction, then (ours
-    and openable, or empty) enable WAL. Returns whether the ledger is current (`_current`,
-    from the same reads)."""
+def _sqlite_precheck(
+    engine: Engine, url: str, create: bool, upgrade: bool, check: Check = None
+) -> bool:
+    """Read the table names and the schema version without a write transaction, run the
+    integrity `check` (or `quick_check` before a migration), then (ours and openable, or
+    empty) enable WAL. Returns whether the ledger is current (`_current`, from the same
+    reads)."""
     try:
         raw = engine.raw_connection()
     except (sqlite3.Error, sa.exc.DBAPIError) as exc:  # no such folder, no permission, ...
-        raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
+        raise _unopened(exc, url) from exc
     try:
         cur = raw.cursor()
         try:
             names = cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             tables = {str(row[0]) for row in names.fetchall()}
-        except sqlite3.DatabaseError as exc:  # corrupt, encrypted, or not SQLite at all
-            raise LedgerError(f"cannot open ledger {redact(url)}: {exc}") from exc
-        _check_tables(tables, url, create)
-        version = None
-        if schema_version.name in tables:
-            row = cur.execute(f"SELECT version FROM {schema_version.name}").fetchone()
-            version = None if row is None else int(row[0])
-        if not upgrade and version is not None and version < SCHEMA_VERSION:
-            raise outdated(url, version)
-        cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
+            _check_tables(tables, url, create)
+            version = None
+            if schema_version.name in tables:
+                row = cur.execute(f"SELECT version FROM {schema_version.name}").fetchone()
+                version = None if row is None else int(row[0])
+            if not upgrade and version is not None and version < SCHEMA_VERSION:
+                raise outdated(url, version)
+            if check is None and upgrade and version is not None and version < SCHEMA_VERSION:
+                check = "quick_check"  # a damaged ledger is never migrated
+            if check is not None:
+                found = [str(r[0]) for r in cur.execute(f"PRAGMA {check}").fetchall()]
+                if found != ["ok"]:
+                    said = " ".join(" ".join(found[:3]).split())
+                    raise damaged(f"cannot open ledger {redact(url)}", f"{check}: {said}")
+            cur.execute("PRAGMA journal_mode=WAL")  # persistent: later connections inherit it
+        except sqlite3.DatabaseError as exc:  # corrupt, encrypted, not SQLite, read-only
+            raise _unopened(exc, url) from exc
         cur.close()
     finally:
         raw.close()
     return _all_tables(tables) and version == SCHEMA_VERSION
+
+
+def _unopened(exc: BaseException, url: str) -> LedgerError:
+    """The refusal of a ledger that could not be opened: damaged or read-only if the driver
+    says so (`refusal`), else a LedgerError with its reason."""
+    typed = refusal(exc, url, write=False)
+    if isinstance(typed, LedgerDamaged):  # (the open's words: "cannot be read" is a command's)
+        code = getattr(_driver(exc), "sqlite_errorcode", None)
+        return damaged(f"cannot open ledger {redact(url)}", _said(exc), code)
+    return typed or LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}")
 
 
 def _check_tables(tables: set[str], url: str, create: bool) -> None:

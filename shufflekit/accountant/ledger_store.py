@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from shufflekit.accountant.curves import CurveCache
 from shufflekit.accountant.ledger_records import Budget, Lease, RoundRecord, principal
 from shufflekit.accountant.ledger_schema import (
+    Check,
     audit,
     budget_command,
     budgets,
@@ -45,13 +46,19 @@ class LedgerStore:
     """A ledger database at a SQLAlchemy URL, read and stamped (see `accountant.ledger.Ledger`)."""
 
     def __init__(
-        self, url: str, *, create: bool = True, clock: Clock | None = None, upgrade: bool = True
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        clock: Clock | None = None,
+        upgrade: bool = True,
+        check: Check = None,
     ) -> None:
         self.url = url
         self.clock = clock if clock is not None else system_clock
         self.engine = make_engine(url, create)
         try:
-            self.schema_found = open_schema(self.engine, url, create, upgrade)
+            self.schema_found = open_schema(self.engine, url, create, upgrade, check)
         except BaseException:
             self.engine.dispose()  # release the file before the caller sees the error
             raise

@@ -259,7 +259,7 @@ def upgrade(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
 
     url = ledger_url(ledger)
     try:
-        led = Ledger(url, create=False)
+        led = Ledger(url, create=False, check="integrity_check")  # damaged: one line, exit 2
     except LedgerNotFound as exc:  # the hint names the ledger given, to be pasted
         raise LedgerNotFound(exc.where, None, ledger and shlex.quote(redact(url))) from None
     with led:

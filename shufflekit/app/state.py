@@ -73,6 +73,6 @@ def open_ledger(url: str | None, deployment: str, create: bool = False) -> Ledge
 
     check_name("--deployment", deployment)
     try:
-        return Ledger(ledger_url(url), create=create, upgrade=create)
+        return Ledger(ledger_url(url), create=create, upgrade=create, check="quick_check")
     except LedgerNotFound as exc:
         raise LedgerNotFound(exc.where, deployment, url and shlex.quote(redact(url))) from None

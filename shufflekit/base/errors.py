@@ -139,6 +139,11 @@ class LedgerUnavailable(LedgerError):
     service retries it like a busy one; a write whose reply was lost may have landed."""
 
 
+class LedgerDamaged(LedgerError):
+    """The ledger's database is damaged (not a database, or its integrity check fails): it is
+    refused, not retried, and nothing more is written to it; restore it from a backup."""
+
+
 class RoleHeld(LedgerError):
     """Another live process holds the role's lease for the deployment (a second coordinator
     started while the first runs): this one does not start, or stops."""
@@ -189,6 +194,7 @@ __all__ = [
     "InvalidParameters",
     "InvalidReport",
     "LedgerBusy",
+    "LedgerDamaged",
     "LedgerError",
     "LedgerNotFound",
     "LedgerUnavailable",

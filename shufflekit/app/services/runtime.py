@@ -291,7 +291,7 @@ def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
     raw = cfg.ledger_url()
     url = shlex.quote(redact(raw))  # the hints name it, to be pasted
     try:
-        ledger = Ledger(raw, create=False, clock=clock)
+        ledger = Ledger(raw, create=False, clock=clock, check="quick_check")
     except LedgerNotFound as exc:  # else the hint's `budget init` made the default ledger
         raise LedgerNotFound(exc.where, cfg.deployment, url) from None
     if not ledger.has_budget(cfg.deployment):
