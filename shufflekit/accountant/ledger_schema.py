@@ -30,6 +30,7 @@ from shufflekit.base.errors import (
     LedgerDamaged,
     LedgerError,
     LedgerNotFound,
+    LedgerReadOnly,
     LedgerUnavailable,
     LedgerUpgraded,
 )
@@ -195,8 +196,12 @@ _BUSY = (
 )
 
 
-# SQLite's result codes that say a ledger is damaged
-SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+# SQLite's (extended) result codes and PostgreSQL's SQLSTATEs that say why a ledger is refused
+SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_NOTADB = 8, 11, 26
+SQLITE_READONLY_DIRECTORY = 1544  # the folder is read-only: not even a read can start
+SQLITE_READONLY_TRANSIENT = (264, 1032)  # another connection recovers the WAL; the file moved
+PG_READ_ONLY = "25006"  # read_only_sql_transaction: a role or server that takes no writes
+PG_NO_PRIVILEGE = "42501"  # insufficient_privilege: on a write, a role that may only read
 
 # The integrity check an open runs on a SQLite ledger (None: none): SQLite's pragma of that name
 Check = Literal["quick_check", "integrity_check"] | None
@@ -223,13 +228,31 @@ def damaged(what: str, said: str, code: int | None = None) -> LedgerDamaged:
 
 
 def refusal(exc: BaseException, url: str, write: bool) -> LedgerError | None:
-    """LedgerDamaged if the driver's error `exc` (SQLite's, or SQLAlchemy's wrapping it) says
-    the ledger is damaged; None otherwise. Not transient: the services do not retry it."""
+    """LedgerDamaged or LedgerReadOnly if the driver's error `exc` (SQLite's or psycopg's, or
+    SQLAlchemy's wrapping it) says the ledger is damaged or takes no writes from this process;
+    None otherwise. Neither is transient: the services do not retry them."""
     code = getattr(_driver(exc), "sqlite_errorcode", None)
+    state = getattr(_driver(exc), "sqlstate", None)
     u, said = redact(url), _said(exc)
     if code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
         what = "refused the write" if write else "cannot be read"
         return damaged(f"ledger {u} {what}", said, code)
+    if code == SQLITE_READONLY_DIRECTORY:
+        return LedgerReadOnly(
+            f"ledger {u} is in a folder this user may not write ({said}): SQLite must create "
+            "its -wal and -shm files there to read it while no other process has it open; "
+            "read it as the ledger's owner, or while a service has it open"
+        )
+    read_only = code is not None and code & 0xFF == SQLITE_READONLY
+    if (
+        (read_only and code not in SQLITE_READONLY_TRANSIENT)
+        or state == PG_READ_ONLY
+        or (write and state == PG_NO_PRIVILEGE)
+    ):
+        return LedgerReadOnly(
+            f"ledger {u} is read-only to this process ({said}): it can be read (`budget "
+            "status`, `history`), not changed; write to it as a user or role that may"
+        )
     return None
 
 

@@ -139,6 +139,12 @@ class LedgerUnavailable(LedgerError):
     service retries it like a busy one; a write whose reply was lost may have landed."""
 
 
+class LedgerReadOnly(LedgerError):
+    """The ledger refuses this process's writes (a read-only file or folder, a PostgreSQL role
+    without write privilege, a read-only transaction): not transient, so nobody retries it;
+    reading it still works where the database allows."""
+
+
 class LedgerDamaged(LedgerError):
     """The ledger's database is damaged (not a database, or its integrity check fails): it is
     refused, not retried, and nothing more is written to it; restore it from a backup."""
@@ -197,6 +203,7 @@ __all__ = [
     "LedgerDamaged",
     "LedgerError",
     "LedgerNotFound",
+    "LedgerReadOnly",
     "LedgerUnavailable",
     "LedgerUpgraded",
     "MetricInputError",
