@@ -4,6 +4,7 @@ in a state nobody could settle."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ import sqlalchemy as sa
 from shufflekit.accountant import ledger_schema
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_records import MAX_N_MIN
-from shufflekit.base.errors import InvalidParameters, LedgerBusy, LedgerError
+from shufflekit.base.errors import InvalidParameters, LedgerBusy, LedgerError, LedgerUnavailable
 
 
 def test_a_batch_the_ledger_cannot_store_is_refused_alike_on_every_backend(
@@ -130,3 +131,61 @@ def test_opening_a_current_ledger_writes_nothing(ledger_url: str, short_lock_wai
             assert [h["action"] for h in led.history("d")] == ["init", "reserve"]
     finally:
         end()
+
+
+def test_a_stalled_postgres_writer_is_ended_by_the_server_and_its_write_undone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shufflekit process stopped (SIGSTOP, a frozen host) inside a write transaction held
+    the budget row until it ended: every writer gave up LedgerBusy after the lock wait, for as
+    long as it stayed stopped. The ledger's sessions now carry PostgreSQL's
+    idle_in_transaction_session_timeout (60 s; 1 s here): the server ends the stalled session
+    and rolls its transaction back, the writer behind it goes on, and the stalled process's
+    write, once it resumes, fails (unavailable: the services retry it) instead of landing."""
+    monkeypatch.setattr(ledger_schema, "LOCK_WAIT", 20.0)
+    monkeypatch.setattr(ledger_schema, "IDLE_IN_TRANSACTION", 1.0)
+    with Ledger(pg_url) as led, Ledger(pg_url, create=False) as stalled:
+        led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
+        inside, resume = threading.Event(), threading.Event()
+        failed: list[BaseException] = []
+
+        def stalled_write() -> None:
+            try:
+                with stalled._tx() as conn:
+                    conn.execute(sa.text(BUDGET_ROW))  # the lock every writer of 'd' takes
+                    conn.execute(
+                        ledger_schema.curves.insert().values(key="half", data=b"x", created_at=0)
+                    )
+                    inside.set()
+                    resume.wait(30)  # stopped here, idle in its transaction
+            except BaseException as exc:
+                failed.append(exc)
+
+        writer = threading.Thread(target=stalled_write)
+        writer.start()
+        try:
+            assert inside.wait(30)
+            started = time.monotonic()
+            led.reserve("d", "r1", 4, 1.0)  # waited behind the stalled one: LedgerBusy at 20 s
+            assert time.monotonic() - started < 10
+        finally:
+            resume.set()
+            writer.join(30)
+        assert [type(e) for e in failed] == [LedgerUnavailable], failed
+        assert [r.round_id for r in led.rounds_of("d")] == ["r1"]
+        with led.engine.connect() as c:  # the stalled session's write was rolled back
+            keys = c.execute(sa.select(ledger_schema.curves.c.key)).scalars().all()
+        assert "half" not in keys
+
+
+def test_the_idle_timeout_is_set_only_where_nothing_else_set_one(pg_url: str) -> None:
+    """60 s by default on the ledger's sessions; a value the server, the role, the database or
+    the URL (`?options=-c idle_in_transaction_session_timeout=...`) sets is kept."""
+    show = "SHOW idle_in_transaction_session_timeout"
+    with Ledger(pg_url, create=True) as led, led.engine.connect() as c:
+        assert c.execute(sa.text(show)).scalar() == "1min"
+    own = sa.make_url(pg_url).update_query_dict(
+        {"options": "-c idle_in_transaction_session_timeout=5min"}
+    )
+    with Ledger(own.render_as_string(hide_password=False)) as led, led.engine.connect() as c:
+        assert c.execute(sa.text(show)).scalar() == "5min"

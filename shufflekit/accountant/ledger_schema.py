@@ -37,6 +37,10 @@ from shufflekit.base.errors import (
 
 SCHEMA_VERSION = 6
 LOCK_WAIT = 30.0  # seconds a write waits for another writer's lock before it is LedgerBusy
+# PostgreSQL: seconds a session may sit idle inside a transaction before the server ends it
+# (its transaction rolled back, its locks freed): a process stopped mid-write blocks the
+# others that long, not for ever. Far above any transaction of ours (they run no slow step)
+IDLE_IN_TRANSACTION = 60.0
 _META = sa.MetaData()
 
 schema_version = sa.Table(
@@ -256,7 +260,7 @@ def refusal(exc: BaseException, url: str, write: bool) -> LedgerError | None:
     return None
 
 
-def _busy(exc: sa.exc.OperationalError) -> bool:
+def _busy(exc: sa.exc.DBAPIError) -> bool:
     """A lock another writer held for longer than LOCK_WAIT, or a serialization failure
     (PostgreSQL)."""
     return any(s in str(exc.orig).lower() for s in _BUSY)
@@ -282,7 +286,9 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
         typed = refusal(exc, url, write)
         if typed is not None:
             raise typed from exc
-        if isinstance(exc, sa.exc.OperationalError):
+        # a connection lost mid-call (the server ended the session: a restart, or its idle
+        # in transaction timeout) is unavailable whatever class the driver gave it
+        if isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated:
             if _busy(exc):
                 raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
             raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
@@ -511,6 +517,12 @@ def make_engine(url: str, create: bool) -> Engine:
             # as on SQLite, LedgerBusy, instead of waiting for the budget row for ever
             cur = dbapi_conn.cursor()
             cur.execute(f"SET lock_timeout = {round(LOCK_WAIT * 1000)}")
+            # and a writer stopped inside its transaction holds its locks IDLE_IN_TRANSACTION
+            # at most; a value the server, role, database or URL's `options` set is kept
+            cur.execute("SHOW idle_in_transaction_session_timeout")
+            if cur.fetchone()[0] == "0":
+                ms = round(IDLE_IN_TRANSACTION * 1000)
+                cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
             cur.close()
             dbapi_conn.commit()
 
