@@ -3,6 +3,7 @@ role without write privilege) is a user error the services do not retry, and it 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -19,10 +20,13 @@ import sqlalchemy as sa
 
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_schema import redact, transaction
+from shufflekit.app.services.runtime import serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import LedgerReadOnly
 from shufflekit.base.offload import inline, retrying
+from shufflekit.core.transport import MemoryBroker
+from tests.test_coordinator_lease import _env, _virtual_deployment
 
 NOBODY = 65534
 
@@ -213,3 +217,30 @@ def test_a_role_without_write_privilege_reads_and_is_refused_at_once(
             LedgerReadOnly, match=re.escape(f"ledger {redact(read_only_role)} is read-only")
         ):
             led.refund("d", "r1")
+
+
+def test_a_coordinator_on_a_read_only_ledger_stops_at_once_in_one_line(
+    tmp_path: Path, pg_url: str, read_only_role: str
+) -> None:
+    """A coordinator whose ledger takes no writes from it stops when it first writes (its
+    lease), with the read-only line, before any broker or round: it retried such a ledger
+    for 30 s when SQLite called it unavailable."""
+    clock = VirtualClock()
+    cfg, own = _virtual_deployment(tmp_path, clock)
+    own.close()
+    with Ledger(pg_url) as led:  # the deployment's budget, written by its owner
+        led.init_budget(Budget("test", 10.0, 1e-6, n_min=10, cost_model="ldp", mode="adaptive"))
+    cfg = cfg.model_copy(update={"ledger": read_only_role})
+
+    async def main() -> None:
+        with pytest.raises(LedgerReadOnly, match="is read-only to this process"):
+            await serve_coordinator(
+                cfg,
+                asyncio.Event(),
+                rounds=1,
+                emit=lambda _o: None,
+                env=_env(MemoryBroker(), clock),
+            )
+
+    run_virtual(main(), clock)
+    assert clock.monotonic() == 0.0  # refused, not retried
