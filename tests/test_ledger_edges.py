@@ -15,7 +15,13 @@ import sqlalchemy as sa
 from shufflekit.accountant import ledger_schema
 from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_records import MAX_N_MIN
-from shufflekit.base.errors import InvalidParameters, LedgerBusy, LedgerError, LedgerUnavailable
+from shufflekit.base.errors import (
+    BudgetExceeded,
+    InvalidParameters,
+    LedgerBusy,
+    LedgerError,
+    LedgerUnavailable,
+)
 
 
 def test_a_batch_the_ledger_cannot_store_is_refused_alike_on_every_backend(
@@ -189,3 +195,19 @@ def test_the_idle_timeout_is_set_only_where_nothing_else_set_one(pg_url: str) ->
     )
     with Ledger(own.render_as_string(hide_password=False)) as led, led.engine.connect() as c:
         assert c.execute(sa.text(show)).scalar() == "5min"
+
+
+def test_a_delta_just_below_the_bound_is_accepted_and_still_composes(tmp_path: Path) -> None:
+    """README's example of the delta rule (delta < 1/(n_min - max_corrupt)): n_min 1 and delta
+    0.5 is accepted, a (2, 1) round alone costs epsilon 0 there (its total variation, 0.46, is
+    below 0.5), and the composition of the rounds still spends the budget."""
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        led.init_budget(Budget("d", 1.0, 0.5, n_min=1))
+        totals = []
+        for i in range(3):
+            assert led.reserve("d", f"r{i}", 2, 1.0).epsilon_round == 0.0
+            led.commit("d", f"r{i}", 1)
+            totals.append(round(led.status("d").epsilon_committed, 2))
+        assert totals == [0.0, 0.0, 0.59]
+        with pytest.raises(BudgetExceeded, match=r"would take the total to 1\.19"):
+            led.reserve("d", "r3", 2, 1.0)
