@@ -9,8 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from shufflekit.accountant.ledger import Budget, Ledger
+from shufflekit.accountant.ledger_schema import transaction
 from shufflekit.app.services.runtime import open_ledger
 from shufflekit.base.errors import LedgerDamaged
 from tests.cli_run import run_cli
@@ -100,3 +102,33 @@ def test_an_intact_ledger_passes_the_check(tmp_path: Path) -> None:
     assert res.returncode == 0 and "nothing to do" in res.stdout, res.stderr
     res = run_cli(["budget", "status", "--ledger", f"sqlite:///{path}", "--deployment", "d"])
     assert res.returncode == 0 and "r1" in res.stdout, res.stderr
+
+
+class _PgError(Exception):
+    """A psycopg error as PostgreSQL reports a damaged page (SQLSTATE data_corrupted)."""
+
+    sqlstate = "XX001"
+
+
+class _Engine:
+    """Just enough of an Engine whose transaction fails with the driver's error `orig`."""
+
+    def __init__(self, orig: Exception) -> None:
+        self.orig = orig
+
+    def begin(self) -> object:
+        raise sa.exc.InternalError("SELECT", {}, self.orig)
+
+    connect = begin  # a read transaction starts so
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_a_page_postgres_finds_damaged_is_a_damaged_ledger(write: bool) -> None:
+    """PostgreSQL's data_corrupted and index_corrupted were a generic LedgerError: they are
+    LedgerDamaged, as SQLite's damage is, on a read and on a write."""
+    url = "postgresql+psycopg://u@db/ledger"
+    orig = _PgError("invalid page in block 3 of relation base/16384/16385")
+    with pytest.raises(LedgerDamaged) as err, transaction(_Engine(orig), url, write=write):  # type: ignore[arg-type]
+        pass
+    assert str(err.value).startswith(f"ledger {url} ")
+    assert "is damaged (invalid page in block 3" in str(err.value)

@@ -206,6 +206,7 @@ SQLITE_READONLY_DIRECTORY = 1544  # the folder is read-only: not even a read can
 SQLITE_READONLY_TRANSIENT = (264, 1032)  # another connection recovers the WAL; the file moved
 PG_READ_ONLY = "25006"  # read_only_sql_transaction: a role or server that takes no writes
 PG_NO_PRIVILEGE = "42501"  # insufficient_privilege: on a write, a role that may only read
+PG_DAMAGED = ("XX001", "XX002")  # data_corrupted, index_corrupted: a page the server found bad
 
 # The integrity check an open runs on a SQLite ledger (None: none): SQLite's pragma of that name
 Check = Literal["quick_check", "integrity_check"] | None
@@ -238,7 +239,7 @@ def refusal(exc: BaseException, url: str, write: bool) -> LedgerError | None:
     code = getattr(_driver(exc), "sqlite_errorcode", None)
     state = getattr(_driver(exc), "sqlstate", None)
     u, said = redact(url), _said(exc)
-    if code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+    if (code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)) or state in PG_DAMAGED:
         what = "refused the write" if write else "cannot be read"
         return damaged(f"ledger {u} {what}", said, code)
     if code == SQLITE_READONLY_DIRECTORY:
