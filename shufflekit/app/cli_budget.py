@@ -253,6 +253,8 @@ def upgrade(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
 
     The other commands refuse an older ledger rather than change it; the services bring it
     forward when they start. Stop services of the older version first: they refuse it after.
+    A SQLite ledger's integrity is checked first (PRAGMA integrity_check): a damaged one is
+    refused, changing nothing.
     """
     from shufflekit.accountant.ledger import Ledger
     from shufflekit.accountant.ledger_schema import SCHEMA_VERSION, redact
