@@ -7,6 +7,7 @@ import sqlite3
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +21,7 @@ from tests.cli_run import run_cli
 PAGE = 4096  # SQLite's default page size
 
 
-def _ledger(path: Path) -> None:
+def small_ledger(path: Path) -> None:
     """A small ledger of one budget, one reserved round and their audit rows."""
     with Ledger(f"sqlite:///{path}") as led:
         led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
@@ -59,7 +60,7 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 def damaged(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """A ledger file damaged one way."""
     path = tmp_path / "ledger.db"
-    _ledger(path)
+    small_ledger(path)
     DAMAGE[request.param](path)
     return path
 
@@ -97,7 +98,7 @@ def test_a_service_refuses_a_damaged_ledger_when_it_starts(damaged: Path) -> Non
 def test_an_intact_ledger_passes_the_check(tmp_path: Path) -> None:
     """The positive control: the same ledger undamaged opens and upgrades as before."""
     path = tmp_path / "ledger.db"
-    _ledger(path)
+    small_ledger(path)
     res = run_cli(["budget", "upgrade", "--ledger", f"sqlite:///{path}"])
     assert res.returncode == 0 and "nothing to do" in res.stdout, res.stderr
     res = run_cli(["budget", "status", "--ledger", f"sqlite:///{path}", "--deployment", "d"])
@@ -110,16 +111,20 @@ class _PgError(Exception):
     sqlstate = "XX001"
 
 
-class _Engine:
-    """Just enough of an Engine whose transaction fails with the driver's error `orig`."""
-
-    def __init__(self, orig: Exception) -> None:
-        self.orig = orig
+class _FailingEngine:
+    def __init__(self, error: sa.exc.DBAPIError) -> None:
+        self.error = error
 
     def begin(self) -> object:
-        raise sa.exc.InternalError("SELECT", {}, self.orig)
+        raise self.error
 
     connect = begin  # a read transaction starts so
+
+
+def failing_engine(error: sa.exc.DBAPIError) -> sa.Engine:
+    """Just enough of an Engine whose every transaction fails with `error` (SQLAlchemy's
+    wrapping of a driver's error)."""
+    return cast(sa.Engine, _FailingEngine(error))
 
 
 @pytest.mark.parametrize("write", [False, True])
@@ -128,7 +133,8 @@ def test_a_page_postgres_finds_damaged_is_a_damaged_ledger(write: bool) -> None:
     LedgerDamaged, as SQLite's damage is, on a read and on a write."""
     url = "postgresql+psycopg://u@db/ledger"
     orig = _PgError("invalid page in block 3 of relation base/16384/16385")
-    with pytest.raises(LedgerDamaged) as err, transaction(_Engine(orig), url, write=write):  # type: ignore[arg-type]
+    engine = failing_engine(sa.exc.InternalError("SELECT", {}, orig))
+    with pytest.raises(LedgerDamaged) as err, transaction(engine, url, write=write):
         pass
     assert str(err.value).startswith(f"ledger {url} ")
     assert "is damaged (invalid page in block 3" in str(err.value)

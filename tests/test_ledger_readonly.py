@@ -27,18 +27,9 @@ from shufflekit.base.errors import LedgerReadOnly
 from shufflekit.base.offload import inline, retrying
 from shufflekit.core.transport import MemoryBroker
 from tests.test_coordinator_lease import _env, _virtual_deployment
+from tests.test_ledger_damage import failing_engine, small_ledger
 
 NOBODY = 65534
-
-
-class _Engine:
-    """Just enough of an Engine whose transaction fails with the driver's error `orig`."""
-
-    def __init__(self, orig: Exception) -> None:
-        self.orig = orig
-
-    def begin(self) -> object:
-        raise sa.exc.OperationalError("INSERT", {}, self.orig)
 
 
 def test_sqlite_refusing_a_write_to_a_read_only_file_is_read_only_not_unavailable(
@@ -54,7 +45,8 @@ def test_sqlite_refusing_a_write_to_a_read_only_file_is_read_only_not_unavailabl
         raw.execute("INSERT INTO sk_schema_version VALUES (7)")
     raw.close()
     url = f"sqlite:///{path}"
-    with pytest.raises(LedgerReadOnly) as err, transaction(_Engine(driver.value), url):  # type: ignore[arg-type]
+    engine = failing_engine(sa.exc.OperationalError("INSERT", {}, driver.value))
+    with pytest.raises(LedgerReadOnly) as err, transaction(engine, url):
         pass
     assert str(err.value).startswith(f"ledger {url} is read-only")
     assert "\n" not in str(err.value)
@@ -111,12 +103,6 @@ def shared_folder() -> Iterator[Path]:
         shutil.rmtree(folder)
 
 
-def _ledger(path: Path) -> None:
-    with Ledger(f"sqlite:///{path}") as led:
-        led.init_budget(Budget("d", 10.0, 1e-6, n_min=1000, cost_model="ldp"))
-        led.reserve("d", "r1", 4, 1.0)
-
-
 def _one_line(res: subprocess.CompletedProcess[str]) -> str:
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
@@ -135,7 +121,7 @@ def test_a_read_only_ledger_file_reads_and_refuses_writes_in_one_line(
     folder.mkdir(mode=0o777)
     folder.chmod(0o777)  # the folder is the user's to write (SQLite puts -wal/-shm there)
     path = folder / "ledger.db"
-    _ledger(path)
+    small_ledger(path)
     path.chmod(0o444)
     status = _budget(user, path, "status")
     assert status.returncode == 0 and "r1" in status.stdout, status.stderr
@@ -156,7 +142,7 @@ def test_a_ledger_in_a_read_only_folder_says_why_it_cannot_be_read(shared_folder
     database" for a read) and the read works once a writer has it open."""
     user = _as_nobody()
     path = shared_folder / "ledger.db"
-    _ledger(path)
+    small_ledger(path)
     path.chmod(0o644)
     line = _one_line(_budget(user, path, "status"))
     assert f"ledger sqlite:///{path} is in a folder this user may not write" in line, line
