@@ -45,6 +45,14 @@ def _garbage_over_the_audit_log(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _wrong_count_in_the_header(path: Path) -> None:
+    """The header's count of free pages off (5, the file has none): every page still reads,
+    only SQLite's check finds it."""
+    data = bytearray(path.read_bytes())
+    data[36:40] = (5).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+
+
 def _not_sqlite(path: Path) -> None:
     path.write_text("this was overwritten by mistake\n" * 200)
 
@@ -53,6 +61,7 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "cut short": _cut_short,
     "garbage over a page": _garbage_over_the_audit_log,
     "not a SQLite file": _not_sqlite,
+    "wrong count in the header": _wrong_count_in_the_header,
 }
 
 

@@ -89,9 +89,9 @@ class Ledger(LedgerStore):
     when it was created) unless `upgrade=False`, which refuses it and changes nothing: the
     read commands open it so, as services of the older version would refuse it afterwards.
     `check` runs SQLite's integrity check of that name when it opens (`quick_check`: every
-    page read once, about 1 ms a MB; `integrity_check` also compares every index with its
-    table): LedgerDamaged if it fails. The commands and services check; a library open does
-    not, unless it brings the schema forward.
+    page read once, 24 ms more for a 13 MB ledger of 3,000 rounds; `integrity_check` also
+    compares every index with its table): LedgerDamaged if it fails. The commands and
+    services check; a library open does not, unless it brings the schema forward.
     """
 
     # ---------------------------------------------------------------- budgets
