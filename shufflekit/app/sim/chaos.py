@@ -25,6 +25,8 @@ from shufflekit.base.errors import InvalidInput
 
 QUIET_EVERY = 8  # seeds 7, 15, 23, ... run without faults
 LOSSLESS_AT = 3  # seeds 3, 11, 19, ... run with only the faults that lose nothing
+RESTARTS_AT = 5  # seeds 5, 13, 21, ... run with only those and crashes and restarts
+RESTARTS = frozenset({"crash", "restart"})
 # the share of those seeds' rounds with n_min to n_min + 4 users: where every report must be
 # counted, a threshold off by one (a round of exactly n_min refused) shows
 EDGE_ROUNDS = 0.5
@@ -67,13 +69,17 @@ class ChaosConfig:
         one with only those of `--faults` that lose nothing (LOSSLESS), so that
         `quiet_rounds_release` judges every sweep: a bug that only ever refunds (a hop that
         drops a chunk, or takes a batch before its last chunk came) broke no other promise
-        under faults. Half their rounds are at n_min's edge (EDGE_ROUNDS)."""
+        under faults. Half their rounds are at n_min's edge (EDGE_ROUNDS). And one with only
+        those and crashes and restarts (RESTARTS), so that `hops_resume` judges rounds a
+        restarted hop held: under the other faults a refund always has another excuse."""
         faults = frozenset(self.faults)
         judged = seed % QUIET_EVERY in (QUIET_EVERY - 1, LOSSLESS_AT)
         if seed % QUIET_EVERY == QUIET_EVERY - 1:
             faults = frozenset()
         elif seed % QUIET_EVERY == LOSSLESS_AT:
             faults &= LOSSLESS
+        elif seed % QUIET_EVERY == RESTARTS_AT:
+            faults &= LOSSLESS | RESTARTS
         return SimSpec(
             seed=seed,
             users=self.users,

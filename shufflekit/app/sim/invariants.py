@@ -23,6 +23,13 @@ clients_randomize           the clients' reports keep their true value as often 
                             (e^eps0 / (e^eps0 + k - 1)), within 6 standard deviations
 no_forward_after_refund     no hop forwards, and the analyzer publishes nothing, for a round
                             the ledger refunded
+hops_resume                 a round held by a hop that went down (a crash or restart) is
+                            released, not refunded, if every hop came back (up and connected
+                            again) before its deadline and nothing else could have stopped
+                            it: at least n_min of its reports were receipted, and no fault
+                            but hops' crashes and restarts and those that lose nothing fired
+                            before the ledger settled it (a restarted hop that drops its
+                            unfinished rounds breaks no other promise: a refund keeps them)
 progress                    the deployment never stalls or spins: some timer or message is
                             always pending, and virtual time moves; and it runs every round the
                             operator asked for, unless the budget has no room for another
@@ -42,6 +49,7 @@ INVARIANTS = (
     "nothing_below_n_min",
     "quiet_rounds_release",
     "no_forward_after_refund",
+    "hops_resume",
     "committed_before_release",
     "mixes_permute",
     "clients_randomize",
@@ -75,6 +83,8 @@ class RoundFacts:
     histogram: list[int] | None = None  # the first result's
     status: str | None = None  # ledger: reserved, committed, refunded
     batch_size: int | None = None  # the ledger's, once committed
+    reserved_at: float | None = None  # when the ledger first held it
+    settled_at: float | None = None  # when the ledger first held it as not reserved
 
     def sent_of(self, value: int) -> int:
         return sum(1 for v in self.sent.values() if v == value) + self.extra_sent.count(value)
@@ -93,6 +103,7 @@ class Checker:
         self.spent = 0.0  # the ledger's spent plus reserved epsilon, as last seen
         self.rounds: dict[str, RoundFacts] = {}
         self.violations: list[Violation] = []
+        self.down: dict[str, list[tuple[float, float | None]]] = {}  # hop -> (down, back)s
 
     def round(self, rid: str) -> RoundFacts:
         return self.rounds.setdefault(rid, RoundFacts())
@@ -151,13 +162,37 @@ class Checker:
                 )
                 return
 
+    def hop_down(self, t: float, hop: str) -> None:
+        """A hop (a mix or the analyzer) was killed, stopped or exited at `t`."""
+        spans = self.down.setdefault(hop, [])
+        if not spans or spans[-1][1] is not None:
+            spans.append((t, None))
+
+    def hop_up(self, t: float, hop: str) -> None:
+        """A hop that was down is connected to the broker again at `t` (started afresh)."""
+        spans = self.down.get(hop)
+        if spans and spans[-1][1] is None:
+            spans[-1] = (spans[-1][0], t)
+
     def on_ledger(
-        self, t: float, reserved_total: float, statuses: dict[str, tuple[str, int | None]]
+        self,
+        t: float,
+        reserved_total: float,
+        statuses: dict[str, tuple[str, int | None]],
+        troubled: bool = True,
     ) -> None:
-        """After each ledger call: the budget, and each round's status and batch size."""
+        """After each ledger call: the budget, and each round's status and batch size;
+        `troubled`: a fault other than a hop's crash or restart, or one that loses nothing,
+        fired so far (a round settled before any did is judged by `hops_resume`)."""
         for rid, (status, batch_size) in statuses.items():
             facts = self.round(rid)
             facts.status, facts.batch_size = status, batch_size
+            if facts.reserved_at is None:
+                facts.reserved_at = t
+            if status != "reserved" and facts.settled_at is None:
+                facts.settled_at = t
+                if not troubled:
+                    self._resumed(t, rid, facts)
         self.spent = reserved_total
         if reserved_total > self.epsilon_total + EPS_SLACK:
             self._fail(
@@ -165,6 +200,33 @@ class Checker:
                 f"spent+reserved {reserved_total:.9g} > budget {self.epsilon_total:.9g}",
                 t,
             )
+
+    def _resumed(self, t: float, rid: str, facts: RoundFacts) -> None:
+        """`hops_resume` of a round just settled before any fault but hops' restarts: refunded
+        with n_min receipted reports, a hop down meanwhile and every hop back before its
+        deadline, it is a violation (with no hop down, `quiet_rounds_release` judges it)."""
+        if facts.status != "refunded" or facts.deadline is None:
+            return
+        if len(facts.receipted) < self.n_min:
+            return
+        restarted = []
+        for hop, spans in sorted(self.down.items()):
+            for went, back in spans:
+                if went >= t:
+                    continue
+                if back is None or back > facts.deadline:
+                    return  # down past the deadline: the round may be given up
+                if back >= (facts.reserved_at or 0.0):
+                    restarted.append(f"{hop} back at {back:.3f} s")
+        if not restarted:
+            return
+        self._fail(
+            "hops_resume",
+            f"round {rid} was refunded, yet {len(facts.receipted)} reports (n_min "
+            f"{self.n_min}) were receipted, every hop was up again before its deadline at "
+            f"{facts.deadline:.3f} s ({', '.join(restarted)}) and no other fault fired",
+            t,
+        )
 
     def _counts(self, t: float, rid: str, facts: RoundFacts, counted: int) -> None:
         """`receipted_counted` of a released round: every receipted report counted, and no

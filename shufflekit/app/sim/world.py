@@ -152,6 +152,8 @@ class World:
         self.publishes: dict[str, int] = {}  # accepted publishes per role
         self.crash_points: dict[str, tuple[int, float]] = {}  # role -> (nth publish, restart)
         self.restarting: dict[str, float] = {}  # role told to stop -> seconds until it starts
+        self.hop_faults = 0  # crashes and restarts of a mix or the analyzer (`hops_resume`)
+        self.reviving: set[str] = set()  # hops started again, not yet connected
         self.users = Users(
             self.broker,
             self.clock,
@@ -224,11 +226,33 @@ class World:
     def _broker_event(self, name: str, **fields: Any) -> None:
         actor = str(fields.pop("client", "broker"))
         self.event(actor, name, **fields)
+        role = self._role(actor)
+        if name == "connect" and role in self.reviving:  # a restarted hop is back
+            self.reviving.discard(role)
+            self.checker.hop_up(self.clock.monotonic(), role)
+
+    def _role(self, client_id: str) -> str:
+        """The role a broker client id belongs to (`coordinator`, `mix0`, ...)."""
+        return client_id.removeprefix(f"{self.cfg.client_id_prefix}-{DEPLOYMENT}-")
+
+    def _hop_down(self, role: str) -> bool:
+        """A mix or the analyzer is down from now until it connects again (`hops_resume`);
+        whether `role` is one (the coordinator's absence is another fault)."""
+        hop = role.startswith("mix") or role == "analyzer"
+        if hop:
+            self.checker.hop_down(self.clock.monotonic(), role)
+        return hop
+
+    def _troubled(self) -> bool:
+        """Whether a fault fired so far that may stop a round for good: any but those that lose
+        nothing and a hop's crash or restart (after which the hop must resume its rounds)."""
+        faults = sum(n for kind, n in self.broker.injected.items() if kind not in LOSSLESS)
+        return faults > self.hop_faults
 
     def _tap(self, sender: str, topic: str, payload: bytes) -> None:
         parts = topic_parts(topic)
         now = self.clock.monotonic()
-        role = sender.removeprefix(f"{self.cfg.client_id_prefix}-{DEPLOYMENT}-")
+        role = self._role(sender)
         self.publishes[role] = n = self.publishes.get(role, 0) + 1
         point = self.crash_points.get(role)
         if point is not None and point[0] == n:  # a crash at a step: right after this publish
@@ -268,17 +292,21 @@ class World:
         )
         out = fn(*args, **kwargs)
         if name in ("reserve", "commit", "refund"):
-            status = self.ledger.status(DEPLOYMENT)
-            statuses = {r.round_id: (r.status, r.batch_size) for r in status.rounds}
+            spent = self._ledger_seen()
             rid = args[1] if len(args) > 1 else None  # (deployment, round id, ...)
-            spent = round(status.epsilon_spent_or_reserved, 9)
-            self.event("ledger", name, round=rid, spent=spent)
-            self.checker.on_ledger(
-                self.clock.monotonic(), status.epsilon_spent_or_reserved, statuses
-            )
+            self.event("ledger", name, round=rid, spent=round(spent, 9))
             self._check()
         self._ledger_fault(self.ledger_faults.after(name, self.cfg.ledger_url()), name)
         return out
+
+    def _ledger_seen(self) -> float:
+        """Show the checker the ledger as it stands (the budget, each round's status: a
+        reservation past its expiry reads as expired); its spent plus reserved epsilon."""
+        status = self.ledger.status(DEPLOYMENT)
+        statuses = {r.round_id: (r.status, r.batch_size) for r in status.rounds}
+        spent = status.epsilon_spent_or_reserved
+        self.checker.on_ledger(self.clock.monotonic(), spent, statuses, troubled=self._troubled())
+        return spent
 
     def _ledger_fault(self, fault: tuple[str, LedgerError] | None, call: str) -> None:
         """Count and trace a fault of the ledger's (`LedgerFaults`), and raise it; None: none."""
@@ -342,6 +370,7 @@ class World:
         self.incarnation[role] = self.incarnation.get(role, 0) + 1
         self.stops[role] = stop = asyncio.Event()
         self.event(role, "start", incarnation=self.incarnation[role])
+        self.reviving.add(role)
         task = asyncio.get_running_loop().create_task(self._serve(role, stop))
         task.add_done_callback(functools.partial(self._ended, role))
         self.tasks[role] = task
@@ -372,6 +401,7 @@ class World:
             self.coordinator_finished.set()
         elif exc is not None:  # the process exited with an error: a supervisor restarts it
             self.event(role, "exited", error=type(exc).__name__)
+            self._hop_down(role)
             asyncio.get_running_loop().call_later(5.0, self.start, role)
         elif role == "coordinator":
             self.coordinator_finished.set()
@@ -383,6 +413,7 @@ class World:
         if task is None or task.done() or stop is None or stop.is_set():
             return
         self.broker.count("restart")
+        self._hop_faulted(role)
         self.event(role, "sigterm", restart_after=round(restart_after, 6))
         self.restarting[role] = restart_after
         stop.set()
@@ -395,10 +426,15 @@ class World:
         self.restarting.pop(role, None)  # (killed while stopping: this restart wins)
         if not self.broker.cut(self.cfg.client_id(role), reason="crash"):
             self.broker.count("crash")  # no connection to cut: still a crash, not a quiet seed
+        self._hop_faulted(role)
         self.event(role, "crash", restart_after=round(restart_after, 6))
         del self.tasks[role]
         task.cancel()
         asyncio.get_running_loop().call_later(restart_after, self.start, role)
+
+    def _hop_faulted(self, role: str) -> None:
+        """A crash or restart of `role` was counted: a hop's is down until it connects again."""
+        self.hop_faults += self._hop_down(role)
 
     # ------------------------------------------------------------------ the run
     def _schedule_faults(self) -> None:
