@@ -24,16 +24,18 @@ from shufflekit.app.rounds import (
     RoundTopics,
     ledger_release_hook,
 )
+from shufflekit.app.sim.ledger_faults import lost_reply
 from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import (
     InvalidParameters,
     LedgerError,
+    LedgerUnavailable,
     RoleHeld,
     StaleQuote,
     TransportError,
 )
-from shufflekit.base.offload import inline
+from shufflekit.base.offload import Offload, inline
 from shufflekit.core.crypto import KeyPair
 from shufflekit.core.messages import Abort, Announcement, Close, Ready, Result
 from shufflekit.core.transport import MemoryBroker
@@ -57,7 +59,8 @@ def _ledger(
 
 def _coordinator(conn: Transport, led: Ledger, clock: VirtualClock, **options: Any) -> Coordinator:
     """Deployment d's coordinator of two mixes and the analyzer (KEYS), on `clock`."""
-    return Coordinator(conn, "d", led, KEYS[:2], KEYS[2], clock=clock, offload=inline, **options)
+    options = {"offload": inline} | options
+    return Coordinator(conn, "d", led, KEYS[:2], KEYS[2], clock=clock, **options)
 
 
 async def _announced(conn: Transport, announce: Any) -> Announcement:
@@ -94,9 +97,16 @@ async def _hops(conn: Transport, seen: dict[str, Any], script: Script) -> None:
 
 
 def _round(
-    tmp_path: Path, params: RoundParams, script: Script, *, n_min: int = 10, batch: float = 10.0
+    tmp_path: Path,
+    params: RoundParams,
+    script: Script,
+    *,
+    n_min: int = 10,
+    batch: float = 10.0,
+    offload: Offload = inline,
 ) -> tuple[RoundReport, dict[str, Any], Ledger, VirtualClock]:
-    """One `Coordinator.run_round` against scripted hops on a virtual clock."""
+    """One `Coordinator.run_round` against scripted hops on a virtual clock, its ledger calls
+    made through `offload`."""
     clock = VirtualClock()
     led = _ledger(tmp_path, clock, n_min)
     seen: dict[str, Any] = {}
@@ -106,7 +116,7 @@ def _round(
         async with broker.connect() as hop_conn, broker.connect() as coord_conn:
             hops = asyncio.create_task(_hops(hop_conn, seen, script))
             await asyncio.sleep(0)
-            coord = _coordinator(coord_conn, led, clock, batch_timeout=batch)
+            coord = _coordinator(coord_conn, led, clock, batch_timeout=batch, offload=offload)
             report = await coord.run_round(params)
             hops.cancel()
             seen["retained_after"] = await _retained(hop_conn, T.announce)
@@ -391,6 +401,51 @@ def test_a_refund_whose_reply_was_lost_is_never_reported_as_a_release(tmp_path: 
     assert report is None or not report.released, report
     assert [r.status for r in led.status("d").rounds] == ["refunded"]
     led.close()
+
+
+def _flaky(lost: tuple[str, ...] = (), down: tuple[str, ...] = ()) -> Offload:
+    """Ledger calls inline, except that the writes named in `lost` land and their replies are
+    lost (`ledger_lost_reply` of the simulation), and the calls named in `down` are refused
+    before they run (the database is unreachable)."""
+
+    async def offload(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(getattr(fn, "func", fn), "__name__", "call")
+        if name in down:
+            raise LedgerUnavailable(f"ledger is unavailable: connection refused ({name})")
+        out = await inline(fn, *args, **kwargs)
+        if name in lost:
+            raise lost_reply("sqlite:///l.db")
+        return out
+
+    return offload
+
+
+@pytest.mark.parametrize("write", ["reserve", "refund", "reserve+refund"])
+def test_a_write_whose_reply_was_lost_is_found_done_in_the_ledger(
+    tmp_path: Path, write: str
+) -> None:
+    """A reserve or refund that landed but whose reply was lost (the connection dropped after
+    the transaction committed) is read back from the ledger: the round runs, and is reported
+    refunded, where `run_round` raised the LedgerError and its caller had to start over."""
+    params = RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=5.0)
+    offload = _flaky(lost=tuple(write.split("+")))
+    report, seen, led, _ = _round(tmp_path, params, _mix0_aborts, offload=offload)
+    assert "announced" in seen and not report.released and report.abort is not None
+    assert report.abort.reason == "below n_min"
+    assert [r.status for r in led.status("d").rounds] == ["refunded"]
+    led.close()
+
+
+@pytest.mark.parametrize("write", ["reserve", "refund"])
+def test_a_lost_reply_from_a_ledger_that_cannot_be_read_is_still_an_error(
+    tmp_path: Path, write: str
+) -> None:
+    """If the ledger cannot be read back either (it is really unreachable), the write's error
+    is raised as before: nothing is reported that the ledger did not say."""
+    offload = _flaky(lost=(write,), down=("round_of", "rounds_of"))
+    params = RoundParams(k=4, eps0=1.0, n_min=10, deadline_seconds=5.0)
+    with pytest.raises(LedgerUnavailable, match="server closed the connection"):
+        _round(tmp_path, params, _mix0_aborts, offload=offload)
 
 
 def test_ingest_is_closed_when_the_announced_deadline_passes(tmp_path: Path) -> None:

@@ -178,14 +178,20 @@ class Coordinator:
         self.announcement(rid, params)  # refused here, before any reservation, if no hop takes it
         # the ledger records the mechanism's size (k, or L of bits) and its tag; `holder`
         # fences a coordinator that lost its lease unawares
-        await self.offload(
-            functools.partial(self.ledger.reserve, mechanism=params.mechanism, holder=self.holder),
-            self.deployment,
-            rid,
-            params.size,
-            params.eps0,
-            self.actor,
-        )
+        try:
+            await self.offload(
+                functools.partial(
+                    self.ledger.reserve, mechanism=params.mechanism, holder=self.holder
+                ),
+                self.deployment,
+                rid,
+                params.size,
+                params.eps0,
+                self.actor,
+            )
+        except LedgerError as exc:  # a fresh round id: reserved under it, it is this one
+            if await self._status_after(rid, exc) != "reserved":
+                raise
         self.goes.own.add(rid)
         async with self.goes.answering(self.transport):
             return await self._run_reserved(rid, params, answer, stop)
@@ -371,12 +377,27 @@ class Coordinator:
                 goes_settled=True,
                 holder=self.holder,
             )
-        except AccountantError:
-            rounds = await self.offload(self.ledger.rounds_of, self.deployment)
-            if not any(r.round_id == rid and r.status == "committed" for r in rounds):
+        except AccountantError as exc:
+            status = await self._status_after(rid, exc)
+            if status in ("refunded", "expired"):  # it landed (or ran out): not counted
+                log.info("round %s: found %s after its refund failed: %s", rid, status, exc)
+                return
+            if status != "committed":
                 raise
             report.released, report.abort = True, None
             report.result = await self._committed_result(rid)
+
+    async def _status_after(self, rid: str, exc: AccountantError) -> str:
+        """The round's status in the ledger after a write to it failed with `exc`, which may
+        have landed with its reply lost (a connection dropped after the commit); `exc` itself
+        if the ledger cannot say (unreachable, or it holds no such round)."""
+        try:
+            rec = await self.offload(self.ledger.round_of, self.deployment, rid)
+        except LedgerError:
+            raise exc from None
+        if rec is None:
+            raise exc
+        return rec.status
 
     async def _committed_result(self, rid: str) -> Result | None:
         """The result the analyzer stored with the round's commit, published again (the same

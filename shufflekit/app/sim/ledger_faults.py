@@ -100,8 +100,13 @@ class LedgerFaults:
         """The fault that replaces a write's reply, if any: it landed, its caller is not told."""
         lossy = "ledger_lost_reply" in self.faults and name in WRITES
         if lossy and self.lost_rng.random() < LOST_REPLY:
-            return "ledger_lost_reply", LedgerUnavailable(
-                f"ledger {url} is unavailable: server closed the connection unexpectedly "
-                "(simulated: the write landed)"
-            )
+            return "ledger_lost_reply", lost_reply(url)
         return None
+
+
+def lost_reply(url: str) -> LedgerUnavailable:
+    """What the caller of a write that landed gets when its reply is lost."""
+    return LedgerUnavailable(
+        f"ledger {url} is unavailable: server closed the connection unexpectedly "
+        "(simulated: the write landed)"
+    )
