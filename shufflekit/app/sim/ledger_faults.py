@@ -16,7 +16,15 @@ from shufflekit.base.random import SeededRandomness
 
 BUSY = 0.03  # the share of ledger calls refused as "database is locked"
 LOST_REPLY = 0.03  # the share of ledger writes that land but whose reply is lost
-WRITES = ("reserve", "commit", "refund", "mark_published", "hold_role", "release_role")
+WRITES = (
+    "reserve",
+    "commit",
+    "refund",
+    "mark_published",
+    "hold_role",
+    "release_role",
+    "grant_go",
+)
 OUTAGE_SECONDS = (5.0, 120.0)  # how long the database is down (past the 30 s a call retries)
 
 
