@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from shufflekit.accountant import Mechanism, compose_rounds
-from shufflekit.accountant.composition import compose_rounds_bounds, rounds_epsilon
+from shufflekit.accountant import Mechanism, compose_rounds, policy
+from shufflekit.accountant.composition import compose, compose_rounds_bounds, rounds_epsilon
 from shufflekit.accountant.curve_pld import composition_pld
 from shufflekit.accountant.ldp_composed import (
     ENGINE,
@@ -24,6 +24,7 @@ from shufflekit.accountant.ldp_composed import (
     ldp_kappa,
 )
 from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.round_types import KRR, RoundType
 
 
 def _count_pair(n: int, k: int, eps0: float) -> tuple[np.ndarray, np.ndarray]:
@@ -162,3 +163,62 @@ def test_a_caller_who_picks_the_fft_engine_gets_its_composition() -> None:
     fft = compose_rounds(rounds, engine="fft")
     assert fft.engine != ENGINE
     assert fft.epsilon(1e-6) == pytest.approx(compose_rounds(rounds).epsilon(1e-6), abs=1e-6)
+
+
+def _no_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make building or composing any round's pair in the ledger's pricing an error."""
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the rounds' pairs were built where the LDP sum answers")
+
+    monkeypatch.setattr(policy, "round_pld", refuse)
+    monkeypatch.setattr(policy, "compose", refuse)
+
+
+@pytest.mark.parametrize(
+    "mechs",
+    [
+        [Mechanism(10_000, 2, 40.0), Mechanism(20_000, 2, 40.0), Mechanism(10_000, 10, 40.0)],
+        [Mechanism(1_000, 10, 30.0)] * 3,
+    ],
+)
+def test_the_ledger_prices_rounds_the_shuffle_cannot_amplify_by_the_ldp_sum(
+    monkeypatch: pytest.MonkeyPatch, mechs: list[Mechanism]
+) -> None:
+    """Mixed rounds (or identical k >= 3 ones) at large eps0: the ledger's price is the LDP
+    sum's pure-DP pair (it composed the certified pairs: 150 s for the first case), within
+    the lemma's certificate of the truth."""
+    _no_pairs(monkeypatch)
+    counts = [1] * len(mechs)
+    kappa, total = ldp_kappa(mechs, counts), sum(m.eps0 for m in mechs)
+    assert kappa <= KAPPA_MAX
+    for delta in (1e-3, 1e-6, 1e-10):
+        eps, how = policy.composed_epsilon(mechs, delta)
+        assert how == ENGINE
+        assert total + math.log1p(-delta * math.exp(kappa)) <= eps <= total
+        assert eps == pytest.approx(total + math.log1p(-delta), abs=1e-9)
+        charges = [(RoundType(KRR, m.k, m.eps0), m.n) for m in mechs]
+        assert policy.charges_epsilon("tight", charges, delta) == eps
+
+
+def test_the_ledger_composes_pairs_where_the_shuffle_may_amplify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One round with kappa above KAPPA_MAX among large-eps0 ones: the pairs are composed."""
+    _no_pairs(monkeypatch)
+    mechs = [Mechanism(10_000, 2, 40.0), Mechanism(1_000, 10, 10.0)]
+    with pytest.raises(AssertionError, match="pairs were built"):
+        policy.composed_epsilon(mechs, 1e-6)
+
+
+@pytest.mark.slow
+def test_the_ledgers_ldp_sum_against_the_certified_mixed_composition() -> None:
+    """n = 20 and 30, eps0 = 20 and 25, k = 2 and 3 (kappa 8e-8): the ledger's price is at
+    least the lemma's floor and at most the pairs composed (the old price) plus 1e-9."""
+    mechs = [Mechanism(20, 2, 20.0), Mechanism(30, 3, 25.0)]
+    old = compose([composition_pld(m) for m in mechs])
+    kappa = ldp_kappa(mechs, [1, 1])
+    for delta in (1e-2, 1e-6, 1e-9):
+        eps, how = policy.composed_epsilon(mechs, delta)
+        assert how == ENGINE
+        assert 45.0 + math.log1p(-delta * math.exp(kappa)) <= eps <= old.epsilon(delta) + 1e-9
