@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "composition": ("bench_composition.py", []),
     "compose_k2": ("bench_compose_k2.py", ["--quick"]),
     "compose_large_eps0": ("bench_compose_large_eps0.py", ["--quick"]),
+    "ledger_large_eps0": ("bench_ledger_large_eps0.py", ["--quick"]),
+    "k2_envelope": ("bench_k2_envelope.py", ["--quick"]),
     "k2_one_round": ("bench_k2_one_round.py", ["--quick"]),
     "simulate": ("bench_simulate.py", []),
     "chaos": ("bench_chaos.py", ["--quick"]),

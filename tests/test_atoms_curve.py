@@ -76,22 +76,6 @@ def test_atoms_curve_agrees_with_the_cells_on_a_grid() -> None:
     assert np.all(np.abs(h - h_cells) <= allow + allow_cells)
 
 
-def _old_upper(pair: K2Pair, step: float) -> np.ndarray:
-    """The max over the leaves of their cells' curves on the grid: what `upper_values` was."""
-    lo, hi = pair._range()
-    lo, hi = max(lo, -pair.mech.eps0), min(hi, pair.mech.eps0)
-    out = None
-    for lf in pair.leaves:
-        cells = CurveCells.empty(step, lo, hi, rel_error=_REL)
-        cells.add(lf.losses, lf.log_mass, rel=lf.rels)
-        h, allow = cells.curve()
-        rr = lf.rr_weight * _rr_curve(pair.mech, cells.losses())
-        up = h + allow + lf.inf_mass + rr * (1.0 + _REL)
-        out = up if out is None else np.maximum(out, up)
-    assert out is not None
-    return np.minimum(out, 1.0)
-
-
 def _leaf_worst(pair: K2Pair, lf: Leaf, s: float) -> float:
     """The largest curve at e^s of a leaf's pair within its stated errors (mpmath)."""
     rho = _REL + (np.zeros(lf.losses.size) if lf.rels is None else lf.rels)
@@ -109,7 +93,7 @@ def test_k2_envelope_is_sound_and_as_tight_as_the_cells(n: int, eps0: float) -> 
     pair = K2Pair(Mechanism(n, 2, eps0))
     step = pair.base_step()
     first, new = pair.upper_values(step)
-    old = _old_upper(pair, step)
+    old = pair.cells_upper_values(step)[1]
     lo, hi = pair._range()
     lo, hi = max(lo, -eps0), min(hi, eps0)
     grid = CommonGrid(step, lo, hi)

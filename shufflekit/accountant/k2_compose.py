@@ -334,14 +334,31 @@ class K2Pair:
             np.maximum(up, self._curve(lf, step, lo, hi)[0], out=up)
         return grid.first, np.minimum(up, 1.0)
 
+    def cells_upper_values(self, step: float) -> tuple[int, FloatArray]:
+        """`upper_values(step)` as the max of every leaf's curve from its atoms summed into
+        cells of `step` over the whole grid (the pass per leaf that `_envelope` replaced): the
+        reference tests and benchmarks measure it against."""
+        lo, hi = self._range()
+        lo, hi = max(lo, -self.mech.eps0), min(hi, self.mech.eps0)
+        up = np.zeros(0)
+        for lf in self.leaves:
+            cells = CurveCells.empty(step, lo, hi, rel_error=_REL)
+            cells.add(lf.losses, lf.log_mass, rel=lf.rels)
+            h, allow = cells.curve()
+            rr = lf.rr_weight * _rr_curve(self.mech, cells.losses())
+            one = h + allow + lf.inf_mass + rr * (1.0 + _REL)
+            up = one if up.size == 0 else np.maximum(up, one)
+        return CommonGrid(step, lo, hi).first, np.minimum(up, 1.0)
+
     def _envelope(self, chosen: Sequence[Leaf], s: FloatArray) -> FloatArray:
         """Upper bounds of the max over the leaves (atoms) of their curves at the sorted losses
         `s`, from their values at the breakpoints only (every leaf's atoms, +-eps0, the ends of
         `s`, where their allowances drop): between two consecutive breakpoints every leaf's
         curve is linear in t = e^s (the RR part too) and its allowance constant, so the max is
         below the chord of the max at the two ends, and equal to it where one leaf is the max
-        at both; where the max changes hands, the leaves are evaluated at the points
-        themselves. A few dozen atoms a leaf at large eps0 thus cost ~1e4 breakpoints, not
+        at both; where the max changes hands, such an interval is split at its middle grid
+        point (again and again), and the few points still in one are evaluated one by one.
+        A few dozen atoms a leaf at large eps0 thus cost ~1e4 breakpoints, not
         ~1e6 grid points, a leaf. Allowance: the largest leaf's at the breakpoint below (it
         covers the values' round-off at both ends, `AtomsCurve`), and the interpolation's."""
         curves = [AtomsCurve(lf.losses, lf.log_mass, _REL, lf.rels) for lf in chosen]
@@ -364,6 +381,22 @@ class K2Pair:
             return best, arg, allow
 
         best, arg, allow = values(brk, tb)
+        cross = np.arange(s.size)  # grid points inside an interval where the max changes hands
+        for _ in range(40):  # split those intervals at their middle grid point
+            k = np.clip(np.searchsorted(brk, s[cross], side="right") - 1, 0, brk.size - 2)
+            keep = (arg[k] != arg[k + 1]) & (s[cross] > brk[k])
+            cross, k = cross[keep], k[keep]
+            if cross.size <= 16 * len(chosen):  # (what is left: evaluated point by point)
+                break
+            _, at, count = np.unique(k, return_index=True, return_counts=True)
+            mid = s[cross[at + count // 2]]
+            more = values(mid, np.exp(mid))
+            order = np.argsort(np.concatenate([brk, mid]), kind="stable")
+            brk = np.concatenate([brk, mid])[order]
+            tb = np.concatenate([tb, np.exp(mid)])[order]
+            best, arg, allow = (
+                np.concatenate([a, b])[order] for a, b in zip((best, arg, allow), more, strict=True)
+            )
         k = np.clip(np.searchsorted(brk, s, side="right") - 1, 0, brk.size - 2)
         t, t0, t1, b0, b1 = np.exp(s), tb[k], tb[k + 1], best[k], best[k + 1]
         width = np.maximum(t1 - t0, 1e-300)
