@@ -275,7 +275,7 @@ class K2Pair:
             h, allow = lf.cells.curve_at(step, grid.first, losses.size)
         else:
             h, allow = AtomsCurve(lf.losses, lf.log_mass, _REL, lf.rels).at(losses)
-        rr = lf.rr_weight * _rr_curve(self.mech, losses)
+        rr = lf.rr_weight * _rr_curve(self.mech, losses) if lf.rr_weight > 0 else 0.0
         return h + allow + lf.inf_mass + rr * (1.0 + _REL), h - allow, allow
 
     def _refine(self) -> None:
@@ -370,7 +370,8 @@ class K2Pair:
 
         def values(pts: FloatArray, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
             """(max over leaves of the curve at pts, the leaf that gives it, max allowance)."""
-            rr = _rr_curve(self.mech, pts) * (1.0 + _REL)
+            weighted = any(lf.rr_weight > 0 for lf in chosen)  # (none at large eps0)
+            rr = _rr_curve(self.mech, pts) * (1.0 + _REL) if weighted else np.zeros(pts.size)
             best, arg, allow = np.full(pts.size, -np.inf), np.zeros(pts.size), np.zeros(pts.size)
             for i, (lf, c) in enumerate(zip(chosen, curves, strict=True)):
                 h, al = c.at(pts, t)
