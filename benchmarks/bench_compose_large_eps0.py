@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _timing import load_line
+from _timing import close_report, load_line
 
 from shufflekit.accountant.composed import ComposedPLD
 from shufflekit.accountant.composition import clear_caches, compose_rounds
@@ -77,14 +77,7 @@ def main(argv: list[str] | None = None) -> str:
             f"{floor:19.12f} {new_s:7.4f} {old_s:7.2f} {speed:8.0f}x{flag}"
         )
         print(lines[-1], flush=True)
-    verdict = "met" if worst >= TARGET else "NOT met"
-    lines.append(f"smallest speed-up {worst:.0f}x (target {TARGET:g}x: {verdict})")
-    lines.append(f"at the end: {load_line()}")
-    print(lines[-1])
-    text = "\n".join(lines) + "\n"
-    if not args.quick:
-        RESULTS.write_text(text)
-    return text
+    return close_report(lines, worst, TARGET, None if args.quick else RESULTS)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _timing import load_line
+from _timing import close_report, load_line
 
 from shufflekit.accountant.composition import clear_caches, compose, compose_rounds
 from shufflekit.accountant.core import Mechanism
@@ -81,14 +81,7 @@ def main(argv: list[str] | None = None) -> str:
             f"{composed_eps(pair, first, ref):17.12f} {cold:6.2f}"
         )
         print(lines[-1], flush=True)
-    verdict = "met" if worst >= TARGET else "NOT met"
-    lines.append(f"smallest speed-up {worst:.1f}x (target {TARGET:g}x: {verdict})")
-    lines.append(f"at the end: {load_line()}")
-    print(lines[-1])
-    text = "\n".join(lines) + "\n"
-    if not args.quick:
-        RESULTS.write_text(text)
-    return text
+    return close_report(lines, worst, TARGET, None if args.quick else RESULTS)
 
 
 if __name__ == "__main__":
