@@ -14,7 +14,9 @@ import pytest
 
 from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import AtomsCurve, CurveCells
+from shufflekit.accountant.curve_pld import hull_pld
 from shufflekit.accountant.k2_compose import _REL, CommonGrid, K2Pair, Leaf, _rr_curve
+from shufflekit.accountant.rdp_filter import filter_epsilon, rdp_curve
 
 mpmath.mp.dps = 50
 
@@ -122,3 +124,18 @@ def test_k2_envelope_ends_at_the_infinite_mass_above_the_top_atom() -> None:
     )
     assert new[-2] == pytest.approx(top, rel=1e-6)
     assert math.isfinite(new[-2]) and new[-2] < 1e-20
+
+
+def test_k2_envelope_keeps_the_renyi_curve_of_the_cells() -> None:
+    """High Rényi orders weigh the top of the curve by e^(alpha loss): n = 1000, eps0 = 2 at
+    delta = 1e-12 charged 0.742 from the cells' max and 0.952 from an envelope that added
+    one leaf's allowance (1e-35) to another leaf's curve up to loss 2.0. The envelope takes
+    each leaf's curve with its own allowance, as the cells' max did: the same filter epsilon."""
+    pair = K2Pair(Mechanism(1000, 2, 2.0))
+    step = pair.base_step()
+    charged = []
+    for first, vals in (pair.upper_values(step), pair.cells_upper_values(step)):
+        vals[-1] = max(pair.tail_mass(step), float(vals[-1]))
+        rho, _ = rdp_curve(hull_pld(step, first, vals, "test"))
+        charged.append(filter_epsilon(rho, 1e-12))
+    assert charged[0] == pytest.approx(charged[1], rel=1e-9)

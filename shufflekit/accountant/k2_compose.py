@@ -356,67 +356,70 @@ class K2Pair:
         return CommonGrid(step, lo, hi).first, np.minimum(up, 1.0)
 
     def _envelope(self, chosen: Sequence[Leaf], s: FloatArray) -> FloatArray:
-        """Upper bounds of the max over the leaves (atoms) of their curves at the sorted losses
-        `s`, from their values at the breakpoints only (every leaf's atoms, +-eps0, the ends of
-        `s`, where their allowances drop): between two consecutive breakpoints every leaf's
-        curve is linear in t = e^s (the RR part too) and its allowance constant, so the max is
-        below the chord of the max at the two ends, and equal to it where one leaf is the max
-        at both; where the max changes hands, such an interval is split at its middle grid
-        point (again and again), and the few points still in one are evaluated one by one.
-        A few dozen atoms a leaf at large eps0 thus cost ~1e4 breakpoints, not
-        ~1e6 grid points, a leaf. Allowance: the largest leaf's at the breakpoint below (it
-        covers the values' round-off at both ends, `AtomsCurve`), and the interpolation's."""
+        """Upper bounds of the max over the leaves (atoms) of their curves plus allowances at
+        the sorted losses `s`, from values at breakpoints only (every leaf's atoms, where their
+        allowances drop, +-eps0, the ends of `s`): between two consecutive breakpoints every
+        leaf's curve is linear in t = e^s (the RR part too) and its allowance constant, so
+        each leaf's upper value is a line there, the max of them is below the chord of the max
+        at the two ends (the right end taken with the allowances of the left), and equal to
+        it where one leaf is the max at both ends. Where the max changes hands, the interval is
+        split at its middle grid point (again and again), and the few points still in one are
+        evaluated one by one. A few dozen atoms a leaf at large eps0 thus cost ~1e4
+        breakpoints, not ~1e6 grid points, a leaf. Each leaf's allowance covers its values'
+        round-off at both ends (`AtomsCurve`); the interpolation's own is added."""
         curves = [AtomsCurve(lf.losses, lf.log_mass, _REL, lf.rels) for lf in chosen]
         e0 = self.mech.eps0
         ends = [s[[0, -1]], np.array([-e0, e0])]
         brk = np.unique(np.concatenate([x for c in curves for x in (c.loss, c.reach)] + ends))
         brk = brk[(brk >= s[0]) & (brk <= s[-1])]
-        tb = np.exp(brk)
+        weighted = any(lf.rr_weight > 0 for lf in chosen)  # (none at large eps0)
 
-        def values(pts: FloatArray, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-            """(max over leaves of the curve at pts, the leaf that gives it, max allowance)."""
-            weighted = any(lf.rr_weight > 0 for lf in chosen)  # (none at large eps0)
+        def values(pts: FloatArray, pairs: bool) -> tuple[FloatArray, ...]:
+            """(max over leaves of curve + allowance at pts, which leaf) and with `pairs` also
+            (max of the curve at pts[1:] + allowance at pts[:-1], which leaf)."""
             rr = _rr_curve(self.mech, pts) * (1.0 + _REL) if weighted else np.zeros(pts.size)
-            best, arg, allow = np.full(pts.size, -np.inf), np.zeros(pts.size), np.zeros(pts.size)
+            t = np.exp(pts)
+            out = [np.full(pts.size, -np.inf), np.zeros(pts.size)]
+            out += [np.full(pts.size - 1, -np.inf), np.zeros(pts.size - 1)] if pairs else []
             for i, (lf, c) in enumerate(zip(chosen, curves, strict=True)):
                 h, al = c.at(pts, t)
                 v = h + lf.inf_mass + lf.rr_weight * rr
-                better = v > best
-                best[better], arg[better] = v[better], i
-                np.maximum(allow, al, out=allow)
-            return best, arg, allow
+                vals = (v + al, v[1:] + al[:-1])[: len(out) // 2]
+                for best, arg, val in zip(out[::2], out[1::2], vals, strict=True):
+                    better = val > best
+                    best[better], arg[better] = val[better], i
+            return tuple(out)
 
-        best, arg, allow = values(brk, tb)
+        left, arg_l, right, arg_r = values(brk, True)
         cross = np.arange(s.size)  # grid points inside an interval where the max changes hands
         for _ in range(40):  # split those intervals at their middle grid point
             k = np.clip(np.searchsorted(brk, s[cross], side="right") - 1, 0, brk.size - 2)
-            keep = (arg[k] != arg[k + 1]) & (s[cross] > brk[k])
+            keep = (arg_l[k] != arg_r[k]) & (s[cross] > brk[k])
             cross, k = cross[keep], k[keep]
             if cross.size <= 16 * len(chosen):  # (what is left: evaluated point by point)
                 break
-            _, at, count = np.unique(k, return_index=True, return_counts=True)
+            ks, at, count = np.unique(k, return_index=True, return_counts=True)
             mid = s[cross[at + count // 2]]
-            more = values(mid, np.exp(mid))
-            order = np.argsort(np.concatenate([brk, mid]), kind="stable")
-            brk = np.concatenate([brk, mid])[order]
-            tb = np.concatenate([tb, np.exp(mid)])[order]
-            best, arg, allow = (
-                np.concatenate([a, b])[order] for a, b in zip((best, arg, allow), more, strict=True)
+            v_mid, a_mid = values(mid, False)
+            # interval k becomes [P_k, mid] (right end: mid's own value, as its allowance is
+            # P_k's) and [mid, P_k+1] (right end as before, again with the same allowance)
+            brk, left, arg_l = (
+                np.insert(x, ks + 1, y) for x, y in ((brk, mid), (left, v_mid), (arg_l, a_mid))
             )
+            right, arg_r = (np.insert(x, ks, y) for x, y in ((right, v_mid), (arg_r, a_mid)))
         k = np.clip(np.searchsorted(brk, s, side="right") - 1, 0, brk.size - 2)
-        t, t0, t1, b0, b1 = np.exp(s), tb[k], tb[k + 1], best[k], best[k + 1]
+        t, t0, t1 = np.exp(s), np.exp(brk[k]), np.exp(brk[k + 1])
+        b0, b1 = left[k], right[k]
         width = np.maximum(t1 - t0, 1e-300)
         frac = np.clip((t - t0) / width, 0.0, 1.0)
         eps = float(np.finfo(np.float64).eps)
         # the chord, with its round-off (frac is a ratio of differences of close exponentials);
-        # never above the larger end (a convex function's chord is not)
+        # never above the larger end (the chord of lines' max is not)
         chord = b0 + frac * (b1 - b0) + 4.0 * eps * (np.abs(b1 - b0) * t1 / width + b0 + b1)
-        slack = allow[k]
-        up = np.minimum(chord, np.maximum(b0, b1)) + slack
-        cross = arg[k] != arg[k + 1]
+        up = np.minimum(chord, np.maximum(b0, b1))
+        cross = arg_l[k] != arg_r[k]
         if np.any(cross):
-            exact = values(s[cross], t[cross])[0]
-            up[cross] = np.minimum(up[cross], exact + slack[cross])
+            up[cross] = np.minimum(up[cross], values(s[cross], False)[0])
         return np.asarray(up, dtype=np.float64)
 
     def tail_mass(self, step: float, leaves: Sequence[Leaf] | None = None) -> float:
