@@ -78,6 +78,24 @@ def test_atoms_curve_agrees_with_the_cells_on_a_grid() -> None:
     assert np.all(np.abs(h - h_cells) <= allow + allow_cells)
 
 
+def test_cells_curve_counts_an_atom_whose_true_loss_is_many_cells_up() -> None:
+    """On a step far finer than an atom's error (1e-5 against 1e-3: a loss up to 2e-3 off),
+    `CurveCells.curve` + allowance is above the largest curve of the atoms moved by their
+    errors at grid points up to 200 cells above each atom (it counted one cell: 1e-4 short)."""
+    loss, log_mass, rel = _atoms(4, 40)
+    step = 1e-5
+    cells = CurveCells.empty(step, -3.0, 3.0, rel_error=1e-9)
+    cells.add(loss, log_mass, rel=rel)
+    h, allow = cells.curve()
+    grid = cells.losses()
+    for li in loss:
+        for up in (1, 2, 5, 20, 100, 200):
+            j = int(np.floor(li / step)) + up - cells.first
+            hi, lo = _worst_curves(loss, log_mass, 1e-9 + rel, float(grid[j]))
+            assert h[j] + allow[j] >= hi, (li, up)
+            assert h[j] - allow[j] <= lo, (li, up)
+
+
 def _leaf_worst(pair: K2Pair, lf: Leaf, s: float) -> float:
     """The largest curve at e^s of a leaf's pair within its stated errors (mpmath)."""
     rho = _REL + (np.zeros(lf.losses.size) if lf.rels is None else lf.rels)

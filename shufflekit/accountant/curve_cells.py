@@ -63,6 +63,7 @@ class CurveCells:
     rel_error: float = 0.0
     r: FloatArray | None = None
     rq: FloatArray | None = None  # with r: sum of w e^-(l - j s) times each atom's error
+    max_rel: float = 0.0  # the largest of the atoms' own errors (how far a loss may be off)
 
     @classmethod
     def empty(cls, step: float, lo: float, hi: float, rel_error: float = 0.0) -> CurveCells:
@@ -110,6 +111,7 @@ class CurveCells:
                 self.r, self.rq = np.zeros(self.w.size), np.zeros(self.w.size)
             sums += [mass * own, mass * own * np.exp(-frac)]
             fields += [self.r, self.rq]
+            self.max_rel = max(self.max_rel, float(np.max(own, initial=0.0)))
         _bin_into(fields, idx, sums)
 
     def add_sums(self, cell: npt.NDArray[np.int64], w: FloatArray, v: FloatArray) -> None:
@@ -123,6 +125,15 @@ class CurveCells:
             raise UnsoundResult("curve cell outside the cells it was sized for")
         w, v = np.ravel(w), np.ravel(v)
         _bin_into([self.w, self.v, self.d], idx, [w, v, np.maximum(w - v, 0.0)])
+
+    def reach(self) -> int:
+        """Cells between an atom's computed loss and where its true one may lie (at least 1):
+        masses off by rho put a loss up to log((1 + rho) / (1 - rho)) off, across many cells
+        of a fine step where an atom's own error is large (1e-3 in deep tails)."""
+        rho = self.rel_error + self.max_rel
+        if rho >= 1.0:
+            return self.w.size
+        return max(1, min(self.w.size, math.ceil(math.log1p(2.0 * rho / (1.0 - rho)) / self.step)))
 
     def losses(self) -> FloatArray:
         """Loss at the start of every cell (the grid points)."""
@@ -143,12 +154,11 @@ class CurveCells:
         d_next = np.concatenate([d[1:], [0.0]])
         y = ssignal.lfilter([a], [1.0, -a], d_next[::-1])[::-1]
         h = np.maximum(d + np.asarray(x) + np.asarray(y), 0.0)
-        near = w + suffix + np.concatenate([[0.0], w[:-1]])  # mass at and above (one cell back)
-        allow = (2.0 * self.rel_error + _ROUND) * near + 1e-300
-        if self.r is not None:  # the atoms' own errors, at and above likewise
-            r = self.r
-            r_suffix = np.concatenate([np.cumsum(r[::-1])[::-1][1:], [0.0]])
-            allow = allow + 2.0 * (r + r_suffix + np.concatenate([[0.0], r[:-1]]))
+        back = self.reach()
+        # the mass at and above, and `back` cells below: an atom there may truly lie above
+        allow = (2.0 * self.rel_error + _ROUND) * _from_back(w, back) + 1e-300
+        if self.r is not None:  # the atoms' own errors, likewise
+            allow = allow + 2.0 * _from_back(self.r, back)
         return h, allow
 
     def curve_at(self, step: float, first: int, size: int) -> tuple[FloatArray, FloatArray]:
@@ -251,6 +261,12 @@ class AtomsCurve:
         t = np.exp(s) if t is None else t
         h = np.maximum(self._a[above] - t * self._b[above], 0.0)
         return h, self._allow[np.searchsorted(self.reach, s, side="right")] + 1e-300
+
+
+def _from_back(x: FloatArray, back: int) -> FloatArray:
+    """Entry j: sum of x[j - back:] (every cell from `back` below j up)."""
+    total = np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])  # total[j]: sum of x[j:]
+    return total[np.maximum(np.arange(x.size) - back, 0)]
 
 
 def _suffix(x: FloatArray) -> FloatArray:
@@ -400,6 +416,7 @@ def lower_grid(cells: CurveCells, step: float, key: str, proper: bool = False) -
         cells.rel_error,
         None if cells.r is None else np.concatenate([z_lo, cells.r, z_hi]),
         None if cells.rq is None else np.concatenate([z_lo, cells.rq, z_hi]),
+        cells.max_rel,
     )
     j0 = al.first // r
     h, allow = al.curve()
