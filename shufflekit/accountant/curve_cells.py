@@ -23,7 +23,8 @@ slope change there (Doroshenko et al. 2022, "connect the dots"). Two facts make 
 and of w (1 - e^-(l - eps_i))); from these the curve at every multiple of the base step is
 exact up to float round-off, by two first-order recursions of non-negative terms (no
 cancellation). Float allowances: `rel_error` of the curve (relative error of the masses given)
-plus 1e-12 of the mass at and above each point.
+plus 1e-12 of the mass at and above each point, and of the atoms below it whose true loss may
+lie above it (`reach`: masses off by rho put a loss up to log((1 + rho) / (1 - rho)) off).
 """
 
 from __future__ import annotations
