@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
 from shufflekit.accountant import Mechanism, compose_rounds, policy
-from shufflekit.accountant.composition import compose, compose_rounds_bounds, rounds_epsilon
+from shufflekit.accountant.composition import (
+    compose,
+    compose_rounds_bounds,
+    round_pld,
+    rounds_epsilon,
+)
 from shufflekit.accountant.curve_pld import composition_pld
+from shufflekit.accountant.curves import CurveCache
 from shufflekit.accountant.ldp_composed import (
     ENGINE,
     KAPPA_MAX,
@@ -23,8 +30,11 @@ from shufflekit.accountant.ldp_composed import (
     ldp_composed,
     ldp_kappa,
 )
+from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.numerics.krr import krr
+from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon, rdp_curve
 from shufflekit.accountant.round_types import KRR, RoundType
+from shufflekit.base.errors import BudgetExceeded
 
 
 def _count_pair(n: int, k: int, eps0: float) -> tuple[np.ndarray, np.ndarray]:
@@ -222,3 +232,67 @@ def test_the_ledgers_ldp_sum_against_the_certified_mixed_composition() -> None:
         eps, how = policy.composed_epsilon(mechs, delta)
         assert how == ENGINE
         assert 45.0 + math.log1p(-delta * math.exp(kappa)) <= eps <= old.epsilon(delta) + 1e-9
+
+
+@pytest.mark.parametrize(
+    "mechs",
+    [
+        [Mechanism(10_000, 2, 40.0), Mechanism(20_000, 2, 40.0), Mechanism(10_000, 10, 40.0)],
+        [Mechanism(1_000, 10, 30.0)] * 3,
+        [Mechanism(10_000, 2, 40.0)],
+    ],
+)
+def test_an_adaptive_budget_prices_rounds_the_shuffle_cannot_amplify_by_the_ldp_sum(
+    monkeypatch: pytest.MonkeyPatch, mechs: list[Mechanism]
+) -> None:
+    """The Rényi filter's price of such rounds (it built every pair: 23 s for the first case,
+    11 s for one round of it) is the LDP sum, a pure-DP filter spending no infinite-loss mass."""
+    _no_pairs(monkeypatch)
+    charges = [(RoundType(KRR, m.k, m.eps0), m.n) for m in mechs]
+    total = sum(m.eps0 for m in mechs)
+    for delta in (1e-3, 1e-6, 1e-10):
+        assert policy.charges_epsilon("tight", charges, delta, mode="adaptive") == total
+        assert policy.filter_level(charges, delta, CurveCache()) == (total, 0.0)
+
+
+def test_an_adaptive_budget_builds_pairs_where_the_shuffle_may_amplify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One round with kappa above KAPPA_MAX among large-eps0 ones: the filter prices pairs."""
+    _no_pairs(monkeypatch)
+    charges = [(RoundType(KRR, 2, 40.0), 10_000), (RoundType(KRR, 10, 10.0), 1_000)]
+    with pytest.raises(AssertionError, match="pairs were built"):
+        policy.charges_epsilon("tight", charges, 1e-6, mode="adaptive")
+
+
+def test_an_adaptive_ledger_runs_rounds_the_shuffle_cannot_amplify_without_pairs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Reserve (price and infinite-loss check), commit of a larger batch (whose population
+    is kept at the reservation: the price is eps0 at either) and status, no pair built (the
+    ledger took 11 s for the first reservation and 9 s for the commit of 20000)."""
+    _no_pairs(monkeypatch)
+    led = Ledger(f"sqlite:///{tmp_path / 'a.db'}")
+    led.init_budget(Budget("a", 120.0, 1e-6, n_min=10_000, mode="adaptive"))
+    for i, (k, batch) in enumerate([(2, 10_000), (2, 20_000), (10, 10_000)]):
+        assert led.reserve("a", f"r{i}", k, 40.0).epsilon_round == 40.0
+        rec = led.commit("a", f"r{i}", batch)
+        assert (rec.n_accounted, rec.epsilon_round) == (10_000, 40.0)
+    assert led.status("a").epsilon_committed == 120.0
+    with pytest.raises(BudgetExceeded, match="would take the total"):
+        led.reserve("a", "r3", 2, 40.0)
+
+
+@pytest.mark.slow
+def test_the_adaptive_ldp_sum_against_the_filter_on_the_certified_pairs() -> None:
+    """n = 20 and 30, eps0 = 20 and 25, k = 2 and 3 (kappa 8e-8): the price is the filter's
+    on the rounds' certified pairs (the old price, 2.4 s) or at most 1e-9 above it, and the
+    filter there is above the sum (every order's log(|ORDERS| / delta_f) beats kappa)."""
+    mechs = [Mechanism(20, 2, 20.0), Mechanism(30, 3, 25.0)]
+    charges = [(RoundType(KRR, m.k, m.eps0), m.n) for m in mechs]
+    rho, _ = accumulate([rdp_curve(round_pld(m)) for m in mechs])
+    for delta in (1e-2, 1e-6, 1e-10):
+        old = min(45.0, filter_epsilon(rho, delta))
+        new = policy.charges_epsilon("tight", charges, delta, mode="adaptive")
+        assert old <= new <= old + 1e-9
+        assert filter_epsilon(rho, delta) > 45.0

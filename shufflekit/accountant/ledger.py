@@ -50,6 +50,7 @@ from shufflekit.accountant.policy import (
     filter_level,
     mechanism_cost,
     rdp_covered,
+    unamplified,
 )
 from shufflekit.accountant.rdp_filter import inf_budget
 from shufflekit.accountant.round_types import (
@@ -311,6 +312,7 @@ class Ledger(LedgerStore):
                 f"({rt}, n>={n_acc}) would take the total to {after:.6g}"
             )
         elif b.mode == "adaptive" and b.cost_model != "ldp":
+            # 0 where the rounds are priced by their LDP sum: pure DP spends no delta
             d0 = filter_level([*(r.charge for r in counted), new], b.delta_total, self.curves)[1]
             if d0 > inf_budget(b.delta_total):
                 refusal = BudgetExceeded(
@@ -429,12 +431,17 @@ class Ledger(LedgerStore):
     ) -> int:
         """The population a released round is charged at (`accounted_n`); in an adaptive budget
         the reserved one unless the larger batch's Rényi curve is below it at every order and
-        its pair's infinite-loss mass keeps the counted rounds (`recs`) within their share."""
+        its pair's infinite-loss mass keeps the counted rounds (`recs`) within their share. A
+        round the shuffle cannot amplify at the larger batch (`unamplified`) keeps the reserved
+        one without its pairs: priced eps0 at either, and its exact Rényi curves there differ
+        by at most kappa / (alpha - 1) <= 4e-6."""
         n = accounted_n(batch_size, b.max_corrupt, rec.n_accounted)
         if b.mode != "adaptive" or b.cost_model == "ldp" or n == rec.n_accounted:
             return n
-        others = [r.charge for r in recs if r.status in COUNTED and r.round_id != rec.round_id]
         new = (rec.round_type, n)
+        if unamplified([new]):
+            return rec.n_accounted
+        others = [r.charge for r in recs if r.status in COUNTED and r.round_id != rec.round_id]
         if not rdp_covered(rec.round_type, n, rec.n_accounted, self.curves) or (
             filter_level([*others, new], b.delta_total, self.curves)[1] > inf_budget(b.delta_total)
         ):

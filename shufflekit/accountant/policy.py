@@ -34,7 +34,7 @@ from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, looku
 from shufflekit.accountant.curves import Charge, CurveCache, charges_digest
 from shufflekit.accountant.k2_dp import K2Tightener
 from shufflekit.accountant.ldp_composed import ENGINE as LDP_SUM
-from shufflekit.accountant.ldp_composed import ldp_composed
+from shufflekit.accountant.ldp_composed import KAPPA_MAX, ldp_composed, ldp_kappa
 from shufflekit.accountant.rdp_filter import accumulate, filter_epsilon
 from shufflekit.accountant.round_types import KRR, RoundType
 from shufflekit.accountant.tight import tight_epsilon
@@ -99,7 +99,8 @@ def charges_epsilon(
 ) -> float:
     """The epsilon at `delta` that cost model `model` charges for `charges` in `mode`:
     ldp: sum of eps0; planned + tight: PLD composition (one round exactly), capped by the sum;
-    adaptive + tight: the Rényi filter's epsilon, capped by the sum."""
+    adaptive + tight: the Rényi filter's epsilon, capped by the sum (the sum itself, with no
+    pair built, for k-RR rounds the shuffle cannot amplify: `filter_level`)."""
     if model not in COST_MODELS:
         cost_model(model)
     if not charges:
@@ -138,10 +139,26 @@ def _ldp_sum(charges: Sequence[Charge]) -> float:
 
 
 def filter_level(charges: Sequence[Charge], delta: float, cache: CurveCache) -> tuple[float, float]:
-    """(epsilon the Rényi filter certifies for `charges` at `delta`, their delta0 sum)."""
+    """(epsilon the Rényi filter certifies for `charges` at `delta`, their delta0 sum); for
+    k-RR rounds the shuffle cannot amplify (`unamplified`), (their LDP sum, 0) without a pair:
+    the pure-DP filter's level, which spends no infinite-loss mass, and what the exact Rényi
+    filter would charge there (each round's divergence of order alpha is at least eps0 -
+    kappa_r / (alpha - 1), by the event "every report says x0" of `ldp_composed`, and every
+    order's log(|ORDERS| / delta_f) / (alpha - 1) is above kappa / (alpha - 1))."""
+    if unamplified(charges):
+        return _ldp_sum(charges), 0.0
     curves = [cache.rdp(t, n, _pld_of(t, n, cache)) for t, n in charges]
     rho, d0 = accumulate(curves)
     return filter_epsilon(rho, delta), d0
+
+
+def unamplified(charges: Sequence[Charge]) -> bool:
+    """Whether every charge is a k-RR round and the shuffle amplifies none of them: kappa
+    summed over them (`ldp_composed.ldp_kappa`) at most KAPPA_MAX."""
+    if not charges or any(t.mechanism != KRR for t, _ in charges):
+        return False
+    mechs = [Mechanism(n, t.size, t.eps0) for t, n in charges]
+    return ldp_kappa(mechs, [1] * len(mechs)) <= KAPPA_MAX
 
 
 def rdp_covered(t: RoundType, n: int, floor: int, cache: CurveCache) -> bool:
