@@ -26,7 +26,6 @@ Run: .venv/bin/python benchmarks/bench_composition.py [--only-c] [--sizes 1e6,1e
 from __future__ import annotations
 
 import importlib
-import math
 import platform
 import statistics
 import sys
@@ -36,33 +35,18 @@ from pathlib import Path
 import numpy as np
 import scipy.fft as sfft
 from _timing import load_line
-from scipy.stats import binom
 
 from shufflekit.accountant.compose_dpa import to_dp_accounting
 from shufflekit.accountant.composition import clear_caches, compose, compose_rounds, default_grid
-from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution
+from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.numerics.grid import discretise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.compose_exact import blanket_like  # the tests' shuffle-shaped pair
 
 ROUNDS = 1000
 DELTA = 1e-6
 RESULTS = Path(__file__).resolve().parent / "results" / "composition.txt"
-
-
-def blanket_like(n_blanket: int, eps0: float) -> PrivacyLossDistribution:
-    """Binary RR(eps0) report among Bin(N, 1/2) blanket reports; +-12 sd window, the dropped
-    mass counted as infinite loss."""
-    p1 = 1.0 / (1.0 + math.exp(-eps0))
-    sd = math.sqrt(n_blanket) / 2
-    lo = max(0, int(n_blanket / 2 - 12 * sd))
-    hi = min(n_blanket + 1, int(n_blanket / 2 + 12 * sd))
-    h = np.arange(lo, hi + 1)
-    lb1 = binom.logpmf(h - 1, n_blanket, 0.5)
-    lb0 = binom.logpmf(h, n_blanket, 0.5)
-    lp = np.logaddexp(math.log(p1) + lb1, math.log1p(-p1) + lb0)
-    lq = np.logaddexp(math.log1p(-p1) + lb1, math.log(p1) + lb0)
-    ok = np.isfinite(lp)
-    tail = float(binom.sf(hi - 1, n_blanket, 0.5) + binom.cdf(lo - 1, n_blanket, 0.5))
-    return PrivacyLossDistribution(lp[ok] - lq[ok], lp[ok], math.log(tail + 1e-300))
 
 
 def fft_reference(m: int, repeats: int = 20) -> float:
