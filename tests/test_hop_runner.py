@@ -5,6 +5,7 @@ round is not held up looking for an abort. In virtual time, on the in-memory bro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from shufflekit.app.hops import HopRunner
@@ -121,13 +122,20 @@ def test_a_round_the_spool_holds_as_done_is_not_served_again(tmp_path: Path) -> 
     assert out is None and readies == [] and state == "done"
 
 
-def test_a_repeated_prepare_starts_the_round_once(tmp_path: Path) -> None:
-    """The coordinator repeats its prepare every second until every hop is ready: a serving
-    hop starts each round once (a second start ran it twice, on the same spool and input)."""
+def _serving(
+    tmp_path: Path,
+    coordinator: Callable[[Transport, Announcement], Awaitable[None]],
+    begun: bool = False,
+) -> tuple[list[bytes], str | None]:
+    """Mix 0 serving rounds (`HopRunner.serve`) while `coordinator(conn, ann)` plays the
+    coordinator of round r1 (`begun`: mix 0's spool began r1 before a restart). Returns the
+    readies of r1 mix 0 sent by then, and r1's state in the spool after it stopped."""
     clock = VirtualClock()
     key = KeyPair.generate()
     spool = Spool(tmp_path / "spool.db", clock=clock)
     ann = _announcement(clock, key)
+    if begun:
+        spool.begin(ann)
     readies: list[bytes] = []
 
     async def main() -> None:
@@ -141,19 +149,30 @@ def test_a_repeated_prepare_starts_the_round_once(tmp_path: Path) -> None:
             runner = _mix0(conn, key, spool, clock)
             serving = asyncio.create_task(runner.serve(stop, subscribed=subscribed))
             await subscribed.wait()
-            for _ in range(3):
-                await coord.publish(T.prepare, ann.to_bytes())
-                await asyncio.sleep(1.0)
+            await coordinator(coord, ann)
             readies.extend(await _waiting(ready_sub))
-            abort = Abort(round_id="r1", hop=-1, reason="test over")
-            await coord.publish(T.abort("r1"), abort.to_bytes(), retain=True)
             stop.set()
             await asyncio.wait_for(serving, 10.0)
 
     try:
         run_virtual(main(), clock)
+        return readies, spool.state("r1")
     finally:
         spool.close()
+
+
+def test_a_repeated_prepare_starts_the_round_once(tmp_path: Path) -> None:
+    """The coordinator repeats its prepare every second until every hop is ready: a serving
+    hop starts each round once (a second start ran it twice, on the same spool and input)."""
+
+    async def prepare_thrice(coord: Transport, ann: Announcement) -> None:
+        for _ in range(3):
+            await coord.publish(T.prepare, ann.to_bytes())
+            await asyncio.sleep(1.0)
+        abort = Abort(round_id="r1", hop=-1, reason="test over")
+        await coord.publish(T.abort("r1"), abort.to_bytes(), retain=True)
+
+    readies, _ = _serving(tmp_path, prepare_thrice)
     assert len(readies) == 1, readies
 
 
@@ -176,29 +195,9 @@ def test_a_round_aborted_elsewhere_is_finished_in_the_spool(tmp_path: Path) -> N
 def test_a_restarted_hop_resumes_its_unfinished_rounds_unprompted(tmp_path: Path) -> None:
     """`serve` first resumes every round its spool holds as unfinished, before any prepare (the
     coordinator prepares a round once): the reports it receipted before a crash go on."""
-    clock = VirtualClock()
-    key = KeyPair.generate()
-    spool = Spool(tmp_path / "spool.db", clock=clock)
-    spool.begin(_announcement(clock, key))
-    readies: list[bytes] = []
 
-    async def main() -> None:
-        broker = MemoryBroker()
-        async with (
-            broker.connect() as conn,
-            broker.connect() as coord,
-            coord.subscribe(T.ready("r1")) as ready_sub,
-        ):
-            stop = asyncio.Event()
-            runner = _mix0(conn, key, spool, clock)
-            serving = asyncio.create_task(runner.serve(stop))
-            await asyncio.sleep(3.0)
-            readies.extend(await _waiting(ready_sub))
-            stop.set()
-            await asyncio.wait_for(serving, 10.0)
+    async def wait(coord: Transport, ann: Announcement) -> None:
+        await asyncio.sleep(3.0)
 
-    try:
-        run_virtual(main(), clock)
-        assert len(readies) == 1 and spool.state("r1") == "open"  # kept for the next start
-    finally:
-        spool.close()
+    readies, state = _serving(tmp_path, wait, begun=True)
+    assert len(readies) == 1 and state == "open"  # kept for the next start
