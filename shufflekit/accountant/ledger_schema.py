@@ -232,16 +232,19 @@ def damaged(what: str, said: str, code: int | None = None) -> LedgerDamaged:
     )
 
 
-def refusal(exc: BaseException, url: str, write: bool) -> LedgerError | None:
+def refusal(
+    exc: BaseException, url: str, write: bool, failed: str | None = None
+) -> LedgerError | None:
     """LedgerDamaged or LedgerReadOnly if the driver's error `exc` (SQLite's or psycopg's, or
     SQLAlchemy's wrapping it) says the ledger is damaged or takes no writes from this process;
-    None otherwise. Neither is transient: the services do not retry them."""
+    None otherwise. Neither is transient: the services do not retry them. `failed` says what
+    failed on a damaged ledger (default: the write, or the read)."""
     code = getattr(_driver(exc), "sqlite_errorcode", None)
     state = getattr(_driver(exc), "sqlstate", None)
     u, said = redact(url), _said(exc)
     if (code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)) or state in PG_DAMAGED:
         what = "refused the write" if write else "cannot be read"
-        return damaged(f"ledger {u} {what}", said, code)
+        return damaged(failed or f"ledger {u} {what}", said, code)
     if code == SQLITE_READONLY_DIRECTORY:
         return LedgerReadOnly(
             f"ledger {u} is in a folder this user may not write ({said}): SQLite must create "
@@ -422,11 +425,8 @@ def _sqlite_precheck(
 def _unopened(exc: BaseException, url: str) -> LedgerError:
     """The refusal of a ledger that could not be opened: damaged or read-only if the driver
     says so (`refusal`), else a LedgerError with its reason."""
-    typed = refusal(exc, url, write=False)
-    if isinstance(typed, LedgerDamaged):  # (the open's words: "cannot be read" is a command's)
-        code = getattr(_driver(exc), "sqlite_errorcode", None)
-        return damaged(f"cannot open ledger {redact(url)}", _said(exc), code)
-    return typed or LedgerError(f"cannot open ledger {redact(url)}: {_said(exc)}")
+    failed = f"cannot open ledger {redact(url)}"
+    return refusal(exc, url, write=False, failed=failed) or LedgerError(f"{failed}: {_said(exc)}")
 
 
 def _check_tables(tables: set[str], url: str, create: bool) -> None:
