@@ -35,9 +35,10 @@ from shufflekit.accountant.numerics.binomial import (
     tail_window,
 )
 from shufflekit.accountant.numerics.krr import krr, log_ldp_delta
-from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
+from shufflekit.accountant.numerics.logspace import logsumexp
 from shufflekit.accountant.tight_k2 import k2_log_delta_m
 from shufflekit.accountant.tight_upper import SAFETY
+from shufflekit.base.arrays import FloatArray
 
 DENSE_N = 24  # exact enumeration of the m-family up to this n
 X0_BLOCKS = 8192

@@ -13,7 +13,8 @@ import numpy as np
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import log_interval, log_pmf, tail_window
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
-from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp_rows
+from shufflekit.accountant.numerics.logspace import logsumexp_rows
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 AtomChunks = Iterator[tuple[FloatArray, FloatArray]]

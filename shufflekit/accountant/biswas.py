@@ -53,13 +53,8 @@ from shufflekit.accountant.core import Mechanism, PrivacyResult, Soundness, chec
 from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_pmf
 from shufflekit.accountant.numerics.krr import krr
-from shufflekit.accountant.numerics.logspace import (
-    NEG_INF,
-    FloatArray,
-    log1mexp,
-    logsumexp,
-    logsumexp_rows,
-)
+from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp, logsumexp_rows
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 PRINTED = "biswas"

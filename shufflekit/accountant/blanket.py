@@ -74,7 +74,8 @@ from shufflekit.accountant.core import (
 from shufflekit.accountant.ldp import Label, delta_result, solved_epsilon_result
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window, sd_windows
 from shufflekit.accountant.numerics.grid import LossBinner
-from shufflekit.accountant.numerics.logspace import NEG_INF, FloatArray, IntArray, logsumexp
+from shufflekit.accountant.numerics.logspace import NEG_INF, logsumexp
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.errors import InvalidParameters
 
 STRONG = "blanket-strong"

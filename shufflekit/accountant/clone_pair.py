@@ -26,13 +26,8 @@ import numpy as np
 
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, sd_window
 from shufflekit.accountant.numerics.grid import LossBinner
-from shufflekit.accountant.numerics.logspace import (
-    NEG_INF,
-    FloatArray,
-    IntArray,
-    log1mexp,
-    logsumexp,
-)
+from shufflekit.accountant.numerics.logspace import NEG_INF, log1mexp, logsumexp
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.errors import InvalidParameters
 
 REL_ERR = 1e-11

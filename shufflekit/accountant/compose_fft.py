@@ -37,7 +37,7 @@ import scipy.fft as sfft
 
 from shufflekit.accountant.engine import ComposedGrid, GridRounds, fp_error_estimate, grid_rounds
 from shufflekit.accountant.numerics.grid import LAMBDAS, GridPLD
-from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Default bound on the aliasing error (delta units) that the window is sized for.

@@ -33,7 +33,8 @@ import numpy as np
 
 from shufflekit.accountant.core import PrivacyResult, Soundness, check_delta, check_epsilon
 from shufflekit.accountant.numerics.grid import GridMasses
-from shufflekit.accountant.numerics.logspace import FloatArray, log1mexp, log_of, log_sub, logsumexp
+from shufflekit.accountant.numerics.logspace import log1mexp, log_of, log_sub, logsumexp
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 #: Default share of the target delta that numerical slack may take before AccuracyError.

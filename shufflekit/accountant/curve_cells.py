@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shufflekit.accountant.numerics.grid import GridPLD
-from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters, UnsoundResult
 
 #: Largest number of base cells a curve may span.

@@ -24,9 +24,9 @@ from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check
 from shufflekit.accountant.curve_cells import CurveCells, lower_grid, steps_that_fit, upper_grid
 from shufflekit.accountant.k2_compose import ATOMS_MAX_N, CELLS_RTOL, MAX_N, K2Pair
 from shufflekit.accountant.numerics.grid import GridPLD, discretise
-from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.lru import BoundedLRU
 from shufflekit.accountant.numerics.pmf_sum import clear_sums
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 #: Base steps of the k >= 3 curves (attack and blanket): each divides every step of

@@ -25,8 +25,9 @@ import scipy
 
 from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.curve_pld import CurvePLD, hull_pld
-from shufflekit.accountant.rdp_filter import ORDERS, FloatArray, rdp_curve
+from shufflekit.accountant.rdp_filter import ORDERS, rdp_curve
 from shufflekit.accountant.round_types import RoundType
+from shufflekit.base.arrays import FloatArray
 
 ENGINE = "tight+dp_accounting"
 Charge = tuple[RoundType, int]  # a round's type and the population it is charged at

@@ -51,9 +51,9 @@ from shufflekit.accountant.core import Mechanism
 from shufflekit.accountant.curve_cells import MAX_CELLS, AtomsCurve, CurveCells, steps_that_fit
 from shufflekit.accountant.numerics.binomial import log_cdf, tail_window_int
 from shufflekit.accountant.numerics.krr import krr
-from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.pmf_sum import binomial_piece, pmf_sum
 from shufflekit.accountant.tight_k2 import default_cuts, on_threads, split_interval
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 _REL = 1e-9  # relative error allowed for each mass (log-space pmfs + direct convolution)

@@ -51,8 +51,8 @@ from shufflekit.accountant.curve_cells import upper_grid
 from shufflekit.accountant.curve_pld import k2_pair
 from shufflekit.accountant.k2_compose import ATOMS_MAX_N, K2Pair, Leaf
 from shufflekit.accountant.numerics.grid import GridPLD
-from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.pmf_sum import FFT_ROUNDOFF
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 #: The DP runs when composing the pair is this far (relative, in epsilon) above the attack.

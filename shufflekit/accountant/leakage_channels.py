@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 from scipy.special import gammaln
 
-from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 MAX_DATASETS = 20_000

@@ -24,8 +24,8 @@ import numpy as np
 from scipy.special import gammaln
 
 from shufflekit.accountant.numerics.krr import krr
-from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.numerics.maxload import expected_max_excess
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import InvalidParameters
 
 MAX_EPS0 = 700.0

@@ -24,13 +24,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.numerics.logspace import logsumexp
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import UnsoundResult
-
-FloatArray = npt.NDArray[np.float64]
 
 ORDERS: FloatArray = np.array(
     [

@@ -27,16 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from shufflekit.accountant.curve_cells import CurveCells
 from shufflekit.accountant.numerics.binomial import log_pmf
-from shufflekit.accountant.numerics.logspace import FloatArray
 from shufflekit.accountant.tight_k2 import WORKERS
+from shufflekit.base.arrays import BoolArray, FloatArray, IntArray
 from shufflekit.base.errors import UnsoundResult
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 CellSums = tuple[IntArray, FloatArray, FloatArray]
 """Cells (absolute numbers) with their P-masses w and scaled Q-masses v (see `CurveCells`)."""
 

@@ -37,7 +37,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from shufflekit.accountant.core import Mechanism, PrivacyLossDistribution, check_query
 from shufflekit.accountant.numerics.binomial import (
@@ -49,15 +48,9 @@ from shufflekit.accountant.numerics.binomial import (
     tail_window,
 )
 from shufflekit.accountant.numerics.grid import LossBinner, default_loss_step
-from shufflekit.accountant.numerics.logspace import (
-    LOG_FLOAT_FLOOR,
-    FloatArray,
-    IntArray,
-    logsumexp,
-)
+from shufflekit.accountant.numerics.logspace import LOG_FLOAT_FLOOR, logsumexp
+from shufflekit.base.arrays import BoolArray, FloatArray, IntArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters, NotApplicable
-
-BoolArray = npt.NDArray[np.bool_]
 
 SAFETY = 1e-7
 """Relative floating-point safety margin on delta: added to every log delta of an upper bound

@@ -24,11 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shufflekit.analyzer.estimators import project_simplex
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import EstimatorInputError
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 MAX_BITS = 16
 RECORD_ESTIMATE_MAX_BITS = 10
 

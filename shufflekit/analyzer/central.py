@@ -23,9 +23,8 @@ import numpy.typing as npt
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import CalibrationError
-
-FloatArray = npt.NDArray[np.float64]
 
 REPLACE_ONE_SENSITIVITY = math.sqrt(2.0)
 

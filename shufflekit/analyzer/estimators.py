@@ -46,11 +46,10 @@ from scipy.special import ndtri
 
 from shufflekit.analyzer.names import ESTIMATORS, TARGETS  # (re-exported: see names)
 from shufflekit.analyzer.score import score_interval
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.checks import real, whole
 from shufflekit.base.errors import EstimatorInputError
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 Method = Literal["inv", "clip", "project", "ibu", "mle"]
 Target = Literal["dataset", "population"]
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shufflekit.base.arrays import FloatArray
 from shufflekit.base.errors import MetricInputError
-
-FloatArray = npt.NDArray[np.float64]
 
 
 def _difference(p: npt.ArrayLike, q: npt.ArrayLike) -> FloatArray:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from shufflekit.base.arrays import FloatArray
 
 
 def variance_terms(p: float, q: float, target: str) -> tuple[float, float, float]:

@@ -33,11 +33,9 @@ from shufflekit.app.experiment_options import (  # (re-exported: the names live 
     PROBS_PREFIX,
     PROBS_SUM_TOLERANCE,
 )
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.checks import whole
 from shufflekit.base.errors import InvalidInput
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 class DatasetError(InvalidInput):

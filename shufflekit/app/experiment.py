@@ -54,7 +54,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN, Mechanism
 from shufflekit.accountant.numerics.logspace import log_of
@@ -81,11 +80,9 @@ from shufflekit.app.experiment_options import (
     DEFAULT_REPETITIONS,
 )
 from shufflekit.app.simulate import simulate_rounds
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.checks import real
 from shufflekit.base.errors import AccountantError, InvalidInput, NotApplicable
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 MODELS: tuple[str, ...] = ("shuffle", "central", "local")
 METRIC_NAMES: tuple[str, ...] = ("tv", "l1", "l2", "max")

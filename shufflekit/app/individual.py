@@ -17,13 +17,10 @@ from shufflekit.analyzer.estimators import (
     inv_frequencies,
 )
 from shufflekit.app.datasets import DatasetError, make_dataset
-from shufflekit.app.experiment import (
-    ExperimentError,
-    FloatArray,
-    shuffle_epsilon,
-)
+from shufflekit.app.experiment import ExperimentError, shuffle_epsilon
 from shufflekit.app.experiment_options import DEFAULT_REPETITIONS
 from shufflekit.app.simulate import simulate_rounds
+from shufflekit.base.arrays import FloatArray
 
 
 @dataclass

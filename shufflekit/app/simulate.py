@@ -21,11 +21,9 @@ import numpy.typing as npt
 from shufflekit.analyzer.estimators import Estimate, estimate
 from shufflekit.analyzer.metrics import all_metrics, total_variation
 from shufflekit.app.datasets import CsvColumn, Dataset, DatasetError, make_dataset
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.errors import InvalidInput
 from shufflekit.client.krr import KRR
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 _MAX_CELLS = 4_000_000  # rounds * k * k cells drawn per multinomial call, to bound memory
 

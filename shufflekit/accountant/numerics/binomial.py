@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from shufflekit.accountant.numerics.logspace import FloatArray, IntArray
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 
 ArrayLike = FloatArray | float | int | npt.NDArray[np.int64]

@@ -44,13 +44,12 @@ from shufflekit.accountant.core import PrivacyLossDistribution
 from shufflekit.accountant.numerics.logspace import (
     LOG_FLOAT_FLOOR,
     NEG_INF,
-    FloatArray,
-    IntArray,
     exp_of,
     logsumexp,
     logsumexp_rows,
 )
 from shufflekit.accountant.numerics.lru import BoundedLRU
+from shufflekit.base.arrays import FloatArray, IntArray
 from shufflekit.base.checks import real
 from shufflekit.base.errors import AccuracyError, InvalidParameters
 

@@ -9,8 +9,7 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from shufflekit.base.arrays import FloatArray
 
 NEG_INF = -math.inf
 LOG_FLOAT_FLOOR = -700.0

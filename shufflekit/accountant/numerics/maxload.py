@@ -13,13 +13,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import numpy.typing as npt
 from scipy import fft as sfft
 
-from shufflekit.accountant.numerics.logspace import FloatArray
+from shufflekit.base.arrays import ComplexArray, FloatArray
 from shufflekit.base.errors import InvalidParameters
-
-ComplexArray = npt.NDArray[np.complex128]
 
 TAIL = 1e-17
 """P(max > m) below this (union bound) ends the sum; the rest is at most TAIL * (a few)."""

@@ -37,8 +37,9 @@ import numpy as np
 import scipy.fft as sfft
 
 from shufflekit.accountant.numerics.binomial import log_cdf, log_pmf, log_sf, tail_window_int
-from shufflekit.accountant.numerics.logspace import FloatArray, logsumexp
+from shufflekit.accountant.numerics.logspace import logsumexp
 from shufflekit.accountant.numerics.lru import BoundedLRU
+from shufflekit.base.arrays import FloatArray
 
 _U = 2.0**-53
 _FFT_C = 50.0  # see the module docstring

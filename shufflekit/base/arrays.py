@@ -1,0 +1,11 @@
+"""The numpy array types every layer annotates with, named once."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+ComplexArray = npt.NDArray[np.complex128]
