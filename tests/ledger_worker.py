@@ -3,14 +3,19 @@
 python -m tests.ledger_worker race URL WORKER REPS BARRIER_DIR PREFIX EPS0 BATCH
 python -m tests.ledger_worker steps URL
 python -m tests.ledger_worker churn URL
+python -m tests.ledger_worker migrate URL legacy|current
 """
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import time
 from pathlib import Path
 
+from sqlalchemy.engine import Connection
+
+from shufflekit.accountant import ledger_schema
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.base.errors import BudgetExceeded
 
@@ -81,6 +86,34 @@ def churn(url: str) -> None:
         i += 1
 
 
+def migrate(url: str, how: str) -> None:
+    """Bring a schema-1 ledger forward, announcing "migrating" from inside the migration (its
+    write lock held) and going on once a line comes on stdin. `current`: this shufflekit's own
+    open (which switches the file to WAL first); `legacy`: its first statement run on the file
+    as it is (in its rollback journal, as an older tool or release left it), then rolled back."""
+
+    def held() -> None:  # (the lock is the migration's transaction's: it stays held here)
+        print("migrating", flush=True)
+        sys.stdin.readline()
+
+    if how == "current":
+        first = ledger_schema.MIGRATIONS[1]
+
+        def slow(conn: Connection) -> None:
+            first(conn)
+            held()
+
+        ledger_schema.MIGRATIONS[1] = slow
+        Ledger(url).close()
+        return
+    raw = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")
+    raw.execute("ALTER TABLE sk_budgets ADD COLUMN reservation_ttl FLOAT")
+    held()
+    raw.rollback()
+    raw.close()
+
+
 if __name__ == "__main__":
     cmd, url, *rest = sys.argv[1:]
     if cmd == "race":
@@ -89,5 +122,7 @@ if __name__ == "__main__":
         steps(url)
     elif cmd == "churn":
         churn(url)
+    elif cmd == "migrate":
+        migrate(url, rest[0])
     else:
         raise SystemExit(f"unknown command {cmd}")

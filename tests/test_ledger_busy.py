@@ -4,6 +4,7 @@ services."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +14,7 @@ from shufflekit.app.sim.loop import run_virtual
 from shufflekit.base.clock import VirtualClock
 from shufflekit.base.errors import LedgerBusy, LedgerError, LedgerUnavailable
 from shufflekit.base.offload import inline, retrying
+from tests.test_ledger_damage import failing_engine
 
 
 class _Engine:
@@ -39,6 +41,45 @@ def test_a_locked_database_is_busy_not_broken(message: str, kind: type[Exception
     with pytest.raises(LedgerError) as err, transaction(_Engine(message), "sqlite:///x.db"):  # type: ignore[arg-type]
         pass
     assert type(err.value) is kind
+
+
+class _PgError(Exception):
+    """A psycopg error: its SQLSTATE, and the server's message in the server's language."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def _sqlite_error(code: int, message: str) -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("driver", "kind"),
+    [
+        (_PgError("55P03", "Abbruch wegen Zeitüberschreitung einer Sperre"), LedgerBusy),
+        (_PgError("40001", "konnte Zugriff nicht serialisieren"), LedgerBusy),
+        (_PgError("40P01", "Verklemmung entdeckt"), LedgerBusy),
+        (_sqlite_error(5, "la base est verrouillée"), LedgerBusy),
+        (_sqlite_error(517, "database is locked"), LedgerBusy),  # SQLITE_BUSY_SNAPSHOT
+        (_PgError("57014", "canceling statement due to lock timeout"), LedgerUnavailable),
+        (_sqlite_error(14, "database is locked"), LedgerUnavailable),  # SQLITE_CANTOPEN
+    ],
+)
+def test_busy_is_told_by_the_drivers_code_not_its_words(driver: Exception, kind: type) -> None:
+    """A PostgreSQL server speaking German said its lock timeout in words the English list
+    did not hold: a LedgerUnavailable (retried too, but said as an outage). The code decides;
+    the words only for an error that carries no code (the test above)."""
+    engine = failing_engine(sa.exc.OperationalError("SELECT", {}, driver))
+    with pytest.raises(LedgerError) as err, transaction(engine, "sqlite:///x.db"):
+        pass
+    assert type(err.value) is kind
+    if kind is LedgerBusy:
+        assert str(err.value).startswith("ledger sqlite:///x.db is busy: another process holds")
+        assert str(err.value).endswith("; try again")
 
 
 @pytest.mark.parametrize("error", [LedgerBusy, LedgerUnavailable])

@@ -191,6 +191,8 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
 }
 
 
+# what a driver error that carries no code at all (neither SQLite's nor PostgreSQL's) says
+# when it is busy; an error with a code is judged by its code alone (`_busy`)
 _BUSY = (
     "database is locked",
     "database is busy",
@@ -201,6 +203,9 @@ _BUSY = (
 
 
 # SQLite's (extended) result codes and PostgreSQL's SQLSTATEs that say why a ledger is refused
+SQLITE_BUSY = 5  # another connection holds the lock (past busy_timeout, or at once: see `busy`)
+# lock_not_available (lock_timeout ran out), serialization_failure, deadlock_detected
+PG_BUSY = ("55P03", "40001", "40P01")
 SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_NOTADB = 8, 11, 26
 SQLITE_READONLY_DIRECTORY = 1544  # the folder is read-only: not even a read can start
 SQLITE_READONLY_TRANSIENT = (264, 1032)  # another connection recovers the WAL; the file moved
@@ -264,10 +269,31 @@ def refusal(
     return None
 
 
-def _busy(exc: sa.exc.DBAPIError) -> bool:
-    """A lock another writer held for longer than LOCK_WAIT, or a serialization failure
-    (PostgreSQL)."""
-    return any(s in str(exc.orig).lower() for s in _BUSY)
+def _busy(exc: BaseException) -> bool:
+    """Whether the driver's error `exc` says another process's lock stood in the way (held
+    for longer than LOCK_WAIT), or a serialization failure or deadlock (PostgreSQL): by SQLite's
+    result code or PostgreSQL's SQLSTATE, as `refusal` reads them (a server's messages may be
+    in another language); only an error that carries neither is judged by its text."""
+    driver = _driver(exc)
+    code = getattr(driver, "sqlite_errorcode", None)
+    state = getattr(driver, "sqlstate", None)
+    if code is not None:
+        return bool(code & 0xFF == SQLITE_BUSY)
+    if state is not None:
+        return state in PG_BUSY
+    return any(s in str(driver).lower() for s in _BUSY)
+
+
+def busy(exc: BaseException, url: str) -> LedgerBusy:
+    """The one line of a busy ledger: another process holds its lock (a write, or bringing its
+    schema forward: SQLite refuses an open's switch to WAL at once while a lock is held on a
+    ledger in its rollback journal). Transient: the user runs the command again, a service
+    retries it. The driver's first line says which lock (psycopg's go on with the query)."""
+    lines = str(_driver(exc)).strip().splitlines() or [type(exc).__name__]
+    return LedgerBusy(
+        f"ledger {redact(url)} is busy: another process holds its lock, writing to it or "
+        f"bringing its schema forward ({' '.join(lines[0].split())}); try again"
+    )
 
 
 @contextmanager
@@ -294,7 +320,7 @@ def transaction(engine: Engine, url: str, *, write: bool = True) -> Iterator[Con
         # in transaction timeout) is unavailable whatever class the driver gave it
         if isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated:
             if _busy(exc):
-                raise LedgerBusy(f"ledger {redact(url)} is busy: {_said(exc)}") from exc
+                raise busy(exc, url) from exc
             raise LedgerUnavailable(f"ledger {redact(url)} is unavailable: {_said(exc)}") from exc
         what = "refused the write" if write else "cannot be read"
         raise LedgerError(f"ledger {redact(url)} {what}: {_said(exc)}") from exc
@@ -424,9 +450,13 @@ def _sqlite_precheck(
 
 def _unopened(exc: BaseException, url: str) -> LedgerError:
     """The refusal of a ledger that could not be opened: damaged or read-only if the driver
-    says so (`refusal`), else a LedgerError with its reason."""
+    says so (`refusal`), busy if another process holds its lock (`busy`), else a LedgerError
+    with its reason."""
     failed = f"cannot open ledger {redact(url)}"
-    return refusal(exc, url, write=False, failed=failed) or LedgerError(f"{failed}: {_said(exc)}")
+    typed = refusal(exc, url, write=False, failed=failed)
+    if typed is None and _busy(exc):
+        typed = busy(exc, url)
+    return typed or LedgerError(f"{failed}: {_said(exc)}")
 
 
 def _check_tables(tables: set[str], url: str, create: bool) -> None:
