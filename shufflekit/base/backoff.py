@@ -18,16 +18,20 @@ async def with_backoff(
     patience: float,
     first: float,
     cap: float,
+    on_retry: Callable[[BaseException, float], None] | None = None,
 ) -> T:
     """`await call()`, again after `first` seconds (doubling up to `cap`) while it raises
-    `retry_on`; once `patience` seconds of `clock` were spent waiting, the error stands."""
+    `retry_on`; once `patience` seconds of `clock` were spent waiting, the error stands.
+    `on_retry(error, delay)` is told of each wait before it starts (a service logs it)."""
     waited, delay = 0.0, first
     while True:
         try:
             return await call()
-        except retry_on:
+        except retry_on as exc:
             if waited >= patience:
                 raise
+            if on_retry is not None:
+                on_retry(exc, delay)
             await clock.sleep(delay)
             waited += delay
             delay = min(2 * delay, cap)

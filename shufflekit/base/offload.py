@@ -38,7 +38,12 @@ async def inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     return fn(*args, **kwargs)
 
 
-def retrying(offload: Offload, clock: Clock = system_clock, patience: float = 30.0) -> Offload:
+# A service's wait for a busy or unreachable ledger: 50 ms doubling to 2 s, for 30 s in all
+TRANSIENT = (LedgerBusy, LedgerUnavailable)
+FIRST, CAP, PATIENCE = 0.05, 2.0, 30.0
+
+
+def retrying(offload: Offload, clock: Clock = system_clock, patience: float = PATIENCE) -> Offload:
     """`offload`, retrying a busy or unreachable ledger (`LedgerBusy`, `LedgerUnavailable`)
     with backoff (50 ms doubling to 2 s) for up to `patience` seconds of `clock`: a lock held
     by another writer, or a database restarting, is never fatal. Every ledger call a service
@@ -48,11 +53,11 @@ def retrying(offload: Offload, clock: Clock = system_clock, patience: float = 30
     async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await with_backoff(
             lambda: offload(fn, *args, **kwargs),
-            (LedgerBusy, LedgerUnavailable),
+            TRANSIENT,
             clock=clock,
             patience=patience,
-            first=0.05,
-            cap=2.0,
+            first=FIRST,
+            cap=CAP,
         )
 
     return call

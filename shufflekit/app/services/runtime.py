@@ -18,9 +18,9 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from shufflekit.accountant.ledger import Ledger
+from shufflekit.accountant.ledger import Budget, Ledger
 from shufflekit.accountant.ledger_schema import redact
 from shufflekit.accountant.ledger_store import COORDINATOR
 from shufflekit.analyzer.service import Analyzer
@@ -39,6 +39,7 @@ from shufflekit.app.services.keys import (
 from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
+from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     BrokerAuthError,
@@ -50,7 +51,7 @@ from shufflekit.base.errors import (
     RoundAborted,
     TransportError,
 )
-from shufflekit.base.offload import Offload, in_thread, retrying
+from shufflekit.base.offload import CAP, FIRST, PATIENCE, TRANSIENT, Offload, in_thread, retrying
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
@@ -63,6 +64,7 @@ from shufflekit.shuffler.mix import MixNode, MixOutcome
 log = logging.getLogger("shufflekit.services")
 Emit = Callable[[dict[str, Any]], None]
 MAX_BACKOFF = 30.0
+T = TypeVar("T")
 
 
 def emit_json(obj: dict[str, Any]) -> None:
@@ -304,15 +306,41 @@ def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
     return ledger
 
 
+async def at_start(name: str, call: Callable[[], T], clock: Clock, stop: asyncio.Event) -> T | None:
+    """`call()` (the service opening its ledger), waited for while the ledger is busy or
+    unavailable (another process holds its lock, bringing its schema forward say, or its
+    server restarts), as the services' ledger calls are during rounds (`retrying`'s backoff,
+    30 s in all), with a line for each wait; None if `stop` was set meanwhile. Any other
+    refusal (damaged, read-only, missing, newer, a bad URL, no budget) stops it at once.
+    Called inline, not offloaded: a start-up is no round, and the simulation's trace stays."""
+    waited = False  # a stop ends a wait; one before the first try changes nothing, as before
+
+    async def attempt() -> T | None:
+        return None if waited and stop.is_set() else call()
+
+    def waiting(exc: BaseException, delay: float) -> None:
+        nonlocal waited
+        waited = True
+        log.warning("%s: waiting %.2fs for its ledger: %s", name, delay, exc)
+
+    return await with_backoff(
+        attempt, TRANSIENT, clock=clock, patience=PATIENCE, first=FIRST, cap=CAP, on_retry=waiting
+    )
+
+
 async def serve_analyzer(
     cfg: ServiceConfig, stop: asyncio.Event, emit: Emit = emit_json, env: ServiceEnv | None = None
 ) -> int:
     """`shufflekit serve analyzer`: decrypt, count, commit through the ledger, publish."""
     key = load_private_key(cfg.analyzer_private_key(), "analyzer")
     env = env or DEFAULT_ENV
+    ledger = await at_start("analyzer", lambda: open_ledger(cfg, env.clock), env.clock, stop)
+    if ledger is None:
+        log.info("analyzer: stopped while waiting for its ledger")
+        return 0
     wiring = env.wiring(
         cfg,
-        open_ledger(cfg, env.clock),
+        ledger,
         estimator=cfg.analyzer.estimator,
         batch_timeout=cfg.analyzer.batch_timeout,
     )
@@ -359,8 +387,20 @@ async def serve_coordinator(
     receipt_key = load_derived_key(RECEIPT_KEY, mix_files[0])
     result_key = load_derived_key(RESULT_KEY, analyzer_file)
     env = env or DEFAULT_ENV
-    ledger = open_ledger(cfg, env.clock)
-    budget = ledger.budget(cfg.deployment)
+
+    def opened() -> tuple[Ledger, Budget]:
+        led = open_ledger(cfg, env.clock)
+        try:
+            return led, led.budget(cfg.deployment)
+        except BaseException:
+            led.close()
+            raise
+
+    started = await at_start("coordinator", opened, env.clock, stop)
+    if started is None:
+        log.info("coordinator: stopped while waiting for its ledger")
+        return 0
+    ledger, budget = started
     params = c.round_params(budget.n_min)
     try:  # at start, as every round would refuse it (a supervisor's crash loop)
         params.at_least(budget.n_min)
