@@ -121,3 +121,26 @@ def test_busy_for_too_long_or_another_error_is_raised() -> None:
     with pytest.raises(LedgerError, match="no such table"):
         run_virtual(main(broken), VirtualClock())
     assert asyncio.iscoroutinefunction(inline)
+
+
+def test_patience_counts_the_time_each_try_blocks_not_only_the_waits() -> None:
+    """A try that blocks (SQLite waits LOCK_WAIT for another writer's lock before it is
+    LedgerBusy) spends the service's patience too: before, only the backoff's sleeps counted,
+    so 30 s of patience let some 18 tries block 30 s each (about 9 minutes) before giving up."""
+    clock = VirtualClock()
+    tries: list[float] = []
+
+    def blocks_then_busy() -> None:
+        tries.append(clock.monotonic())
+        clock.advance(10.0)  # the try itself waited 10 s for the lock
+        raise LedgerBusy("database is locked")
+
+    async def main() -> None:
+        await retrying(inline, clock, patience=30.0)(blocks_then_busy)
+
+    with pytest.raises(LedgerBusy):
+        run_virtual(main(), clock)
+    # the first failure (at 10 s) starts the patience; the tries at 10.05, 20.15 and 30.35 s
+    # fail 10 s later each, and the one failing at 40.35 s is 30.35 s past it: no more tries
+    assert tries == pytest.approx([0.0, 10.05, 20.15, 30.35])
+    assert clock.monotonic() == pytest.approx(40.35)

@@ -21,17 +21,21 @@ async def with_backoff(
     on_retry: Callable[[BaseException, float], None] | None = None,
 ) -> T:
     """`await call()`, again after `first` seconds (doubling up to `cap`) while it raises
-    `retry_on`; once `patience` seconds of `clock` were spent waiting, the error stands.
-    `on_retry(error, delay)` is told of each wait before it starts (a service logs it)."""
-    waited, delay = 0.0, first
+    `retry_on`; once `patience` seconds of `clock` have passed since the first failure, the
+    error stands. The time a try blocks counts (a SQLite write waits out another's lock before
+    it fails), so a try starts at most `patience` after the first failure, not after `patience`
+    seconds of sleeps alone. `on_retry(error, delay)` is told of each wait before it starts."""
+    since: float | None = None
+    delay = first
     while True:
         try:
             return await call()
         except retry_on as exc:
-            if waited >= patience:
+            now = clock.monotonic()
+            since = now if since is None else since
+            if now - since >= patience:
                 raise
             if on_retry is not None:
                 on_retry(exc, delay)
             await clock.sleep(delay)
-            waited += delay
             delay = min(2 * delay, cap)
