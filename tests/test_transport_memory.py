@@ -49,3 +49,13 @@ async def test_closed_connection_refuses_and_ends_subscriptions() -> None:
             await sub.get(1)
     with pytest.raises(TransportError):
         await conn.publish("t", b"x")
+
+
+def test_topic_matching_is_remembered() -> None:
+    """The simulated broker asks the same (filter, topic) pairs for every publish: answered
+    once, then from the cache, with the same answer."""
+    topic_matches.cache_clear()
+    first = [topic_matches("a/+/c", "a/b/c") for _ in range(3)]
+    assert first == [True] * 3
+    assert topic_matches.cache_info().hits == 2
+    assert topic_matches("a/+/c", "a/b/d") is False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -37,8 +38,15 @@ def check_publish(topic: object, payload: object) -> bytes:
     return bytes(payload)
 
 
+MATCHES_CACHED = 1 << 14  # (filter, topic) answers kept: a broker asks the same pairs again
+
+
+@functools.lru_cache(maxsize=MATCHES_CACHED)
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic filter matching (`+` matches one level, a final `#` matches the rest)."""
+    """MQTT topic filter matching (`+` matches one level, a final `#` matches the rest).
+
+    Remembered per (filter, topic): the simulated broker asks it of every session's filters
+    for every publish (the chaos sweeps' hottest call), and the answer never changes."""
     f_parts = topic_filter.split("/")
     t_parts = topic.split("/")
     for i, f in enumerate(f_parts):
