@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import tempfile
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from shufflekit.app.sim.invariants import Checker, Violation
 from shufflekit.app.sim.ledger_faults import LedgerFaults, LedgerPlan
 from shufflekit.app.sim.loop import SimulationStalled, run_virtual
 from shufflekit.app.sim.order import Order
+from shufflekit.app.sim.scratch import scratch_folder
 from shufflekit.app.sim.trace import Trace, topic_parts
 from shufflekit.app.sim.users import Users
 from shufflekit.base.clock import VirtualClock
@@ -547,9 +547,10 @@ def _quiet() -> Iterator[None]:
 
 
 def run_seed(spec: SimSpec, world_type: type[World] = World) -> SeedOutcome:
-    """Simulate one seed in a temporary folder on virtual time; what it did and found.
+    """Simulate one seed in a temporary folder (`scratch`) on virtual time; what it did and
+    found.
     `world_type` may be a World with a scenario's own fault schedule (tests)."""
-    with _quiet(), tempfile.TemporaryDirectory(prefix="shufflekit-sim-") as tmp:
+    with _quiet(), scratch_folder() as tmp:  # in memory if the machine has room
         cipher = contextlib.nullcontext() if spec.real_crypto else standin.allowed()
         with cipher:
             world = world_type(spec, Path(tmp))
