@@ -315,7 +315,14 @@ async def first_outcome(
             w.cancel()
     if not done:
         raise RoundAborted(f"round {round_id}: no result or abort within {timeout:.0f}s")
-    return next(iter(done)).result()
+    # Both may have ended in the same step: the result first (a published result means the
+    # round was committed), then the abort, then a watcher's error (a subscription closed);
+    # each error is read, so none is reported as never retrieved.
+    errors = [e for w in watchers if w in done and (e := w.exception()) is not None]
+    for w in watchers:
+        if w in done and w.exception() is None:
+            return w.result()
+    raise errors[0]
 
 
 async def aborted_elsewhere(sub: Subscription, round_id: str, hop: int) -> Abort:
