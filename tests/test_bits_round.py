@@ -139,7 +139,7 @@ def test_bits_round_across_service_processes(mosquitto: str, procs: Procs, tmp_p
     result = line["result"]
     assert (result["mechanism"], result["bits"], result["batch_size"]) == ("bits", 4, 600)
     assert len(result["bit_frequency"]) == 4 and len(result["histogram"]) == 16
-    for n in hops:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(n)
     [rec] = Ledger(ledger_url).status(DEPLOYMENT).rounds
     assert (rec.round_id, rec.status, rec.k) == (sent["round_id"], "committed", 4)

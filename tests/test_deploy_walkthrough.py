@@ -251,8 +251,8 @@ def test_the_walkthrough_releases_one_entry_per_accepted_client(
     assert line["released"], (line, services.stderr("mix0"))
     result = line["result"]
     assert result["round_id"] == sent["round_id"]
-    for name in hops:
-        assert services.stop(name, timeout=30) == 0, services.stderr(name)
+    for name, code in services.stop_all(list(hops), timeout=30).items():
+        assert code == 0, services.stderr(name)
 
     # exactly one histogram entry per client mix 0 accepted; every bad report rejected
     [mix0] = services.lines("mix0")

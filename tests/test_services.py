@@ -98,8 +98,8 @@ def test_a_round_across_processes_counts_each_accepted_client_once(
     # the participant-facing statement travels with (epsilon, delta) in the published result
     assert result["privacy"]["statement"].startswith("someone who sees the published counts")
     assert isinstance(result["privacy"]["insider_exact"], bool)
-    for n in hops:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(n)
 
     [mix0] = procs.lines("mix0")
     good = sent["good"]
@@ -135,8 +135,8 @@ def test_a_round_below_n_min_releases_nothing_and_is_refunded(
     [line] = procs.lines("coordinator")
     assert not line["released"] and line["result"] is None
     assert line["abort"]["hop"] == 0 and "below the release threshold" in line["abort"]["reason"]
-    for n in hops:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(n)
     [mix0] = procs.lines("mix0")
     assert (mix0["accepted"], mix0["released"], mix0["forwarded"]) == (20, False, 0)
     for name in ("mix1", "analyzer"):  # nothing reached them; each says why, in one line

@@ -114,8 +114,8 @@ def test_broker_restart_mid_round_counts_every_accepted_report_once(
     assert nxt["round_id"] != round1["round_id"], nxt
     wait_spooled(tmp_path, "mix0", NEXT)
     assert procs.stop("coordinator") == 0, procs.stderr("coordinator")
-    for name in hops:
-        assert procs.stop(name) == 0, procs.stderr(name)
+    for name, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(name)
 
     coord = procs.lines("coordinator")
     mix0 = procs.lines("mix0")

@@ -124,7 +124,7 @@ def test_kill_9_mid_round_and_restart_counts_every_report_once(
         assert "resuming round" in procs.stderr(again), procs.stderr(again)
     else:
         assert "resuming it" in procs.stderr(again), procs.stderr(again)
-    for n in [h if h != victim else again for h in hops]:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all([h if h != victim else again for h in hops]).items():
+        assert code == 0, procs.stderr(n)
     mix0 = outcome_lines(procs, ["mix0", "mix0b"])
     assert [(m["accepted"], m["forwarded"]) for m in mix0] == [(USERS, USERS)]

@@ -103,8 +103,8 @@ def test_a_full_stdout_costs_the_json_lines_not_the_rounds(
     assert procs.procs["coordinator"].wait(60) == 0, procs.stderr("coordinator")
     rounds = Ledger(ledger_url).status(DEPLOYMENT).rounds
     assert [(r.status, r.batch_size) for r in rounds] == [("committed", USERS)] * 2
-    for name in hops:
-        assert procs.stop(name) == 0, procs.stderr(name)
+    for name, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(name)
     for name in [*hops, "coordinator"]:
         err = procs.stderr(name)
         assert "Traceback" not in err, err

@@ -105,7 +105,7 @@ def test_metrics_endpoints_count_the_round(mosquitto: str, procs: Procs, tmp_pat
     assert c[("shufflekit_batch_size_sum", ())] == 27
     assert c[("shufflekit_round_duration_seconds_count", ())] == 1
 
-    for n in ["coordinator", *hops]:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all(["coordinator", *hops]).items():
+        assert code == 0, procs.stderr(n)
     with pytest.raises(OSError):  # the endpoint goes away with the service
         scrape(base)

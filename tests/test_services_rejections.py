@@ -131,8 +131,8 @@ def test_hostile_reports_are_rejected_by_reason_and_the_round_counts_the_rest(
     assert procs.stop("coordinator") == 0, procs.stderr("coordinator")  # close: release now
     [line] = procs.lines("coordinator")
     assert line["released"], line
-    for n in hops:
-        assert procs.stop(n) == 0, procs.stderr(n)
+    for n, code in procs.stop_all(hops).items():
+        assert code == 0, procs.stderr(n)
 
     good = 40 - 4
     [mix0] = procs.lines("mix0")
