@@ -28,6 +28,10 @@ pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
 USERS = 2000
 MIXES = 3
+# The coordinator's lease in the ledger (default 15 s): a coordinator restarted after a kill -9
+# waits for the killed one's lease to run out (plus the clock skew margin) before it resumes
+# the round. Nothing else contends for it here, so a short one only shortens that wait.
+LEASE = 3
 
 
 @pytest.fixture
@@ -106,6 +110,7 @@ def test_kill_9_mid_round_and_restart_counts_every_report_once(
     broker: Broker, procs: Procs, tmp_path: Path, victim: str
 ) -> None:
     cfg, ledger_url = write_deployment(tmp_path, broker.url, MIXES, n_min=100, deadline=12)
+    cfg.write_text(cfg.read_text() + f"lease = {LEASE}\n")  # [coordinator] is the last section
     hops = start_hops(procs, cfg, MIXES)
     procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1")
     start_clients(procs, "clients", broker.url, USERS, "c")

@@ -25,6 +25,10 @@ from tests.test_services import DEPLOYMENT, run_clients, start_hops, write_deplo
 pytestmark = [pytest.mark.services, pytest.mark.mqtt]
 
 USERS = 40
+# The coordinator's lease in the ledger (default 15 s): the next coordinator first waits for
+# the killed one's lease to run out (plus the clock skew margin). Nothing else contends for it
+# here, so a short one only shortens that wait.
+LEASE = 3
 
 
 def kill_at_commit(procs: Procs, ledger: Path, names: list[str]) -> threading.Thread:
@@ -53,6 +57,7 @@ def test_a_round_committed_by_a_lost_analyzer_is_published_by_the_next_coordinat
     mosquitto: str, procs: Procs, tmp_path: Path
 ) -> None:
     cfg, ledger_url = write_deployment(tmp_path, mosquitto, 1, n_min=20, deadline=3)
+    cfg.write_text(cfg.read_text() + f"lease = {LEASE}\n")  # [coordinator] is the last section
     start_hops(procs, cfg, 1)
     procs.start("coordinator", "serve", "coordinator", "--config", str(cfg), "--rounds", "1")
     killer = kill_at_commit(procs, tmp_path / "state" / "ledger.db", ["analyzer", "coordinator"])
