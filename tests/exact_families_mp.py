@@ -121,10 +121,24 @@ def k2_all_at_x0(n: int, eps0: float, eps: float, *, sds: float = 10.0) -> tuple
     counts within `sds` standard deviations of the mode (a subset of non-negative terms: lower
     bounds, exact to ~1e-20 relative for sds = 10). S = A + target, A ~ Bin(n-1, p):
     P(S = s | x0) = p b(s-1) + q b(s), P(S = s | x1) = q b(s-1) + p b(s); b by its ratio
-    recurrence from the mode, in 40 digits."""
+    recurrence from the mode, in 40 digits. The two laws do not depend on eps: they are kept
+    (`_k2_x0_laws`) for the next eps at the same (n, eps0, sds)."""
+    with mpmath.workdps(40):
+        ee = mpmath.exp(mpmath.mpf(eps))
+        fwd = mpmath.mpf(0)
+        bwd = mpmath.mpf(0)
+        zero = mpmath.mpf(0)
+        for px0, px1 in _k2_x0_laws(n, eps0, sds):
+            fwd += max(zero, px0 - ee * px1)
+            bwd += max(zero, px1 - ee * px0)
+        return fwd, bwd
+
+
+@lru_cache(maxsize=4)
+def _k2_x0_laws(n: int, eps0: float, sds: float) -> tuple[tuple[mpmath.mpf, mpmath.mpf], ...]:
+    """(P(S = s | x0), P(S = s | x1)) for s over the window of `k2_all_at_x0`, in 40 digits."""
     with mpmath.workdps(40):
         p, q = _probs(2, eps0)
-        ee = mpmath.exp(mpmath.mpf(eps))
         big = n - 1
         mode = int(mpmath.floor((big + 1) * p))
         half = int(sds * mpmath.sqrt(big * p * q)) + 2
@@ -143,13 +157,9 @@ def k2_all_at_x0(n: int, eps0: float, eps: float, *, sds: float = 10.0) -> tuple
             b[s + 1] = b[s] * (big - s) / (s + 1) * ratio
         for s in range(mode, lo, -1):
             b[s - 1] = b[s] * s / (big - s + 1) / ratio
-        fwd = mpmath.mpf(0)
-        bwd = mpmath.mpf(0)
         zero = mpmath.mpf(0)
+        laws = []
         for s in range(lo, hi + 2):
             prev, cur = b.get(s - 1, zero), b.get(s, zero)
-            px0 = p * prev + q * cur
-            px1 = q * prev + p * cur
-            fwd += max(zero, px0 - ee * px1)
-            bwd += max(zero, px1 - ee * px0)
-        return fwd, bwd
+            laws.append((p * prev + q * cur, q * prev + p * cur))
+        return tuple(laws)
