@@ -116,7 +116,8 @@ def test_an_analyzer_waits_for_its_ledger_then_starts(
 def test_a_ledger_busy_for_longer_than_the_patience_stops_the_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Bounded as a ledger call during a round is (`retrying`): 30 s of waits, then the error."""
+    """Bounded as a ledger call during a round is (`retrying`): 30 s from the first failure, then
+    the error."""
     clock = VirtualClock()
     cfg, own = _virtual_deployment(tmp_path, clock)
     own.close()

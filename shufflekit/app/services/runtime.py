@@ -310,8 +310,8 @@ async def at_start(name: str, call: Callable[[], T], clock: Clock, stop: asyncio
     """`call()` (the service opening its ledger), waited for while the ledger is busy or
     unavailable (another process holds its lock, bringing its schema forward say, or its
     server restarts), as the services' ledger calls are during rounds (`retrying`'s backoff,
-    30 s in all), with a line for each wait; None if `stop` was set meanwhile. Any other
-    refusal (damaged, read-only, missing, newer, a bad URL, no budget) stops it at once.
+    30 s from the first failure), with a line for each wait; None if `stop` was set meanwhile.
+    Any other refusal (damaged, read-only, missing, newer, a bad URL, no budget) stops it at once.
     Called inline, not offloaded: a start-up is no round, and the simulation's trace stays."""
     waited = False  # a stop ends a wait; one before the first try changes nothing, as before
 
