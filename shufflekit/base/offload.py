@@ -47,9 +47,9 @@ FIRST, CAP, PATIENCE = 0.05, 2.0, 30.0
 def retrying(offload: Offload, clock: Clock = system_clock, patience: float = PATIENCE) -> Offload:
     """`offload`, retrying a busy or unreachable ledger (`LedgerBusy`, `LedgerUnavailable`)
     with backoff (50 ms doubling to 2 s) for up to `patience` seconds of `clock` from the first
-    failure: a lock held by another writer, or a database restarting, is never fatal. Every ledger call a service
-    makes may run twice: a write whose reply was lost is found done (reserve, commit and
-    refund are idempotent)."""
+    failure: a lock held by another writer, or a database restarting, is never fatal. Every
+    ledger call a service makes may run twice: a write whose reply was lost is found done
+    (reserve, commit and refund are idempotent)."""
 
     async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await with_backoff(
