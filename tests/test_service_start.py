@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from shufflekit.accountant import ledger as ledger_module
 from shufflekit.accountant.ledger import Ledger
 from shufflekit.accountant.ledger_schema import SCHEMA_VERSION
-from shufflekit.app.services import runtime
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.runtime import ServiceEnv, serve_analyzer, serve_coordinator
 from shufflekit.app.sim.loop import run_virtual
@@ -57,7 +57,7 @@ def _flaky(
             then()
         return Ledger(*args, **kwargs)
 
-    monkeypatch.setattr(runtime, "Ledger", opening)
+    monkeypatch.setattr(ledger_module, "Ledger", opening)  # (`open_ledger` imports it there)
     return calls
 
 

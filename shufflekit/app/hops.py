@@ -8,9 +8,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shufflekit.analyzer.service import Analyzer
 from shufflekit.app.rounds import HopOutcome, RoundTopics, aborted_elsewhere, next_message
 from shufflekit.base.backoff import with_backoff
 from shufflekit.base.errors import ConfigError, InvalidReport, RoundSuspended, TransportError
@@ -21,6 +20,9 @@ from shufflekit.core.spool import Inbox, running_inbox
 from shufflekit.core.transport.base import Subscription, Transport
 from shufflekit.core.waiting import within
 from shufflekit.shuffler.mix import MixNode
+
+if TYPE_CHECKING:  # a mix runs this: the analyzer's module (its estimators, scipy) stays out
+    from shufflekit.analyzer.service import Analyzer
 
 log = logging.getLogger("shufflekit.hops")
 RETAINED_WAIT = 1.0  # seconds a resumed round waits for a retained abort
@@ -47,7 +49,7 @@ class HopRunner:
     async def _inbox_running(self) -> AsyncIterator[None]:
         """Run the node's durable inbox (every round's input) for the duration of the block;
         without one (an analyzer that does not know its hop) each round runs its own."""
-        if isinstance(self.node, Analyzer) and self.node.hops is None:
+        if not isinstance(self.node, MixNode) and self.node.hops is None:
             yield
             return
         async with running_inbox(None, self.node.inbox) as inbox:
@@ -87,7 +89,7 @@ class HopRunner:
         state = self.node.spool.state(ann.round_id)
         if state == "done":
             return None
-        if state == "output" and isinstance(self.node, Analyzer):
+        if state == "output" and not isinstance(self.node, MixNode):
             # committed before a restart: its stored result goes out, whatever was aborted
             return await self.node.run_round(ann, None, stop, self.inbox)
         ready = asyncio.Event()
@@ -240,7 +242,7 @@ class HopRunner:
                         if self.refusal(ann) is None:
                             log.info("%s: resuming round %s", self.name, ann.round_id)
                             start(ann)
-                    if isinstance(self.node, Analyzer):  # committed results never sent
+                    if not isinstance(self.node, MixNode):  # committed results never sent
                         spawn(self._publish_committed(self.node))
                     if subscribed is not None:
                         subscribed.set()

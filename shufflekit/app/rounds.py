@@ -10,13 +10,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
-from shufflekit.accountant.leakage import round_facts
-from shufflekit.accountant.ledger import Ledger, RoundRecord
-from shufflekit.accountant.ledger_records import MAX_N_MIN
-from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
 from shufflekit.base.checks import real, whole
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
@@ -35,9 +31,13 @@ from shufflekit.core.transport.base import Message, Subscription, Transport
 from shufflekit.core.wire import MAX_RECORD_BITS
 from shufflekit.shuffler.mix import MixOutcome
 
+if TYPE_CHECKING:  # a mix imports this module: the ledger and the analyzer load where used
+    from shufflekit.accountant.ledger import Ledger, RoundRecord
+    from shufflekit.analyzer.service import AnalyzerOutcome, ReleaseHook
+
 TransportFactory = Callable[[str], Transport]
 
-HopOutcome = MixOutcome | AnalyzerOutcome
+HopOutcome: TypeAlias = "MixOutcome | AnalyzerOutcome"
 
 COORDINATOR_HOP = -1  # the `hop` of an abort the coordinator publishes itself
 
@@ -72,6 +72,8 @@ class RoundParams:
     def __post_init__(self) -> None:
         """Refuse, before any round is reserved, what no round can have (numpy numbers are
         taken as Python's): a round of bad parameters would leave its reservation behind."""
+        from shufflekit.accountant.ledger_records import MAX_N_MIN  # (a mix makes none)
+
         bad = InvalidParameters
         set_ = object.__setattr__  # frozen: store the checked values as Python numbers
         if self.bits is not None:
@@ -166,6 +168,8 @@ def ledger_release_hook(
 
     async def priced(result: Result, seal: Callable[[Result], Result]) -> tuple[Result, str]:
         """The sealed result with its privacy facts, and the basis its total is over."""
+        from shufflekit.accountant.ledger import RoundRecord
+
         rid, n = result.round_id, result.batch_size
         facts = await offload(ledger.quote_commit, deployment, rid, n)
         basis = str(facts.pop("basis"))
@@ -239,6 +243,8 @@ async def participant_facts(
     round: on any failure the result goes out without these facts (`statement` null). Only k-RR
     rounds are described.
     """
+    from shufflekit.accountant.leakage import round_facts
+
     if rec.tag != "krr":
         return {}
     epsilon = rec.epsilon_round if delta is not None else None

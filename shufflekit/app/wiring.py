@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from shufflekit.accountant.ledger import Ledger
-from shufflekit.analyzer.estimators import ESTIMATORS
-from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.coordinator import Coordinator
+from shufflekit.analyzer.names import ESTIMATORS
 from shufflekit.app.rounds import (
     ledger_published_hook,
     ledger_release_hook,
@@ -34,6 +32,11 @@ from shufflekit.core.spool import Spool
 from shufflekit.core.topics import check_name
 from shufflekit.core.transport.base import Transport
 from shufflekit.shuffler.mix import MixNode
+
+if TYPE_CHECKING:  # a mix's process builds only its mix: the others load when built
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.analyzer.service import Analyzer
+    from shufflekit.app.coordinator import Coordinator
 
 
 @dataclass
@@ -99,6 +102,8 @@ class Wiring:
     ) -> Analyzer:
         """The analyzer (hop L): it commits each round's cost and result in the ledger, then
         publishes, and records the publication there."""
+        from shufflekit.analyzer.service import Analyzer
+
         return Analyzer(
             transport,
             self.deployment,
@@ -135,6 +140,8 @@ class Wiring:
         core/results.py). `holder`: its lease in the ledger (`Coordinator`)."""
         if len(mix_keys) != self.mixes:
             raise ConfigError(f"{len(mix_keys)} mix keys for a cascade of {self.mixes} mixes")
+        from shufflekit.app.coordinator import Coordinator
+
         return Coordinator(
             transport,
             self.deployment,

@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from shufflekit.accountant.core import EPS0_MAX, EPS0_MIN
-from shufflekit.analyzer.estimators import ESTIMATORS
+from shufflekit.analyzer.names import ESTIMATORS
 from shufflekit.app.rounds import RoundParams
 from shufflekit.app.services.keys import KeyFiles
 from shufflekit.app.services.metrics import MetricsSettings

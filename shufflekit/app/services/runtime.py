@@ -18,15 +18,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from shufflekit.accountant.ledger import Budget, Ledger
-from shufflekit.accountant.ledger_schema import redact
-from shufflekit.accountant.ledger_store import COORDINATOR
-from shufflekit.analyzer.service import Analyzer
-from shufflekit.app.coordinator import Coordinator
-from shufflekit.app.retained import AbortSweeper
-from shufflekit.app.rounds import HopOutcome, RoundReport
 from shufflekit.app.services.config import ServiceConfig
 from shufflekit.app.services.keys import (
     RECEIPT_KEY,
@@ -36,7 +29,6 @@ from shufflekit.app.services.keys import (
     load_private_key,
     load_public_key,
 )
-from shufflekit.app.services.lease import RoleLease
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
 from shufflekit.base.backoff import with_backoff
@@ -60,6 +52,13 @@ from shufflekit.core.transport.mqtt import BrokerAddress, MqttTransport
 from shufflekit.core.waiting import sleep_unless
 from shufflekit.core.wire import MAX_PACKET_BYTES
 from shufflekit.shuffler.mix import MixNode, MixOutcome
+
+if TYPE_CHECKING:  # `serve mix` imports this module: what only the coordinator and the analyzer
+    # use (the ledger, SQLAlchemy, the accountant's engines, scipy) loads in their functions
+    from shufflekit.accountant.ledger import Budget, Ledger
+    from shufflekit.analyzer.service import Analyzer
+    from shufflekit.app.coordinator import Coordinator
+    from shufflekit.app.rounds import HopOutcome, RoundReport
 
 log = logging.getLogger("shufflekit.services")
 Emit = Callable[[dict[str, Any]], None]
@@ -290,6 +289,9 @@ async def serve_mix(
 def open_ledger(cfg: ServiceConfig, clock: Clock = system_clock) -> Ledger:
     """The deployment's existing ledger with its budget; ConfigError says how to create it.
     `clock` stamps its records and expires reservations (a simulation's virtual clock)."""
+    from shufflekit.accountant.ledger import Ledger
+    from shufflekit.accountant.ledger_schema import redact
+
     raw = cfg.ledger_url()
     url = shlex.quote(redact(raw))  # the hints name it, to be pasted
     try:
@@ -380,6 +382,10 @@ async def serve_coordinator(
 ) -> int:
     """`shufflekit serve coordinator`: reserve, announce and settle rounds, `rounds` of them
     (forever if None), `interval` seconds apart. BudgetExceeded ends it (the caller reports)."""
+    from shufflekit.accountant.ledger_store import COORDINATOR
+    from shufflekit.app.retained import AbortSweeper
+    from shufflekit.app.services.lease import RoleLease
+
     c = cfg.coordinator_settings()
     mix_files, analyzer_file = cfg.public_keys()
     mix_keys = [load_public_key(p, f"mix{i}") for i, p in enumerate(mix_files)]
