@@ -38,27 +38,33 @@ async def inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     return fn(*args, **kwargs)
 
 
-# A service's wait for a busy or unreachable ledger: 50 ms doubling to 2 s, for 30 s from the
-# first failure
-TRANSIENT = (LedgerBusy, LedgerUnavailable)
-FIRST, CAP, PATIENCE = 0.05, 2.0, 30.0
+async def at_once(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """A service's start-up: call it here, with no scheduling point (unlike `inline`), so a
+    simulation's trace is the same as when start-up did not wait for its ledger."""
+    return fn(*args, **kwargs)
 
 
-def retrying(offload: Offload, clock: Clock = system_clock, patience: float = PATIENCE) -> Offload:
+def retrying(
+    offload: Offload,
+    clock: Clock = system_clock,
+    patience: float = 30.0,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+) -> Offload:
     """`offload`, retrying a busy or unreachable ledger (`LedgerBusy`, `LedgerUnavailable`)
     with backoff (50 ms doubling to 2 s) for up to `patience` seconds of `clock` from the first
     failure: a lock held by another writer, or a database restarting, is never fatal. Every
     ledger call a service makes may run twice: a write whose reply was lost is found done
-    (reserve, commit and refund are idempotent)."""
+    (reserve, commit and refund are idempotent). `on_retry(error, delay)` is told of each wait."""
 
     async def call(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await with_backoff(
             lambda: offload(fn, *args, **kwargs),
-            TRANSIENT,
+            (LedgerBusy, LedgerUnavailable),
             clock=clock,
             patience=patience,
-            first=FIRST,
-            cap=CAP,
+            first=0.05,
+            cap=2.0,
+            on_retry=on_retry,
         )
 
     return call

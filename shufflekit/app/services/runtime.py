@@ -31,7 +31,6 @@ from shufflekit.app.services.keys import (
 )
 from shufflekit.app.services.metrics import ServiceMetrics, hop_runner, start_metrics
 from shufflekit.app.wiring import Wiring
-from shufflekit.base.backoff import with_backoff
 from shufflekit.base.clock import Clock, system_clock
 from shufflekit.base.errors import (
     BrokerAuthError,
@@ -43,7 +42,7 @@ from shufflekit.base.errors import (
     RoundAborted,
     TransportError,
 )
-from shufflekit.base.offload import CAP, FIRST, PATIENCE, TRANSIENT, Offload, in_thread, retrying
+from shufflekit.base.offload import Offload, at_once, in_thread, retrying
 from shufflekit.base.random import Randomness, SystemRandomness
 from shufflekit.core.peeling import InlinePeeler, Peeler, ProcessPeeler
 from shufflekit.core.spool import Spool, hop_filters
@@ -314,10 +313,11 @@ async def at_start(name: str, call: Callable[[], T], clock: Clock, stop: asyncio
     server restarts), as the services' ledger calls are during rounds (`retrying`'s backoff,
     30 s from the first failure), with a line for each wait; None if `stop` was set meanwhile.
     Any other refusal (damaged, read-only, missing, newer, a bad URL, no budget) stops it at once.
-    Called inline, not offloaded: a start-up is no round, and the simulation's trace stays."""
+    Called here (`at_once`), not offloaded: a start-up is no round, and the simulation's trace
+    stays."""
     waited = False  # a stop ends a wait; one before the first try changes nothing, as before
 
-    async def attempt() -> T | None:
+    def attempt() -> T | None:
         return None if waited and stop.is_set() else call()
 
     def waiting(exc: BaseException, delay: float) -> None:
@@ -325,9 +325,7 @@ async def at_start(name: str, call: Callable[[], T], clock: Clock, stop: asyncio
         waited = True
         log.warning("%s: waiting %.2fs for its ledger: %s", name, delay, exc)
 
-    return await with_backoff(
-        attempt, TRANSIENT, clock=clock, patience=PATIENCE, first=FIRST, cap=CAP, on_retry=waiting
-    )
+    return await retrying(at_once, clock, on_retry=waiting)(attempt)
 
 
 async def serve_analyzer(
