@@ -66,7 +66,7 @@ def _hold_a_lock(url: str, postgres_lock: str) -> Callable[[], None]:
 
 
 BUDGET_ROW = "SELECT * FROM sk_budgets WHERE deployment = 'd' FOR UPDATE"  # a budget's writer
-MIGRATORS = "SELECT pg_advisory_xact_lock(727345671)"  # what a schema write waits for
+MIGRATORS = ledger_schema.MIGRATION_LOCK  # what a schema write waits for
 
 
 def test_a_writer_behind_a_transaction_that_does_not_end_gives_up_busy(

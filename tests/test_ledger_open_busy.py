@@ -112,7 +112,7 @@ def _schema_5(url: str) -> None:
     engine.dispose()
 
 
-MIGRATORS = "SELECT pg_advisory_xact_lock(727345671)"  # what a schema change holds
+MIGRATORS = ledger_schema.MIGRATION_LOCK  # what a schema change holds
 VERSION_TABLE = "LOCK TABLE sk_schema_version IN ACCESS EXCLUSIVE MODE"  # what an open reads
 
 

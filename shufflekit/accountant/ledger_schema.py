@@ -36,6 +36,7 @@ from shufflekit.base.errors import (
 )
 
 SCHEMA_VERSION = 6
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(727345671)"  # PostgreSQL: one migrator at a time
 LOCK_WAIT = 30.0  # seconds a write waits for another writer's lock before it is LedgerBusy
 # PostgreSQL: seconds a session may sit idle inside a transaction before the server ends it
 # (its transaction rolled back, its locks freed): a process stopped mid-write blocks the
@@ -368,7 +369,7 @@ def open_schema(
             return SCHEMA_VERSION  # nothing to create or bring forward: written to by no one
         with transaction(engine, url) as conn:
             if conn.dialect.name == "postgresql":  # one migrator at a time
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(727345671)"))
+                conn.execute(sa.text(MIGRATION_LOCK))
             tables = set(sa.inspect(conn).get_table_names())
             _check_tables(tables, url, create)
             if schema_version.name not in tables:
