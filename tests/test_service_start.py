@@ -42,6 +42,15 @@ from tests.test_ledger_open_busy import migrating
 WAITING = "waiting"  # the start of the line a service logs for each wait for its ledger
 
 
+def _deployment(tmp_path: Path) -> tuple[ServiceConfig, VirtualClock]:
+    """A deployment's config and its virtual clock, its ledger closed again for the service
+    under test to open."""
+    clock = VirtualClock()
+    cfg, own = _virtual_deployment(tmp_path, clock)
+    own.close()
+    return cfg, clock
+
+
 def _flaky(
     monkeypatch: pytest.MonkeyPatch, clock: VirtualClock, errors: list[Exception], then: Any = None
 ) -> list[float]:
@@ -76,9 +85,7 @@ def _waits(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_coordinator_waits_for_a_busy_or_unavailable_ledger_then_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     errors: list[Exception] = [
         LedgerBusy("ledger L is busy: another process holds its lock"),
         LedgerUnavailable("ledger L is unavailable: connection refused"),
@@ -101,9 +108,7 @@ def test_a_coordinator_waits_for_a_busy_or_unavailable_ledger_then_starts(
 def test_an_analyzer_waits_for_its_ledger_then_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     stop = asyncio.Event()  # set once it opened: it then stops before connecting
     calls = _flaky(monkeypatch, clock, [LedgerUnavailable("ledger L is unavailable")], stop.set)
     caplog.set_level(logging.INFO, "shufflekit.services")
@@ -118,9 +123,7 @@ def test_a_ledger_busy_for_longer_than_the_patience_stops_the_service(
 ) -> None:
     """Bounded as a ledger call during a round is (`retrying`): 30 s from the first failure, then
     the error."""
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     calls = _flaky(monkeypatch, clock, [LedgerBusy("ledger L is busy")] * 100)
     caplog.set_level(logging.INFO, "shufflekit.services")
     with pytest.raises(LedgerBusy, match=r"^ledger L is busy$"):
@@ -132,9 +135,7 @@ def test_a_ledger_busy_for_longer_than_the_patience_stops_the_service(
 def test_a_service_told_to_stop_while_it_waits_for_its_ledger_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     _flaky(monkeypatch, clock, [LedgerBusy("ledger L is busy")] * 100)
     stop = asyncio.Event()
 
@@ -163,9 +164,7 @@ def test_a_ledger_that_will_not_get_better_stops_the_service_at_once(
     caplog: pytest.LogCaptureFixture,
     error: LedgerError,
 ) -> None:
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     calls = _flaky(monkeypatch, clock, [error])
     with pytest.raises(type(error)) as err:
         run_virtual(_coordinator(cfg, clock)(), clock)
@@ -177,9 +176,7 @@ def test_a_ledger_that_will_not_get_better_stops_the_service_at_once(
 def test_a_bad_url_or_a_missing_ledger_stops_the_service_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, url: str
 ) -> None:
-    clock = VirtualClock()
-    cfg, own = _virtual_deployment(tmp_path, clock)
-    own.close()
+    cfg, clock = _deployment(tmp_path)
     cfg = cfg.model_copy(update={"ledger": url.format(missing=tmp_path / "none.db")})
     with pytest.raises(LedgerError, match=r"unsupported ledger backend|no ledger at"):
         run_virtual(_coordinator(cfg, clock)(), clock)
@@ -192,8 +189,7 @@ def test_a_coordinator_starts_once_another_process_lets_go_of_its_ledger(
     """Real time, a real second process: the deployment's ledger (in its rollback journal,
     as an earlier release left it) is held by a process migrating it for half a second; the
     coordinator's open is refused at once (SQLITE_BUSY) until then, and it starts after."""
-    cfg, own = _virtual_deployment(tmp_path, VirtualClock())
-    own.close()
+    cfg, _ = _deployment(tmp_path)
     db = tmp_path / "v1.db"
     write_schema_1_ledger(db)
     with sqlite3.connect(db) as c:  # the budget of this deployment
